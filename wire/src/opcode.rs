@@ -1,0 +1,394 @@
+//! The opcode table: for every RC, UC and UD opcode (and the CNP) its name,
+//! the extension headers that follow the BTH, where it sits in a message and
+//! whether it carries payload.
+
+use crate::error::{Error, Result};
+use core::fmt;
+
+/// The transport service an opcode belongs to (the top three opcode bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Reliable connected (0x00..0x1F).
+    Rc,
+    /// Unreliable connected (0x20..0x3F).
+    Uc,
+    /// Unreliable datagram (0x60..0x7F).
+    Ud,
+    /// Congestion notification packet (0x81).
+    Cnp,
+}
+
+/// Where a packet sits in its message, which decides its payload rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PacketClass {
+    /// First packet of a multi-packet message: payload exactly one PMTU.
+    First,
+    /// Middle packet: payload exactly one PMTU.
+    Middle,
+    /// Last packet: 1..=PMTU bytes.
+    Last,
+    /// The only packet of a message: 0..=PMTU bytes.
+    Only,
+    /// A packet that never carries payload (READ request, ACK, atomics, FLUSH).
+    NoPayload,
+    /// RC ATOMIC_WRITE: exactly 8 bytes of payload.
+    Atomic8,
+    /// CNP: BTH + 16 reserved bytes, nothing else.
+    Cnp,
+}
+
+/// A set of extension headers, in wire order (see [`HeaderSet::ORDER`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct HeaderSet(u16);
+
+impl HeaderSet {
+    /// Datagram extended transport header (8 bytes; UD).
+    pub const DETH: HeaderSet = HeaderSet(1 << 0);
+    /// Flush extended transport header (4 bytes; RC FLUSH).
+    pub const FETH: HeaderSet = HeaderSet(1 << 1);
+    /// RDMA extended transport header (16 bytes).
+    pub const RETH: HeaderSet = HeaderSet(1 << 2);
+    /// Atomic extended transport header (28 bytes).
+    pub const ATOMIC_ETH: HeaderSet = HeaderSet(1 << 3);
+    /// ACK extended transport header (4 bytes).
+    pub const AETH: HeaderSet = HeaderSet(1 << 4);
+    /// Atomic ACK extended transport header (8 bytes).
+    pub const ATOMIC_ACK_ETH: HeaderSet = HeaderSet(1 << 5);
+    /// Immediate data (4 bytes).
+    pub const IMM_DT: HeaderSet = HeaderSet(1 << 6);
+    /// Invalidate extended transport header (4 bytes).
+    pub const IETH: HeaderSet = HeaderSet(1 << 7);
+    /// The 16 reserved bytes that follow the BTH of a CNP.
+    pub const CNP_PAD: HeaderSet = HeaderSet(1 << 8);
+    /// No extension header.
+    pub const EMPTY: HeaderSet = HeaderSet(0);
+
+    /// Every header in the order it appears on the wire, with its length.
+    pub const ORDER: [(HeaderSet, usize); 9] = [
+        (Self::DETH, 8),
+        (Self::FETH, 4),
+        (Self::RETH, 16),
+        (Self::ATOMIC_ETH, 28),
+        (Self::AETH, 4),
+        (Self::ATOMIC_ACK_ETH, 8),
+        (Self::IMM_DT, 4),
+        (Self::IETH, 4),
+        (Self::CNP_PAD, 16),
+    ];
+
+    /// The union of two sets.
+    pub const fn union(self, other: HeaderSet) -> HeaderSet {
+        HeaderSet(self.0 | other.0)
+    }
+
+    /// True when every header of `other` is in `self`.
+    pub const fn contains(self, other: HeaderSet) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Total length in bytes of the headers in the set.
+    pub const fn len(self) -> usize {
+        let mut total = 0;
+        let mut i = 0;
+        while i < Self::ORDER.len() {
+            if self.0 & Self::ORDER[i].0 .0 != 0 {
+                total += Self::ORDER[i].1;
+            }
+            i += 1;
+        }
+        total
+    }
+
+    /// True when the set holds no header.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Name of a single-header set, for diagnostics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DETH => "DETH",
+            Self::FETH => "FETH",
+            Self::RETH => "RETH",
+            Self::ATOMIC_ETH => "AtomicETH",
+            Self::AETH => "AETH",
+            Self::ATOMIC_ACK_ETH => "AtomicAckETH",
+            Self::IMM_DT => "ImmDt",
+            Self::IETH => "IETH",
+            Self::CNP_PAD => "CNP-reserved",
+            _ => "headers",
+        }
+    }
+}
+
+impl core::ops::BitOr for HeaderSet {
+    type Output = HeaderSet;
+    fn bitor(self, rhs: HeaderSet) -> HeaderSet {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Debug for HeaderSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut l = f.debug_set();
+        for (h, _) in Self::ORDER {
+            if self.contains(h) {
+                l.entry(&h.name());
+            }
+        }
+        l.finish()
+    }
+}
+
+macro_rules! opcodes {
+    ($( $(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $transport:ident, $class:ident, $headers:expr, $response:literal; )*) => {
+        /// A RoCEv2 BTH opcode that roxe understands.
+        ///
+        /// RD and XRC opcodes and reserved values do not convert: see
+        /// [`Opcode::try_from`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum Opcode {
+            $( $(#[$doc])* $variant = $value, )*
+        }
+
+        impl Opcode {
+            /// Every opcode, in numeric order.
+            pub const ALL: &'static [Opcode] = &[ $( Opcode::$variant, )* ];
+
+            /// The opcode's IBA name with its transport prefix (`RC_SEND_ONLY`).
+            pub const fn name(self) -> &'static str {
+                match self { $( Opcode::$variant => $name, )* }
+            }
+
+            /// The transport service.
+            pub const fn transport(self) -> Transport {
+                match self { $( Opcode::$variant => Transport::$transport, )* }
+            }
+
+            /// The packet's place in its message, which sets its payload rules.
+            pub const fn class(self) -> PacketClass {
+                match self { $( Opcode::$variant => PacketClass::$class, )* }
+            }
+
+            /// The extension headers that follow the BTH.
+            pub const fn headers(self) -> HeaderSet {
+                match self { $( Opcode::$variant => $headers, )* }
+            }
+
+            /// True for responder-to-requester packets (READ responses, ACKs).
+            pub const fn is_response(self) -> bool {
+                match self { $( Opcode::$variant => $response, )* }
+            }
+        }
+
+        impl TryFrom<u8> for Opcode {
+            type Error = Error;
+            fn try_from(v: u8) -> Result<Opcode> {
+                match v {
+                    $( $value => Ok(Opcode::$variant), )*
+                    // RD (0x40..0x5F) and XRC (0xA0..0xBF) are IBA transports
+                    // that rxe and roxe do not implement.
+                    0x40..=0x55 | 0x5C | 0xA0..=0xB4 | 0xB6 | 0xB7 => Err(Error::UnsupportedTransport(v)),
+                    _ => Err(Error::UnknownOpcode(v)),
+                }
+            }
+        }
+    };
+}
+
+const NONE: HeaderSet = HeaderSet::EMPTY;
+const RETH: HeaderSet = HeaderSet::RETH;
+const IMM: HeaderSet = HeaderSet::IMM_DT;
+const AETH: HeaderSet = HeaderSet::AETH;
+const DETH: HeaderSet = HeaderSet::DETH;
+
+opcodes! {
+    /// RC SEND, first packet.
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Rc, First, NONE, false;
+    /// RC SEND, middle packet.
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Rc, Middle, NONE, false;
+    /// RC SEND, last packet.
+    RcSendLast = 0x02, "RC_SEND_LAST", Rc, Last, NONE, false;
+    /// RC SEND, last packet with immediate data.
+    RcSendLastImm = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Rc, Last, IMM, false;
+    /// RC SEND in one packet.
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Rc, Only, NONE, false;
+    /// RC SEND in one packet with immediate data.
+    RcSendOnlyImm = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Rc, Only, IMM, false;
+    /// RC RDMA WRITE, first packet.
+    RcWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Rc, First, RETH, false;
+    /// RC RDMA WRITE, middle packet.
+    RcWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Rc, Middle, NONE, false;
+    /// RC RDMA WRITE, last packet.
+    RcWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Rc, Last, NONE, false;
+    /// RC RDMA WRITE, last packet with immediate data.
+    RcWriteLastImm = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rc, Last, IMM, false;
+    /// RC RDMA WRITE in one packet.
+    RcWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Rc, Only, RETH, false;
+    /// RC RDMA WRITE in one packet with immediate data.
+    RcWriteOnlyImm = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rc, Only, RETH.union(IMM), false;
+    /// RC RDMA READ request.
+    RcReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", Rc, NoPayload, RETH, false;
+    /// RC RDMA READ response, first packet.
+    RcReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", Rc, First, AETH, true;
+    /// RC RDMA READ response, middle packet.
+    RcReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", Rc, Middle, NONE, true;
+    /// RC RDMA READ response, last packet.
+    RcReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", Rc, Last, AETH, true;
+    /// RC RDMA READ response in one packet.
+    RcReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", Rc, Only, AETH, true;
+    /// RC ACK or NAK.
+    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Rc, NoPayload, AETH, true;
+    /// RC atomic ACK carrying the original value.
+    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", Rc, NoPayload, AETH.union(HeaderSet::ATOMIC_ACK_ETH), true;
+    /// RC atomic compare-and-swap.
+    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", Rc, NoPayload, HeaderSet::ATOMIC_ETH, false;
+    /// RC atomic fetch-and-add.
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", Rc, NoPayload, HeaderSet::ATOMIC_ETH, false;
+    /// RC SEND, last packet, invalidating an rkey.
+    RcSendLastInv = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Rc, Last, HeaderSet::IETH, false;
+    /// RC SEND in one packet, invalidating an rkey.
+    RcSendOnlyInv = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, Only, HeaderSet::IETH, false;
+    /// RC FLUSH (IBA 1.5).
+    RcFlush = 0x1C, "RC_FLUSH", Rc, NoPayload, HeaderSet::FETH.union(RETH), false;
+    /// RC ATOMIC WRITE (IBA 1.5): 8 bytes written atomically.
+    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", Rc, Atomic8, RETH, false;
+    /// UC SEND, first packet.
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Uc, First, NONE, false;
+    /// UC SEND, middle packet.
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Uc, Middle, NONE, false;
+    /// UC SEND, last packet.
+    UcSendLast = 0x22, "UC_SEND_LAST", Uc, Last, NONE, false;
+    /// UC SEND, last packet with immediate data.
+    UcSendLastImm = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Uc, Last, IMM, false;
+    /// UC SEND in one packet.
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Uc, Only, NONE, false;
+    /// UC SEND in one packet with immediate data.
+    UcSendOnlyImm = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Uc, Only, IMM, false;
+    /// UC RDMA WRITE, first packet.
+    UcWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Uc, First, RETH, false;
+    /// UC RDMA WRITE, middle packet.
+    UcWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Uc, Middle, NONE, false;
+    /// UC RDMA WRITE, last packet.
+    UcWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Uc, Last, NONE, false;
+    /// UC RDMA WRITE, last packet with immediate data.
+    UcWriteLastImm = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Uc, Last, IMM, false;
+    /// UC RDMA WRITE in one packet.
+    UcWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Uc, Only, RETH, false;
+    /// UC RDMA WRITE in one packet with immediate data.
+    UcWriteOnlyImm = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Uc, Only, RETH.union(IMM), false;
+    /// UD SEND (always a single packet).
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Ud, Only, DETH, false;
+    /// UD SEND with immediate data.
+    UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Only, DETH.union(IMM), false;
+    /// Congestion notification packet (RoCEv2 annex A17.9).
+    Cnp = 0x81, "CNP", Cnp, Cnp, HeaderSet::CNP_PAD, false;
+}
+
+impl Opcode {
+    /// The raw opcode byte.
+    pub const fn value(self) -> u8 {
+        self as u8
+    }
+
+    /// True when packets of this opcode may carry payload bytes.
+    pub const fn allows_payload(self) -> bool {
+        !matches!(self.class(), PacketClass::NoPayload | PacketClass::Cnp)
+    }
+
+    /// True when the packet starts a message (FIRST or ONLY, or a single-packet request).
+    pub const fn starts_message(self) -> bool {
+        !matches!(
+            self.class(),
+            PacketClass::Middle | PacketClass::Last | PacketClass::Cnp
+        )
+    }
+
+    /// True when the packet ends a message (LAST or ONLY, or a single-packet request).
+    pub const fn ends_message(self) -> bool {
+        !matches!(
+            self.class(),
+            PacketClass::First | PacketClass::Middle | PacketClass::Cnp
+        )
+    }
+
+    /// True when the opcode carries immediate data.
+    pub const fn has_immediate(self) -> bool {
+        self.headers().contains(HeaderSet::IMM_DT)
+    }
+
+    /// Length of BTH plus every extension header of this opcode.
+    pub const fn header_len(self) -> usize {
+        crate::bth::HEADER_LEN + self.headers().len()
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        for &op in Opcode::ALL {
+            assert_eq!(Opcode::try_from(op.value()), Ok(op));
+            let t = match op.value() >> 5 {
+                0 => Transport::Rc,
+                1 => Transport::Uc,
+                3 => Transport::Ud,
+                4 => Transport::Cnp,
+                _ => unreachable!(),
+            };
+            assert_eq!(op.transport(), t, "{op}");
+            assert!(op.name().starts_with(match t {
+                Transport::Rc => "RC_",
+                Transport::Uc => "UC_",
+                Transport::Ud => "UD_",
+                Transport::Cnp => "CNP",
+            }));
+            // RETH and AETH never appear together, nor ImmDt with AETH.
+            assert!(!(op.headers().contains(HeaderSet::RETH) && op.headers().contains(AETH)));
+        }
+        assert_eq!(Opcode::ALL.len(), 25 + 12 + 2 + 1);
+    }
+
+    #[test]
+    fn every_byte_converts_or_errors() {
+        let mut known = 0;
+        for v in 0..=255u8 {
+            match Opcode::try_from(v) {
+                Ok(op) => {
+                    assert_eq!(op.value(), v);
+                    known += 1;
+                }
+                Err(Error::UnknownOpcode(x)) | Err(Error::UnsupportedTransport(x)) => {
+                    assert_eq!(x, v)
+                }
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert_eq!(known, Opcode::ALL.len());
+        assert_eq!(Opcode::try_from(0x15), Err(Error::UnknownOpcode(0x15)));
+        assert_eq!(Opcode::try_from(0x2C), Err(Error::UnknownOpcode(0x2C)));
+        assert_eq!(Opcode::try_from(0x60), Err(Error::UnknownOpcode(0x60)));
+        assert_eq!(Opcode::try_from(0x44), Err(Error::UnsupportedTransport(0x44)));
+        assert_eq!(Opcode::try_from(0x80), Err(Error::UnknownOpcode(0x80)));
+    }
+
+    #[test]
+    fn header_lengths() {
+        assert_eq!(Opcode::RcSendOnly.header_len(), 12);
+        assert_eq!(Opcode::RcWriteOnlyImm.header_len(), 12 + 16 + 4);
+        assert_eq!(Opcode::RcAtomicAcknowledge.header_len(), 12 + 4 + 8);
+        assert_eq!(Opcode::RcCompareSwap.header_len(), 12 + 28);
+        assert_eq!(Opcode::UdSendOnlyImm.header_len(), 12 + 8 + 4);
+        assert_eq!(Opcode::RcFlush.header_len(), 12 + 4 + 16);
+        assert_eq!(Opcode::Cnp.header_len(), 12 + 16);
+    }
+}
