@@ -42,9 +42,9 @@ pub struct RnrTimer(u8);
 ///
 /// Code 25 is 61.44 ms as the IBA says; Linux rxe has a typo there (61410 µs).
 pub const RNR_TIMER_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
-    3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
-    163_840, 245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
 ];
 
 impl RnrTimer {
@@ -251,9 +251,18 @@ mod tests {
             AethSyndrome::from_byte(0x62),
             Ok(AethSyndrome::Nak(NakCode::RemoteAccessError))
         );
-        assert_eq!(AethSyndrome::from_byte(0x65), Err(Error::ReservedSyndrome(0x65)));
-        assert_eq!(AethSyndrome::from_byte(0x40), Err(Error::ReservedSyndrome(0x40)));
-        assert_eq!(AethSyndrome::from_byte(0x9F), Err(Error::ReservedSyndrome(0x9F)));
+        assert_eq!(
+            AethSyndrome::from_byte(0x65),
+            Err(Error::ReservedSyndrome(0x65))
+        );
+        assert_eq!(
+            AethSyndrome::from_byte(0x40),
+            Err(Error::ReservedSyndrome(0x40))
+        );
+        assert_eq!(
+            AethSyndrome::from_byte(0x9F),
+            Err(Error::ReservedSyndrome(0x9F))
+        );
     }
 
     #[test]

@@ -112,7 +112,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     }
     /// Set byte 1: SE, MigReq, pad count, TVer.
     pub fn set_flags(&mut self, se: bool, migreq: bool, pad: u8, tver: u8) {
-        self.m()[1] = (u8::from(se) << 7) | (u8::from(migreq) << 6) | ((pad & 3) << 4) | (tver & 0xF);
+        self.m()[1] =
+            (u8::from(se) << 7) | (u8::from(migreq) << 6) | ((pad & 3) << 4) | (tver & 0xF);
     }
     /// Set the pad count, keeping the other bits of byte 1.
     pub fn set_pad_count(&mut self, pad: u8) {
@@ -226,7 +227,9 @@ mod tests {
 
     // rxe RC_SEND_ONLY from golden/rxe/rc_send_pingpong_s64.pcap layout:
     // opcode 0x04, SE=0, pad=0, pkey ffff, dqp 0x000011, AckReq, psn 0x12d687.
-    const SAMPLE: [u8; 12] = [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0xd6, 0x87];
+    const SAMPLE: [u8; 12] = [
+        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0xd6, 0x87,
+    ];
 
     #[test]
     fn parse_and_emit() {

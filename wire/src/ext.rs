@@ -276,9 +276,7 @@ impl ExtHeaders {
                     });
                 }
                 HeaderSet::ATOMIC_ACK_ETH => {
-                    h.atomic_ack_eth = Some(AtomicAckEthRepr {
-                        orig: u64_at(b, 0),
-                    })
+                    h.atomic_ack_eth = Some(AtomicAckEthRepr { orig: u64_at(b, 0) })
                 }
                 HeaderSet::IMM_DT => h.imm_dt = Some(u32_at(b, 0)),
                 HeaderSet::IETH => h.ieth = Some(u32_at(b, 0)),
@@ -429,7 +427,12 @@ mod tests {
         );
         let buf = [0x62, 0, 0, 1];
         assert_eq!(
-            ExtHeaders::parse(Opcode::RcAcknowledge, &buf).unwrap().0.aeth.unwrap().syndrome,
+            ExtHeaders::parse(Opcode::RcAcknowledge, &buf)
+                .unwrap()
+                .0
+                .aeth
+                .unwrap()
+                .syndrome,
             AethSyndrome::Nak(NakCode::RemoteAccessError)
         );
     }

@@ -219,7 +219,11 @@ pub fn build_datagram(
             .emit(buf)?;
             IPV6_HEADER_LEN
         }
-        _ => return Err(Error::FieldRange("source and destination address families differ")),
+        _ => {
+            return Err(Error::FieldRange(
+                "source and destination address families differ",
+            ))
+        }
     };
     let total = ip_len + udp_len;
     if buf.len() < total {
@@ -257,8 +261,14 @@ mod tests {
             payload: &payload,
         };
         for (s, d) in [
-            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
-            (IpAddr::V6(Ipv6Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            (
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+            ),
+            (
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ),
         ] {
             let mut buf = [0u8; 256];
             let n = build_datagram(&mut buf, s, d, 0xc001, 4791, IpFields::default(), &r).unwrap();

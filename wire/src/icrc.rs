@@ -238,7 +238,9 @@ mod tests {
         }
         .emit(&mut udph)
         .unwrap();
-        let roce = [4u8, 0, 0xff, 0xff, 0xC0, 0, 0, 0x11, 0x80, 0, 0, 1, 1, 2, 3, 4];
+        let roce = [
+            4u8, 0, 0xff, 0xff, 0xC0, 0, 0, 0x11, 0x80, 0, 0, 1, 1, 2, 3, 4,
+        ];
         let mut manual = vec![0xFFu8; 8];
         let mut m = iph;
         m[1] = 0xFF;

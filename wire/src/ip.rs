@@ -237,7 +237,8 @@ impl Ipv6Repr {
             });
         }
         let h = &mut buf[..IPV6_HEADER_LEN];
-        let word0 = (6u32 << 28) | ((self.traffic_class as u32) << 20) | (self.flow_label & 0xF_FFFF);
+        let word0 =
+            (6u32 << 28) | ((self.traffic_class as u32) << 20) | (self.flow_label & 0xF_FFFF);
         set_u32(h, 0, word0);
         set_u16(h, 4, self.payload_len as u16);
         h[6] = PROTO_UDP;
@@ -388,13 +389,20 @@ mod tests {
         let dst = [127, 0, 0, 2];
         let mut udp = vec![0x12, 0xb7, 0x12, 0xb7, 0, 12, 0, 0, 1, 2, 3, 4];
         assert_eq!(classify_udp_checksum(&src, &dst, &udp), UdpChecksum::Zero);
-        let pseudo = ones_complement_sum(&src, 0) as u32 + ones_complement_sum(&dst, 0) as u32 + 17 + 12;
+        let pseudo =
+            ones_complement_sum(&src, 0) as u32 + ones_complement_sum(&dst, 0) as u32 + 17 + 12;
         let c = !ones_complement_sum(&udp, pseudo);
         udp[6..8].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(classify_udp_checksum(&src, &dst, &udp), UdpChecksum::Correct);
+        assert_eq!(
+            classify_udp_checksum(&src, &dst, &udp),
+            UdpChecksum::Correct
+        );
         let p = ones_complement_sum(&[], pseudo);
         udp[6..8].copy_from_slice(&p.to_be_bytes());
-        assert_eq!(classify_udp_checksum(&src, &dst, &udp), UdpChecksum::Offload);
+        assert_eq!(
+            classify_udp_checksum(&src, &dst, &udp),
+            UdpChecksum::Offload
+        );
         udp[6..8].copy_from_slice(&[0xde, 0xad]);
         assert_eq!(classify_udp_checksum(&src, &dst, &udp), UdpChecksum::Bad);
     }

@@ -117,7 +117,10 @@ impl fmt::Display for Problem {
             ),
             Problem::EmptyLast(op) => write!(f, "{op} with empty payload"),
             Problem::LargerThanPmtu(op, n) => {
-                write!(f, "{op} payload {n} larger than the largest PMTU {MAX_PMTU}")
+                write!(
+                    f,
+                    "{op} payload {n} larger than the largest PMTU {MAX_PMTU}"
+                )
             }
             Problem::WriteLengthMismatch { payload, dma_len } => write!(
                 f,
@@ -135,7 +138,10 @@ impl fmt::Display for Problem {
             Problem::AckReqOnResponse(op) => write!(f, "AckReq set on a response packet ({op})"),
             Problem::AtomicUnaligned(va) => write!(f, "atomic VA {va:#x} is not 8-byte aligned"),
             Problem::DethReserved(b) => write!(f, "DETH reserved byte is {b:#04x}"),
-            Problem::GsiQkey(q) => write!(f, "packet to QP1 with Q_Key {q:#010x} (GSI uses 0x80010000)"),
+            Problem::GsiQkey(q) => write!(
+                f,
+                "packet to QP1 with Q_Key {q:#010x} (GSI uses 0x80010000)"
+            ),
             Problem::CnpWithoutBecn => f.write_str("CNP without BECN set"),
         }
     }
@@ -175,8 +181,13 @@ pub fn lint(packet: &Packet<&[u8]>) -> Vec<Problem> {
     }
 
     if let Ok(h) = ext {
-        if let (Opcode::RcWriteOnly | Opcode::RcWriteOnlyImm | Opcode::UcWriteOnly | Opcode::UcWriteOnlyImm, Some(r)) =
-            (op, h.reth)
+        if let (
+            Opcode::RcWriteOnly
+            | Opcode::RcWriteOnlyImm
+            | Opcode::UcWriteOnly
+            | Opcode::UcWriteOnlyImm,
+            Some(r),
+        ) = (op, h.reth)
         {
             if r.dma_len as usize != payload {
                 out.push(Problem::WriteLengthMismatch {
@@ -193,7 +204,9 @@ pub fn lint(packet: &Packet<&[u8]>) -> Vec<Problem> {
         if let Some(a) = h.aeth {
             let is_read_resp = matches!(
                 op,
-                Opcode::RcReadResponseFirst | Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
+                Opcode::RcReadResponseFirst
+                    | Opcode::RcReadResponseLast
+                    | Opcode::RcReadResponseOnly
             );
             if (is_read_resp || op == Opcode::RcAtomicAcknowledge) && !a.syndrome.is_ack() {
                 out.push(Problem::NakOnResponse(op, a.syndrome));
@@ -265,8 +278,14 @@ mod tests {
             ext: ExtHeaders::NONE,
             payload: &p,
         };
-        assert_eq!(lint_repr(&r), vec![Problem::NotAPmtu(Opcode::RcSendFirst, 1000)]);
-        let r = PacketRepr { payload: &p[..512], ..r };
+        assert_eq!(
+            lint_repr(&r),
+            vec![Problem::NotAPmtu(Opcode::RcSendFirst, 1000)]
+        );
+        let r = PacketRepr {
+            payload: &p[..512],
+            ..r
+        };
         assert!(lint_repr(&r).is_empty());
     }
 
@@ -276,14 +295,21 @@ mod tests {
         let r = PacketRepr {
             bth: BthRepr::new(Opcode::RcWriteOnly, 5, Psn::new(0)),
             ext: ExtHeaders {
-                reth: Some(RethRepr { va: 0, rkey: 1, dma_len: 9 }),
+                reth: Some(RethRepr {
+                    va: 0,
+                    rkey: 1,
+                    dma_len: 9,
+                }),
                 ..ExtHeaders::NONE
             },
             payload: &p,
         };
         assert_eq!(
             lint_repr(&r),
-            vec![Problem::WriteLengthMismatch { payload: 8, dma_len: 9 }]
+            vec![Problem::WriteLengthMismatch {
+                payload: 8,
+                dma_len: 9
+            }]
         );
         assert_eq!(lint_repr(&r)[0].severity(), Severity::Error);
     }

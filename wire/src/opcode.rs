@@ -377,7 +377,10 @@ mod tests {
         assert_eq!(Opcode::try_from(0x15), Err(Error::UnknownOpcode(0x15)));
         assert_eq!(Opcode::try_from(0x2C), Err(Error::UnknownOpcode(0x2C)));
         assert_eq!(Opcode::try_from(0x60), Err(Error::UnknownOpcode(0x60)));
-        assert_eq!(Opcode::try_from(0x44), Err(Error::UnsupportedTransport(0x44)));
+        assert_eq!(
+            Opcode::try_from(0x44),
+            Err(Error::UnsupportedTransport(0x44))
+        );
         assert_eq!(Opcode::try_from(0x80), Err(Error::UnknownOpcode(0x80)));
     }
 

@@ -294,7 +294,13 @@ mod tests {
         assert_eq!(r.pad_count(), 2);
         let mut buf = [0xAAu8; 128];
         let n = r
-            .emit_ipv4_linux(&mut buf, Ipv4Addr::LOCALHOST, Ipv4Addr::new(127, 0, 0, 2), 0xc000, 4791)
+            .emit_ipv4_linux(
+                &mut buf,
+                Ipv4Addr::LOCALHOST,
+                Ipv4Addr::new(127, 0, 0, 2),
+                0xc000,
+                4791,
+            )
             .unwrap();
         assert_eq!(n, 12 + 16 + 18 + 2 + 4);
         let p = Packet::new_checked(&buf[..n]).unwrap();
@@ -323,7 +329,10 @@ mod tests {
         ));
         let mut bad = buf;
         bad[0] = 0x15;
-        assert_eq!(Packet::new_checked(&bad[..n]), Err(Error::UnknownOpcode(0x15)));
+        assert_eq!(
+            Packet::new_checked(&bad[..n]),
+            Err(Error::UnknownOpcode(0x15))
+        );
         let mut bad = buf;
         bad[1] |= 0x30; // pad 3 on a 4-byte payload is fine, on an ACK not
         assert!(Packet::new_checked(&bad[..n]).is_ok());
@@ -365,7 +374,10 @@ mod tests {
         let payload = [1u8; 8];
         let r = write_only(&payload);
         let mut small = [0u8; 20];
-        assert!(matches!(r.emit(&mut small), Err(Error::BufferTooSmall { .. })));
+        assert!(matches!(
+            r.emit(&mut small),
+            Err(Error::BufferTooSmall { .. })
+        ));
         let wrong = PacketRepr {
             ext: ExtHeaders::NONE,
             ..r
