@@ -146,7 +146,7 @@ macro_rules! opcodes {
         ///
         /// RD and XRC opcodes and reserved values do not convert: see
         /// [`Opcode::try_from`].
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
         pub enum Opcode {
             $( $(#[$doc])* $variant = $value, )*
