@@ -312,7 +312,11 @@ fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
 
     // UD, including the largest payload and a GSI MAD-sized one to QP1.
     let deth = |qkey| ExtHeaders {
-        deth: Some(DethRepr { qkey, src_qp: 0x44 }),
+        deth: Some(DethRepr {
+            qkey,
+            src_qp: 0x44,
+            reserved: 0,
+        }),
         ..ext()
     };
     cap.push(

@@ -143,6 +143,8 @@ pub struct DethRepr {
     pub qkey: u32,
     /// Source QP number (24 bits).
     pub src_qp: u32,
+    /// The reserved byte: sent as 0, kept so captures re-emit exactly.
+    pub reserved: u8,
 }
 
 /// A parsed AtomicAckETH: the value at the target before the atomic.
@@ -248,6 +250,7 @@ impl ExtHeaders {
                     h.deth = Some(DethRepr {
                         qkey: v.qkey(),
                         src_qp: v.src_qp(),
+                        reserved: v.reserved(),
                     });
                 }
                 HeaderSet::FETH => h.feth = Some(FethRepr { raw: u32_at(b, 0) }),
@@ -317,7 +320,7 @@ impl ExtHeaders {
                     if let Some(d) = self.deth {
                         let mut v = Deth::new_unchecked(b);
                         v.set_qkey(d.qkey);
-                        v.set_reserved(0);
+                        v.set_reserved(d.reserved);
                         v.set_src_qp(d.src_qp & 0xFF_FFFF);
                     }
                 }
