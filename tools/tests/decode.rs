@@ -139,7 +139,7 @@ fn write_malformed_capture(path: &Path) {
     let mut push = |w: &mut PcapWriter<Vec<u8>>, mutate: &dyn Fn(&mut [u8]), extra: usize| {
         let n = build_datagram(&mut buf, a, b, 0xc000, 4791, IpFields::default(), &ack).unwrap();
         let mut dg = buf[..n].to_vec();
-        dg.splice(n - 4..n - 4, std::iter::repeat(0).take(extra));
+        dg.splice(n - 4..n - 4, std::iter::repeat_n(0, extra));
         mutate(&mut dg);
         // Fix the lengths and the ICRC for what was changed.
         let total = dg.len() as u16;
