@@ -2,6 +2,7 @@
 //! AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, and the CNP's reserved bytes.
 
 use crate::aeth::AethSyndrome;
+use crate::bth;
 use crate::error::{need, Error, Result};
 use crate::field::{set_u24, set_u32, set_u64, u24_at, u32_at, u64_at};
 use crate::opcode::{HeaderSet, Opcode};
@@ -233,63 +234,65 @@ impl ExtHeaders {
     /// Parse the extension headers `opcode` implies from the start of `buf`
     /// (the bytes after the BTH). Returns the headers and their total length.
     pub fn parse(opcode: Opcode, buf: &[u8]) -> Result<(ExtHeaders, usize)> {
-        let set = opcode.headers();
-        let total = set.len();
+        let layout = opcode.layout();
+        let total = layout.header_len - bth::HEADER_LEN;
         need(buf, total)?;
+        let buf = &buf[..total];
+        // Offsets come from the compile-time layout and lie within `total`.
+        let at = |h: HeaderSet| layout.offset(h).map(|o| o - bth::HEADER_LEN);
         let mut h = ExtHeaders::NONE;
-        let mut at = 0;
-        // Walk the headers in wire order; `at` always stays within `total`.
-        for (one, len) in HeaderSet::ORDER {
-            if !set.contains(one) {
-                continue;
-            }
-            let b = &buf[at..at + len];
-            match one {
-                HeaderSet::DETH => {
-                    let v = Deth::new_unchecked(b);
-                    h.deth = Some(DethRepr {
-                        qkey: v.qkey(),
-                        src_qp: v.src_qp(),
-                        reserved: v.reserved(),
-                    });
-                }
-                HeaderSet::FETH => h.feth = Some(FethRepr { raw: u32_at(b, 0) }),
-                HeaderSet::RETH => {
-                    let v = Reth::new_unchecked(b);
-                    h.reth = Some(RethRepr {
-                        va: v.va(),
-                        rkey: v.rkey(),
-                        dma_len: v.dma_len(),
-                    });
-                }
-                HeaderSet::ATOMIC_ETH => {
-                    let v = AtomicEth::new_unchecked(b);
-                    h.atomic_eth = Some(AtomicEthRepr {
-                        va: v.va(),
-                        rkey: v.rkey(),
-                        swap_add: v.swap_add(),
-                        compare: v.compare(),
-                    });
-                }
-                HeaderSet::AETH => {
-                    let v = Aeth::new_unchecked(b);
-                    h.aeth = Some(AethRepr {
-                        syndrome: AethSyndrome::from_byte(v.syndrome())?,
-                        msn: v.msn(),
-                    });
-                }
-                HeaderSet::ATOMIC_ACK_ETH => {
-                    h.atomic_ack_eth = Some(AtomicAckEthRepr { orig: u64_at(b, 0) })
-                }
-                HeaderSet::IMM_DT => h.imm_dt = Some(u32_at(b, 0)),
-                HeaderSet::IETH => h.ieth = Some(u32_at(b, 0)),
-                _ => {
-                    let mut r = [0u8; 16];
-                    r.copy_from_slice(b);
-                    h.cnp_reserved = Some(r);
-                }
-            }
-            at += len;
+        if let Some(o) = at(HeaderSet::DETH) {
+            let v = Deth::new_unchecked(&buf[o..o + 8]);
+            h.deth = Some(DethRepr {
+                qkey: v.qkey(),
+                src_qp: v.src_qp(),
+                reserved: v.reserved(),
+            });
+        }
+        if let Some(o) = at(HeaderSet::FETH) {
+            h.feth = Some(FethRepr {
+                raw: u32_at(buf, o),
+            });
+        }
+        if let Some(o) = at(HeaderSet::RETH) {
+            let v = Reth::new_unchecked(&buf[o..o + 16]);
+            h.reth = Some(RethRepr {
+                va: v.va(),
+                rkey: v.rkey(),
+                dma_len: v.dma_len(),
+            });
+        }
+        if let Some(o) = at(HeaderSet::ATOMIC_ETH) {
+            let v = AtomicEth::new_unchecked(&buf[o..o + 28]);
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: v.va(),
+                rkey: v.rkey(),
+                swap_add: v.swap_add(),
+                compare: v.compare(),
+            });
+        }
+        if let Some(o) = at(HeaderSet::AETH) {
+            let v = Aeth::new_unchecked(&buf[o..o + 4]);
+            h.aeth = Some(AethRepr {
+                syndrome: AethSyndrome::from_byte(v.syndrome())?,
+                msn: v.msn(),
+            });
+        }
+        if let Some(o) = at(HeaderSet::ATOMIC_ACK_ETH) {
+            h.atomic_ack_eth = Some(AtomicAckEthRepr {
+                orig: u64_at(buf, o),
+            });
+        }
+        if let Some(o) = at(HeaderSet::IMM_DT) {
+            h.imm_dt = Some(u32_at(buf, o));
+        }
+        if let Some(o) = at(HeaderSet::IETH) {
+            h.ieth = Some(u32_at(buf, o));
+        }
+        if let Some(o) = at(HeaderSet::CNP_PAD) {
+            let mut r = [0u8; 16];
+            r.copy_from_slice(&buf[o..o + 16]);
+            h.cnp_reserved = Some(r);
         }
         Ok((h, total))
     }
@@ -297,84 +300,63 @@ impl ExtHeaders {
     /// Emit the headers into the start of `buf` (the bytes after the BTH).
     /// The headers present must be exactly those `opcode` implies.
     pub fn emit(&self, opcode: Opcode, buf: &mut [u8]) -> Result<usize> {
-        let set = opcode.headers();
-        if self.present() != set {
+        if self.present() != opcode.headers() {
             return Err(Error::HeaderMismatch(opcode.name()));
         }
-        let total = set.len();
+        let layout = opcode.layout();
+        let total = layout.header_len - bth::HEADER_LEN;
         if buf.len() < total {
             return Err(Error::BufferTooSmall {
                 needed: total,
                 available: buf.len(),
             });
         }
-        let mut at = 0;
-        for (one, len) in HeaderSet::ORDER {
-            if !set.contains(one) {
-                continue;
-            }
-            let b = &mut buf[at..at + len];
-            // Each arm's header is present: `present() == set` was checked above.
-            match one {
-                HeaderSet::DETH => {
-                    if let Some(d) = self.deth {
-                        let mut v = Deth::new_unchecked(b);
-                        v.set_qkey(d.qkey);
-                        v.set_reserved(d.reserved);
-                        v.set_src_qp(d.src_qp & 0xFF_FFFF);
-                    }
-                }
-                HeaderSet::FETH => {
-                    if let Some(f) = self.feth {
-                        set_u32(b, 0, f.raw)
-                    }
-                }
-                HeaderSet::RETH => {
-                    if let Some(r) = self.reth {
-                        let mut v = Reth::new_unchecked(b);
-                        v.set_va(r.va);
-                        v.set_rkey(r.rkey);
-                        v.set_dma_len(r.dma_len);
-                    }
-                }
-                HeaderSet::ATOMIC_ETH => {
-                    if let Some(a) = self.atomic_eth {
-                        let mut v = AtomicEth::new_unchecked(b);
-                        v.set_va(a.va);
-                        v.set_rkey(a.rkey);
-                        v.set_swap_add(a.swap_add);
-                        v.set_compare(a.compare);
-                    }
-                }
-                HeaderSet::AETH => {
-                    if let Some(a) = self.aeth {
-                        let mut v = Aeth::new_unchecked(b);
-                        v.set_syndrome(a.syndrome.to_byte());
-                        v.set_msn(a.msn & 0xFF_FFFF);
-                    }
-                }
-                HeaderSet::ATOMIC_ACK_ETH => {
-                    if let Some(a) = self.atomic_ack_eth {
-                        set_u64(b, 0, a.orig)
-                    }
-                }
-                HeaderSet::IMM_DT => {
-                    if let Some(i) = self.imm_dt {
-                        set_u32(b, 0, i)
-                    }
-                }
-                HeaderSet::IETH => {
-                    if let Some(k) = self.ieth {
-                        set_u32(b, 0, k)
-                    }
-                }
-                _ => {
-                    if let Some(r) = self.cnp_reserved {
-                        b.copy_from_slice(&r)
-                    }
-                }
-            }
-            at += len;
+        let buf = &mut buf[..total];
+        // `present() == headers()`: each header below has its offset.
+        let at = |h: HeaderSet| layout.offset(h).map_or(0, |o| o - bth::HEADER_LEN);
+        if let Some(d) = self.deth {
+            let o = at(HeaderSet::DETH);
+            let mut v = Deth::new_unchecked(&mut buf[o..o + 8]);
+            v.set_qkey(d.qkey);
+            v.set_reserved(d.reserved);
+            v.set_src_qp(d.src_qp & 0xFF_FFFF);
+        }
+        if let Some(f) = self.feth {
+            set_u32(buf, at(HeaderSet::FETH), f.raw);
+        }
+        if let Some(r) = self.reth {
+            let o = at(HeaderSet::RETH);
+            let mut v = Reth::new_unchecked(&mut buf[o..o + 16]);
+            v.set_va(r.va);
+            v.set_rkey(r.rkey);
+            v.set_dma_len(r.dma_len);
+        }
+        if let Some(a) = self.atomic_eth {
+            let o = at(HeaderSet::ATOMIC_ETH);
+            let mut v = AtomicEth::new_unchecked(&mut buf[o..o + 28]);
+            v.set_va(a.va);
+            v.set_rkey(a.rkey);
+            v.set_swap_add(a.swap_add);
+            v.set_compare(a.compare);
+        }
+        if let Some(a) = self.aeth {
+            let o = at(HeaderSet::AETH);
+            let mut v = Aeth::new_unchecked(&mut buf[o..o + 4]);
+            v.set_syndrome(a.syndrome.to_byte());
+            v.set_msn(a.msn & 0xFF_FFFF);
+        }
+        if let Some(a) = self.atomic_ack_eth {
+            set_u64(buf, at(HeaderSet::ATOMIC_ACK_ETH), a.orig);
+        }
+        if let Some(i) = self.imm_dt {
+            set_u32(buf, at(HeaderSet::IMM_DT), i);
+        }
+        if let Some(k) = self.ieth {
+            set_u32(buf, at(HeaderSet::IETH), k);
+        }
+        if let Some(r) = self.cnp_reserved {
+            let o = at(HeaderSet::CNP_PAD);
+            buf[o..o + 16].copy_from_slice(&r);
         }
         Ok(total)
     }

@@ -41,7 +41,7 @@ pub use error::{Error, Result};
 pub use ext::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };
-pub use opcode::{HeaderSet, Opcode, PacketClass, Transport};
+pub use opcode::{HeaderSet, Layout, Opcode, PacketClass, Transport};
 pub use packet::{Packet, PacketRepr};
 pub use psn::Psn;
 

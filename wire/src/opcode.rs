@@ -140,6 +140,49 @@ impl fmt::Debug for HeaderSet {
     }
 }
 
+/// Where each extension header of an opcode sits: byte offsets from the
+/// start of the packet (the BTH), computed at compile time per opcode so
+/// parsing needs no walk over the header list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// BTH plus extension headers, in bytes.
+    pub header_len: usize,
+    /// Offset of each header in [`HeaderSet::ORDER`] order; 0 when absent
+    /// (no extension header can start at 0: the BTH is there).
+    offsets: [u8; 9],
+}
+
+impl Layout {
+    /// The layout of a BTH followed by `set`.
+    pub const fn of(set: HeaderSet) -> Layout {
+        let mut offsets = [0u8; 9];
+        let mut at = crate::bth::HEADER_LEN;
+        let mut i = 0;
+        while i < HeaderSet::ORDER.len() {
+            if set.0 & HeaderSet::ORDER[i].0 .0 != 0 {
+                offsets[i] = at as u8;
+                at += HeaderSet::ORDER[i].1;
+            }
+            i += 1;
+        }
+        Layout {
+            header_len: at,
+            offsets,
+        }
+    }
+
+    /// Offset of a single header from the start of the packet, if present.
+    #[inline]
+    pub const fn offset(&self, header: HeaderSet) -> Option<usize> {
+        let i = header.0.trailing_zeros() as usize;
+        if i < 9 && header.0.count_ones() == 1 && self.offsets[i] != 0 {
+            Some(self.offsets[i] as usize)
+        } else {
+            None
+        }
+    }
+}
+
 macro_rules! opcodes {
     ($( $(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $transport:ident, $class:ident, $headers:expr, $response:literal; )*) => {
         /// A RoCEv2 BTH opcode that roxe understands.
@@ -174,6 +217,12 @@ macro_rules! opcodes {
             /// The extension headers that follow the BTH.
             pub const fn headers(self) -> HeaderSet {
                 match self { $( Opcode::$variant => $headers, )* }
+            }
+
+            /// Offsets of the extension headers (a compile-time table).
+            #[inline]
+            pub const fn layout(self) -> &'static Layout {
+                match self { $( Opcode::$variant => { const L: Layout = Layout::of($headers); &L } )* }
             }
 
             /// True for responder-to-requester packets (READ responses, ACKs).
@@ -319,8 +368,9 @@ impl Opcode {
     }
 
     /// Length of BTH plus every extension header of this opcode.
+    #[inline]
     pub const fn header_len(self) -> usize {
-        crate::bth::HEADER_LEN + self.headers().len()
+        self.layout().header_len
     }
 }
 
@@ -382,6 +432,24 @@ mod tests {
             Err(Error::UnsupportedTransport(0x44))
         );
         assert_eq!(Opcode::try_from(0x80), Err(Error::UnknownOpcode(0x80)));
+    }
+
+    #[test]
+    fn layouts_agree_with_header_sets() {
+        for &op in Opcode::ALL {
+            let l = op.layout();
+            assert_eq!(l.header_len, 12 + op.headers().len(), "{op}");
+            let mut at = 12;
+            for (h, len) in HeaderSet::ORDER {
+                if op.headers().contains(h) {
+                    assert_eq!(l.offset(h), Some(at), "{op} {}", h.name());
+                    at += len;
+                } else {
+                    assert_eq!(l.offset(h), None, "{op} {}", h.name());
+                }
+            }
+        }
+        assert_eq!(Opcode::RcFlush.layout().offset(HeaderSet::RETH), Some(16));
     }
 
     #[test]

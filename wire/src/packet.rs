@@ -4,10 +4,15 @@
 //! | BTH (12) | extension headers | payload | pad (0..3) | ICRC (4) |
 //! ```
 
+use crate::aeth::AethSyndrome;
 use crate::bth::{self, Bth, BthRepr};
 use crate::error::{Error, Result};
-use crate::ext::ExtHeaders;
+use crate::ext::{
+    Aeth, AethRepr, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, ExtHeaders, Reth,
+    RethRepr,
+};
 use crate::icrc;
+use crate::opcode::HeaderSet;
 use crate::opcode::{Opcode, PacketClass};
 use crate::ICRC_LEN;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -71,11 +76,88 @@ impl<T: AsRef<[u8]>> Packet<T> {
                 len: payload,
             });
         }
+        // Reserved AETH syndromes are malformed; checking here lets
+        // `Packet::aeth` be infallible.
+        if let Some(o) = opcode.layout().offset(HeaderSet::AETH) {
+            AethSyndrome::from_byte(b[o])?;
+        }
         Ok(Packet {
             buffer,
             opcode,
             header_len,
         })
+    }
+
+    fn at(&self, h: HeaderSet) -> Option<&[u8]> {
+        let o = self.opcode.layout().offset(h)?;
+        self.buffer.as_ref().get(o..)
+    }
+
+    /// The RETH, when the opcode carries one.
+    #[inline]
+    pub fn reth(&self) -> Option<RethRepr> {
+        let v = Reth::new_checked(self.at(HeaderSet::RETH)?).ok()?;
+        Some(RethRepr {
+            va: v.va(),
+            rkey: v.rkey(),
+            dma_len: v.dma_len(),
+        })
+    }
+
+    /// The AETH, when the opcode carries one.
+    #[inline]
+    pub fn aeth(&self) -> Option<AethRepr> {
+        let v = Aeth::new_checked(self.at(HeaderSet::AETH)?).ok()?;
+        Some(AethRepr {
+            syndrome: AethSyndrome::from_byte(v.syndrome()).ok()?,
+            msn: v.msn(),
+        })
+    }
+
+    /// The AtomicETH, when the opcode carries one.
+    #[inline]
+    pub fn atomic_eth(&self) -> Option<AtomicEthRepr> {
+        let v = AtomicEth::new_checked(self.at(HeaderSet::ATOMIC_ETH)?).ok()?;
+        Some(AtomicEthRepr {
+            va: v.va(),
+            rkey: v.rkey(),
+            swap_add: v.swap_add(),
+            compare: v.compare(),
+        })
+    }
+
+    /// The AtomicAckETH's original value, when the opcode carries one.
+    #[inline]
+    pub fn atomic_ack_eth(&self) -> Option<AtomicAckEthRepr> {
+        let b = self.at(HeaderSet::ATOMIC_ACK_ETH)?.get(..8)?;
+        Some(AtomicAckEthRepr {
+            orig: u64::from_be_bytes(b.try_into().ok()?),
+        })
+    }
+
+    /// The DETH, when the opcode carries one.
+    #[inline]
+    pub fn deth(&self) -> Option<DethRepr> {
+        let v = Deth::new_checked(self.at(HeaderSet::DETH)?).ok()?;
+        Some(DethRepr {
+            qkey: v.qkey(),
+            src_qp: v.src_qp(),
+            reserved: v.reserved(),
+        })
+    }
+
+    /// The immediate data, when the opcode carries it.
+    #[inline]
+    pub fn imm_dt(&self) -> Option<u32> {
+        let b = self.at(HeaderSet::IMM_DT)?.get(..4)?;
+        Some(u32::from_be_bytes(b.try_into().ok()?))
+    }
+
+    /// The IETH's R_Key, when the opcode carries one.
+    #[inline]
+    pub fn ieth(&self) -> Option<u32> {
+        let b = self.at(HeaderSet::IETH)?.get(..4)?;
+        Some(u32::from_be_bytes(b.try_into().ok()?))
     }
 
     /// The opcode.
@@ -265,8 +347,6 @@ pub fn set_icrc(packet: &mut [u8], icrc: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aeth::AethSyndrome;
-    use crate::ext::{AethRepr, RethRepr};
     use crate::psn::Psn;
 
     fn write_only(payload: &[u8]) -> PacketRepr<'_> {

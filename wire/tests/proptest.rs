@@ -138,6 +138,15 @@ proptest! {
         let p = Packet::new_checked(&buf[..]).unwrap();
         let parsed = PacketRepr::parse(&p).unwrap();
         prop_assert_eq!(parsed, repr);
+        // The zero-copy accessors agree with the full parse.
+        prop_assert_eq!(p.reth(), repr.ext.reth);
+        prop_assert_eq!(p.aeth(), repr.ext.aeth);
+        prop_assert_eq!(p.atomic_eth(), repr.ext.atomic_eth);
+        prop_assert_eq!(p.atomic_ack_eth(), repr.ext.atomic_ack_eth);
+        prop_assert_eq!(p.deth(), repr.ext.deth);
+        prop_assert_eq!(p.imm_dt(), repr.ext.imm_dt);
+        prop_assert_eq!(p.ieth(), repr.ext.ieth);
+        prop_assert_eq!(p.payload(), &payload[..]);
         let mut again = vec![0u8; n];
         parsed.emit(&mut again).unwrap();
         prop_assert_eq!(again, buf);
