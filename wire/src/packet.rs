@@ -269,37 +269,8 @@ impl<'a> PacketRepr<'a> {
     /// [`PacketRepr::emit_ipv4_linux`] / [`PacketRepr::emit_ipv6`]).
     /// Returns the packet length, ICRC included. Does not allocate.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        let opcode = self.bth.opcode;
-        let total = self.buffer_len();
-        if buf.len() < total {
-            return Err(Error::BufferTooSmall {
-                needed: total,
-                available: buf.len(),
-            });
-        }
-        let payload_ok = match opcode.class() {
-            PacketClass::NoPayload | PacketClass::Cnp => self.payload.is_empty(),
-            PacketClass::Atomic8 => self.payload.len() == 8,
-            _ => true,
-        };
-        if !payload_ok {
-            return Err(Error::BadPayloadLength {
-                opcode: opcode.name(),
-                len: self.payload.len(),
-            });
-        }
-        if self.bth.dest_qp > 0xFF_FFFF {
-            return Err(Error::FieldRange("destination QP"));
-        }
-        let buf = &mut buf[..total];
-        let pad = self.pad_count();
-        self.bth
-            .emit(&mut Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]), pad);
-        let h = opcode.header_len();
-        self.ext.emit(opcode, &mut buf[bth::HEADER_LEN..h])?;
-        let p_end = h + self.payload.len();
-        buf[h..p_end].copy_from_slice(self.payload);
-        buf[p_end..].fill(0);
+        let (h, total) = emit_headers(&self.bth, &self.ext, self.payload.len(), buf)?;
+        buf[h..h + self.payload.len()].copy_from_slice(self.payload);
         Ok(total)
     }
 
@@ -333,6 +304,47 @@ impl<'a> PacketRepr<'a> {
         set_icrc(&mut buf[..n], c);
         Ok(n)
     }
+}
+
+/// Emit the BTH and extension headers of a packet whose `payload_len`
+/// payload bytes the caller writes itself (straight from registered memory,
+/// without an intermediate copy) at `buf[header_len..header_len + payload_len]`.
+/// The pad bytes and the ICRC placeholder are zeroed. Returns
+/// `(header_len, total_len)`, the ICRC included in the total.
+pub fn emit_headers(
+    bth: &BthRepr,
+    ext: &ExtHeaders,
+    payload_len: usize,
+    buf: &mut [u8],
+) -> Result<(usize, usize)> {
+    let opcode = bth.opcode;
+    let header_len = opcode.header_len();
+    let pad = (payload_len.wrapping_neg() & 3) as u8;
+    let total = header_len + payload_len + pad as usize + ICRC_LEN;
+    if buf.len() < total {
+        return Err(Error::BufferTooSmall {
+            needed: total,
+            available: buf.len(),
+        });
+    }
+    let payload_ok = match opcode.class() {
+        PacketClass::NoPayload | PacketClass::Cnp => payload_len == 0,
+        PacketClass::Atomic8 => payload_len == 8,
+        _ => true,
+    };
+    if !payload_ok {
+        return Err(Error::BadPayloadLength {
+            opcode: opcode.name(),
+            len: payload_len,
+        });
+    }
+    if bth.dest_qp > 0xFF_FFFF {
+        return Err(Error::FieldRange("destination QP"));
+    }
+    bth.emit(&mut Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]), pad);
+    ext.emit(opcode, &mut buf[bth::HEADER_LEN..header_len])?;
+    buf[header_len + payload_len..total].fill(0);
+    Ok((header_len, total))
 }
 
 /// Write `icrc` into the last four bytes of `packet` (least significant byte first).
