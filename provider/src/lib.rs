@@ -1,8 +1,18 @@
 //! roxe's soft RoCEv2 backend.
 //!
-//! This crate will hold the sans-IO transport engine (requester, responder,
-//! completer as state machines driven by posted work requests, received
-//! packets and a caller-supplied clock) and the I/O driver that puts it on UDP
-//! port 4791. See `docs/ARCHITECTURE.md`. It builds on [`roxe_wire`] only.
+//! The transport engine is *sans-IO* (quinn-proto is the model): its inputs
+//! are verbs calls, received packets (parsed by [`roxe_wire`]) and the
+//! current time, passed in; its outputs are packets to transmit, completions
+//! and the next timer deadline. It never touches a socket or a clock. See
+//! `docs/ARCHITECTURE.md`.
 
 pub use roxe_wire as wire;
+
+pub mod memory;
+pub mod qp_attr;
+pub mod types;
+
+pub use types::{AccessFlags, Errno, PdId, VerbsError, WcOpcode, WcStatus};
+pub mod cq;
+pub mod engine;
+pub mod wr;

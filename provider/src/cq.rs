@@ -1,0 +1,115 @@
+//! Completion queues.
+
+use crate::wr::WorkCompletion;
+use std::collections::VecDeque;
+
+/// A completion queue of fixed depth. When it is full, a new completion is
+/// refused: the engine then moves the QPs that feed it to the error state,
+/// as rxe does (the completion is lost, as on hardware).
+#[derive(Debug)]
+pub struct CompletionQueue {
+    entries: VecDeque<WorkCompletion>,
+    depth: usize,
+    overflowed: bool,
+    /// Armed by `ibv_req_notify_cq`: 0 = not armed, 1 = any, 2 = solicited only.
+    armed: u8,
+    /// Completion events raised and not yet consumed by the channel.
+    events: u64,
+}
+
+impl CompletionQueue {
+    /// A queue holding up to `depth` completions.
+    pub fn new(depth: usize) -> Self {
+        CompletionQueue {
+            entries: VecDeque::with_capacity(depth.min(4096)),
+            depth,
+            overflowed: false,
+            armed: 0,
+            events: 0,
+        }
+    }
+
+    /// Capacity.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// True once a completion was refused for lack of room.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Add a completion; `false` (and the overflow flag) when full.
+    pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> bool {
+        if self.entries.len() >= self.depth {
+            self.overflowed = true;
+            return false;
+        }
+        self.entries.push_back(wc);
+        if self.armed == 1 || (self.armed == 2 && solicited) {
+            self.armed = 0;
+            self.events += 1;
+        }
+        true
+    }
+
+    /// Take up to `out.len()` completions; returns how many.
+    pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        let n = out.len().min(self.entries.len());
+        for (slot, wc) in out.iter_mut().zip(self.entries.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Take every waiting completion.
+    pub fn drain(&mut self) -> Vec<WorkCompletion> {
+        self.entries.drain(..).collect()
+    }
+
+    /// Arm the queue for one event (`ibv_req_notify_cq`).
+    pub fn request_notify(&mut self, solicited_only: bool) {
+        self.armed = if solicited_only { 2 } else { 1 };
+    }
+
+    /// Take the count of events raised since the last call.
+    pub fn take_events(&mut self) -> u64 {
+        std::mem::take(&mut self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{WcOpcode, WcStatus};
+
+    #[test]
+    fn overflow_and_notify() {
+        let mut cq = CompletionQueue::new(2);
+        let wc = WorkCompletion::new(1, WcStatus::Success, WcOpcode::Send, 5);
+        cq.request_notify(false);
+        assert!(cq.push(wc, false));
+        assert_eq!(cq.take_events(), 1);
+        assert!(cq.push(wc, false));
+        assert_eq!(cq.take_events(), 0, "one event per arming");
+        assert!(!cq.push(wc, false));
+        assert!(cq.overflowed());
+        let mut out = [wc; 4];
+        assert_eq!(cq.poll(&mut out), 2);
+        cq.request_notify(true);
+        cq.push(wc, false);
+        assert_eq!(cq.take_events(), 0);
+        cq.push(wc, true);
+        assert_eq!(cq.take_events(), 1);
+    }
+}

@@ -1,0 +1,840 @@
+//! The sans-IO transport engine of one soft device.
+//!
+//! Inputs: verbs calls, received packets ([`Engine::handle_packet`]) and the
+//! current time, always passed in as nanoseconds of a clock the caller owns.
+//! Outputs: packets to transmit ([`Engine::poll_transmit`], written into the
+//! caller's buffer), completions on CQs, and the next timer deadline
+//! ([`Engine::poll_timeout`]). Nothing here touches a socket or reads a clock,
+//! which is what lets `tests/simnet.rs` drive engines through millions of
+//! packets on a virtual clock.
+
+mod requester;
+mod responder;
+
+use crate::cq::CompletionQueue;
+use crate::memory::{MemoryTable, Sge};
+use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
+use crate::types::{Errno, PdId, VerbsError, VerbsResult, WcOpcode, WcStatus};
+use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
+use roxe_wire::{icrc, Opcode, Packet, Psn, Transport, ICRC_LEN};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub use requester::SendWqe;
+
+/// Nanoseconds on the caller's clock.
+pub type Nanos = u64;
+
+/// A completion queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+
+/// A shared receive queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqId(pub u32);
+
+/// How received IPv4 packets' ICRCs are checked (IPv6 is always verified).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcrcPolicy {
+    /// Verify assuming the sender's IPv4 header is the one Linux emits for
+    /// an unconnected don't-fragment UDP socket (identification 0), which is
+    /// how roxe sends; drop on mismatch.
+    AssumeLinuxSender,
+    /// Do not verify IPv4 ICRCs (peers with non-zero IPv4 identification).
+    Off,
+}
+
+/// Device-wide limits and identity.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The device's address (its RoCEv2 GID).
+    pub addr: IpAddr,
+    /// Largest `max_send_wr`/`max_recv_wr` (rxe: 0x4000).
+    pub max_qp_wr: u32,
+    /// Largest `max_send_sge`/`max_recv_sge` (rxe: 32).
+    pub max_sge: u32,
+    /// Largest `max_inline_data` (rxe: 400... roxe allows a full 4 KiB MTU).
+    pub max_inline: u32,
+    /// Largest CQ depth.
+    pub max_cqe: u32,
+    /// Limits for QP attributes.
+    pub qp_limits: QpLimits,
+    /// ICRC check on received IPv4 packets.
+    pub icrc_policy: IcrcPolicy,
+}
+
+impl EngineConfig {
+    /// Defaults for a device at `addr`.
+    pub fn new(addr: IpAddr) -> Self {
+        EngineConfig {
+            addr,
+            max_qp_wr: 0x4000,
+            max_sge: 32,
+            max_inline: 4096,
+            max_cqe: 0x1_0000,
+            qp_limits: QpLimits::default(),
+            icrc_policy: IcrcPolicy::AssumeLinuxSender,
+        }
+    }
+}
+
+/// Queue sizes a QP is created with (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`, as the engine needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Shared receive queue, if any.
+    pub srq: Option<SrqId>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+/// A packet the engine wants sent: `len` bytes at the start of the caller's
+/// buffer form the UDP payload (BTH .. ICRC) for `dst` port 4791.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination device address.
+    pub dst: IpAddr,
+    /// UDP source port (per QP, as rxe spreads flows).
+    pub src_port: u16,
+    /// Bytes written.
+    pub len: usize,
+}
+
+/// Why received packets were dropped, and other counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets handed to `handle_packet`.
+    pub rx_packets: u64,
+    /// Dropped: not a well-formed RoCEv2 packet.
+    pub rx_malformed: u64,
+    /// Dropped: ICRC mismatch.
+    pub rx_bad_icrc: u64,
+    /// Dropped: no such QP, wrong type, or QP not able to receive.
+    pub rx_no_qp: u64,
+    /// Dropped: from an address that is not the connected QP's peer.
+    pub rx_wrong_peer: u64,
+    /// Dropped by the responder or completer (duplicates, out of sequence, bad Q_Key...).
+    pub rx_dropped: u64,
+    /// Packets produced by `poll_transmit`.
+    pub tx_packets: u64,
+    /// Of those, retransmissions.
+    pub tx_retransmits: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// NAKs sent (all kinds).
+    pub naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+}
+
+/// A posted receive.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+    pub total: u64,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub pd: PdId,
+    pub queue: VecDeque<RecvWqe>,
+    pub max_wr: u32,
+    pub max_sge: u32,
+}
+
+/// One queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub init: QpInitAttr,
+    pub attr: QpAttr,
+    pub state: QpState,
+    /// The connected peer (RC/UC), from the AV's GID.
+    pub peer: Option<IpAddr>,
+    pub req: requester::Requester,
+    pub resp: responder::Responder,
+    pub rq: VecDeque<RecvWqe>,
+}
+
+impl Qp {
+    pub fn pmtu(&self) -> usize {
+        // UD has no path MTU attribute: its limit is the port's active MTU,
+        // which roxe devices report as 4096.
+        if self.init.qp_type == QpType::Ud {
+            roxe_wire::MAX_PMTU
+        } else {
+            self.attr.path_mtu.bytes()
+        }
+    }
+    pub fn src_port(&self) -> u16 {
+        // Like rxe, a fixed source port per QP in 0xC000..0xFFFF.
+        0xC000 | (self.qpn as u16 & 0x3FFF)
+    }
+    pub fn can_receive(&self) -> bool {
+        matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    }
+}
+
+/// The objects of one device and the transport that connects them.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    memory: MemoryTable,
+    next_pd: u32,
+    pds: BTreeMap<u32, u32>,
+    next_cq: u32,
+    cqs: HashMap<u32, CompletionQueue>,
+    next_srq: u32,
+    srqs: HashMap<u32, Srq>,
+    next_qpn: u32,
+    qps: BTreeMap<u32, Qp>,
+    /// Round-robin cursor for transmit fairness between QPs.
+    tx_cursor: u32,
+    stats: Stats,
+}
+
+fn err(verb: &'static str, errno: Errno, detail: impl Into<String>) -> VerbsError {
+    VerbsError::new(verb, errno, detail)
+}
+
+/// The IPv6 form of a device address: IPv4-mapped for IPv4 (the RoCEv2 GID).
+pub fn gid_of(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The device address a GID names.
+pub fn addr_of_gid(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+impl Engine {
+    /// An engine with no objects.
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            config,
+            memory: MemoryTable::new(),
+            next_pd: 1,
+            pds: BTreeMap::new(),
+            next_cq: 1,
+            cqs: HashMap::new(),
+            next_srq: 1,
+            srqs: HashMap::new(),
+            // QPN 0 and 1 are the special QPs; rxe starts numbering at 17.
+            next_qpn: 0x11,
+            qps: BTreeMap::new(),
+            tx_cursor: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> IpAddr {
+        self.config.addr
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The memory table (register, deregister, owned-buffer access).
+    pub fn memory(&self) -> &MemoryTable {
+        &self.memory
+    }
+
+    /// The memory table, mutably.
+    pub fn memory_mut(&mut self) -> &mut MemoryTable {
+        &mut self.memory
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> PdId {
+        let id = self.next_pd;
+        self.next_pd += 1;
+        self.pds.insert(id, 0);
+        PdId(id)
+    }
+
+    /// `ibv_dealloc_pd`: EBUSY while QPs still use it.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> VerbsResult<()> {
+        if !self.pds.contains_key(&pd.0) {
+            return Err(err("ibv_dealloc_pd", Errno::EINVAL, "no such PD"));
+        }
+        if self.qps.values().any(|q| q.init.pd == pd) || self.srqs.values().any(|s| s.pd == pd) {
+            return Err(err("ibv_dealloc_pd", Errno::EBUSY, "PD still in use"));
+        }
+        self.pds.remove(&pd.0);
+        Ok(())
+    }
+
+    /// `ibv_create_cq`.
+    pub fn create_cq(&mut self, depth: u32) -> VerbsResult<CqId> {
+        if depth == 0 || depth > self.config.max_cqe {
+            return Err(err(
+                "ibv_create_cq",
+                Errno::EINVAL,
+                format!("cqe {depth} out of range"),
+            ));
+        }
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, CompletionQueue::new(depth as usize));
+        Ok(CqId(id))
+    }
+
+    /// `ibv_destroy_cq`: EBUSY while a QP uses it.
+    pub fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
+        if self
+            .qps
+            .values()
+            .any(|q| q.init.send_cq == cq || q.init.recv_cq == cq)
+        {
+            return Err(err("ibv_destroy_cq", Errno::EBUSY, "CQ still in use"));
+        }
+        self.cqs
+            .remove(&cq.0)
+            .map(|_| ())
+            .ok_or_else(|| err("ibv_destroy_cq", Errno::EINVAL, "no such CQ"))
+    }
+
+    /// `ibv_poll_cq`: up to `out.len()` completions.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> VerbsResult<usize> {
+        let q = self
+            .cqs
+            .get_mut(&cq.0)
+            .ok_or_else(|| err("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
+        Ok(q.poll(out))
+    }
+
+    /// The CQ itself (notification state, depth).
+    pub fn cq_mut(&mut self, cq: CqId) -> Option<&mut CompletionQueue> {
+        self.cqs.get_mut(&cq.0)
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&mut self, pd: PdId, max_wr: u32, max_sge: u32) -> VerbsResult<SrqId> {
+        if !self.pds.contains_key(&pd.0) {
+            return Err(err("ibv_create_srq", Errno::EINVAL, "no such PD"));
+        }
+        if max_wr == 0 || max_wr > self.config.max_qp_wr || max_sge > self.config.max_sge {
+            return Err(err(
+                "ibv_create_srq",
+                Errno::EINVAL,
+                "SRQ size out of range",
+            ));
+        }
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(
+            id,
+            Srq {
+                pd,
+                queue: VecDeque::new(),
+                max_wr,
+                max_sge,
+            },
+        );
+        Ok(SrqId(id))
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> VerbsResult<()> {
+        let s = self
+            .srqs
+            .get_mut(&srq.0)
+            .ok_or_else(|| err("ibv_post_srq_recv", Errno::EINVAL, "no such SRQ"))?;
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(err("ibv_post_srq_recv", Errno::EINVAL, "too many SGEs"));
+        }
+        if s.queue.len() >= s.max_wr as usize {
+            return Err(err("ibv_post_srq_recv", Errno::ENOMEM, "SRQ full"));
+        }
+        let total = MemoryTable::sge_total(&wr.sg_list);
+        s.queue.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sg_list: wr.sg_list,
+            total,
+        });
+        Ok(())
+    }
+
+    /// `ibv_create_qp`.
+    pub fn create_qp(&mut self, init: QpInitAttr) -> VerbsResult<u32> {
+        const VERB: &str = "ibv_create_qp";
+        if !self.pds.contains_key(&init.pd.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such PD"));
+        }
+        if !self.cqs.contains_key(&init.send_cq.0) || !self.cqs.contains_key(&init.recv_cq.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+        }
+        if let Some(s) = init.srq {
+            if !self.srqs.contains_key(&s.0) {
+                return Err(err(VERB, Errno::EINVAL, "no such SRQ"));
+            }
+        }
+        let c = init.cap;
+        let l = &self.config;
+        if c.max_send_wr > l.max_qp_wr
+            || c.max_recv_wr > l.max_qp_wr
+            || c.max_send_sge > l.max_sge
+            || c.max_recv_sge > l.max_sge
+            || c.max_inline_data > l.max_inline
+        {
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                "capability beyond the device's limits",
+            ));
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn += 1;
+        if self.next_qpn > 0xFF_FFFF {
+            self.next_qpn = 0x11;
+        }
+        let qp = Qp {
+            qpn,
+            init,
+            attr: QpAttr::default(),
+            state: QpState::Reset,
+            peer: None,
+            req: requester::Requester::new(),
+            resp: responder::Responder::new(),
+            rq: VecDeque::new(),
+        };
+        self.qps.insert(qpn, qp);
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qpn: u32) -> VerbsResult<()> {
+        self.qps
+            .remove(&qpn)
+            .map(|_| ())
+            .ok_or_else(|| err("ibv_destroy_qp", Errno::EINVAL, "no such QP"))
+    }
+
+    /// `ibv_query_qp`: the stored attributes and the current state.
+    pub fn query_qp(&self, qpn: u32) -> VerbsResult<(QpAttr, QpInitAttr)> {
+        let q = self
+            .qps
+            .get(&qpn)
+            .ok_or_else(|| err("ibv_query_qp", Errno::EINVAL, "no such QP"))?;
+        let mut a = q.attr;
+        a.qp_state = q.state;
+        a.cur_qp_state = q.state;
+        Ok((a, q.init))
+    }
+
+    /// `ibv_modify_qp`, with the transition and attribute checks of
+    /// libibverbs/rxe (EINVAL for anything they reject).
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> VerbsResult<()> {
+        let limits = self.config.qp_limits;
+        let q = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| err("ibv_modify_qp", Errno::EINVAL, "no such QP"))?;
+        let new_state = qp_attr::check_modify(q.init.qp_type, q.state, attr, mask, &limits)?;
+        let old_state = q.state;
+        qp_attr::apply(&mut q.attr, attr, mask, new_state);
+        if mask.contains(AttrMask::AV) {
+            q.peer = Some(addr_of_gid(q.attr.av.dgid));
+        }
+        q.state = new_state;
+        if mask.contains(AttrMask::RQ_PSN) {
+            q.resp.reset_psn(Psn::new(q.attr.rq_psn));
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            q.req.reset_psn(Psn::new(q.attr.sq_psn));
+        }
+        if mask.contains(AttrMask::RETRY_CNT) || mask.contains(AttrMask::RNR_RETRY) {
+            q.req.reset_retries(&q.attr);
+        }
+        match new_state {
+            QpState::Reset if old_state != QpState::Reset => {
+                // Back to RESET: queues are emptied without completions.
+                q.req = requester::Requester::new();
+                q.resp = responder::Responder::new();
+                q.rq.clear();
+                q.peer = None;
+            }
+            QpState::Err if old_state != QpState::Err => self.enter_error(qpn),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> VerbsResult<()> {
+        const VERB: &str = "ibv_post_recv";
+        let q = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such QP"))?;
+        if q.init.srq.is_some() {
+            return Err(err(VERB, Errno::EINVAL, "QP uses an SRQ"));
+        }
+        if q.state == QpState::Reset {
+            return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
+        }
+        if wr.sg_list.len() > q.init.cap.max_recv_sge as usize {
+            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+        }
+        if q.rq.len() >= q.init.cap.max_recv_wr as usize {
+            return Err(err(VERB, Errno::ENOMEM, "receive queue full"));
+        }
+        let total = MemoryTable::sge_total(&wr.sg_list);
+        let wqe = RecvWqe {
+            wr_id: wr.wr_id,
+            sg_list: wr.sg_list,
+            total,
+        };
+        if q.state == QpState::Err {
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+            let cq = q.init.recv_cq;
+            self.push_wc(cq, wc, false);
+            return Ok(());
+        }
+        q.rq.push_back(wqe);
+        Ok(())
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> VerbsResult<()> {
+        const VERB: &str = "ibv_post_send";
+        let q = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such QP"))?;
+        let t = q.init.qp_type;
+        let op_ok = match t {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.opcode,
+                SendOpcode::Send
+                    | SendOpcode::SendWithImm
+                    | SendOpcode::RdmaWrite
+                    | SendOpcode::RdmaWriteWithImm
+            ),
+            QpType::Ud => matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm),
+        };
+        if !op_ok {
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("{:?} not valid on {t:?}", wr.opcode),
+            ));
+        }
+        if !matches!(q.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(err(VERB, Errno::EINVAL, format!("QP in {}", q.state)));
+        }
+        if wr.sg_list.len() > q.init.cap.max_send_sge as usize {
+            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+        }
+        if q.req.outstanding() >= q.init.cap.max_send_wr as usize {
+            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
+        }
+        let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
+        let len = if inline {
+            match &wr.inline_data {
+                Some(d) if d.len() <= q.init.cap.max_inline_data as usize => d.len() as u64,
+                Some(_) => {
+                    return Err(err(
+                        VERB,
+                        Errno::EINVAL,
+                        "inline data beyond max_inline_data",
+                    ))
+                }
+                None => return Err(err(VERB, Errno::EINVAL, "INLINE without data")),
+            }
+        } else {
+            MemoryTable::sge_total(&wr.sg_list)
+        };
+        if len > 1 << 31 {
+            return Err(err(VERB, Errno::EINVAL, "message longer than 2^31 bytes"));
+        }
+        if wr.opcode.is_atomic() && len != 8 {
+            return Err(err(VERB, Errno::EINVAL, "atomic needs one 8-byte SGE"));
+        }
+        if t == QpType::Ud {
+            if wr.ud.is_none() {
+                return Err(err(
+                    VERB,
+                    Errno::EINVAL,
+                    "UD send without an address handle",
+                ));
+            }
+            if q.state == QpState::Rts && len as usize > q.pmtu() {
+                return Err(err(
+                    VERB,
+                    Errno::EINVAL,
+                    "UD message larger than the path MTU",
+                ));
+            }
+        }
+        if q.state == QpState::Err {
+            let wc =
+                WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wr.opcode.wc_opcode(), qpn);
+            let cq = q.init.send_cq;
+            self.push_wc(cq, wc, false);
+            return Ok(());
+        }
+        q.req.post(wr, len as u32);
+        Ok(())
+    }
+
+    /// Deliver a completion; on overflow the QPs feeding that CQ go to ERR.
+    fn push_wc(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
+        let ok = self
+            .cqs
+            .get_mut(&cq.0)
+            .map(|q| q.push(wc, solicited))
+            .unwrap_or(false);
+        if !ok {
+            let victims: Vec<u32> = self
+                .qps
+                .values()
+                .filter(|q| {
+                    (q.init.send_cq == cq || q.init.recv_cq == cq) && q.state != QpState::Err
+                })
+                .map(|q| q.qpn)
+                .collect();
+            for v in victims {
+                if let Some(q) = self.qps.get_mut(&v) {
+                    q.state = QpState::Err;
+                }
+                self.enter_error(v);
+            }
+        }
+    }
+
+    /// Move a QP to ERR: every outstanding send and receive WR completes
+    /// with WR_FLUSH_ERR.
+    fn enter_error(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        q.state = QpState::Err;
+        let send_cq = q.init.send_cq;
+        let recv_cq = q.init.recv_cq;
+        let sends = q.req.flush();
+        let recvs: Vec<RecvWqe> = q.rq.drain(..).collect();
+        let mut pending = q.resp.take_current_recv();
+        pending.extend(recvs);
+        for w in sends {
+            let wc = WorkCompletion::new(
+                w.wr.wr_id,
+                WcStatus::WrFlushErr,
+                w.wr.opcode.wc_opcode(),
+                qpn,
+            );
+            self.push_wc_no_cascade(send_cq, wc);
+        }
+        for r in pending {
+            let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+            self.push_wc_no_cascade(recv_cq, wc);
+        }
+    }
+
+    /// Completions of a QP already in ERR: an overflow changes nothing more.
+    fn push_wc_no_cascade(&mut self, cq: CqId, wc: WorkCompletion) {
+        if let Some(q) = self.cqs.get_mut(&cq.0) {
+            q.push(wc, false);
+        }
+    }
+
+    /// The earliest timer deadline of any QP.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.qps
+            .values()
+            .filter_map(|q| q.req.next_deadline())
+            .min()
+    }
+
+    /// Fire every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        let due: Vec<u32> = self
+            .qps
+            .values()
+            .filter(|q| q.req.next_deadline().is_some_and(|d| d <= now))
+            .map(|q| q.qpn)
+            .collect();
+        for qpn in due {
+            self.requester_timeout(qpn, now);
+        }
+    }
+
+    /// Produce the next packet to send into `buf` (at least 4096 + 64
+    /// bytes), or `None` when no QP has anything to send now.
+    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        let qpns: Vec<u32> = self
+            .qps
+            .range(self.tx_cursor..)
+            .chain(self.qps.range(..self.tx_cursor))
+            .map(|(k, _)| *k)
+            .collect();
+        for qpn in qpns {
+            // Responses first: they unblock the peer's requester.
+            if let Some(t) = self.responder_transmit(qpn, buf) {
+                self.tx_cursor = qpn.wrapping_add(1);
+                return Some(self.finish_transmit(t, buf));
+            }
+            if let Some(t) = self.requester_transmit(qpn, now, buf) {
+                self.tx_cursor = qpn.wrapping_add(1);
+                return Some(self.finish_transmit(t, buf));
+            }
+        }
+        None
+    }
+
+    /// Fill in the ICRC of a packet about to leave.
+    fn finish_transmit(&mut self, t: Transmit, buf: &mut [u8]) -> Transmit {
+        let body = &buf[..t.len - ICRC_LEN];
+        let c = match (self.config.addr, t.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                icrc::compute_linux_ipv4(s, d, t.src_port, roxe_wire::ROCEV2_PORT, body)
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                icrc::compute_ipv6(s, d, t.src_port, roxe_wire::ROCEV2_PORT, body)
+            }
+            (s, d) => icrc::compute_ipv6(
+                Ipv6Addr::from(gid_of(s)),
+                Ipv6Addr::from(gid_of(d)),
+                t.src_port,
+                roxe_wire::ROCEV2_PORT,
+                body,
+            ),
+        };
+        if let Ok(c) = c {
+            roxe_wire::packet::set_icrc(&mut buf[..t.len], c);
+        }
+        self.stats.tx_packets += 1;
+        t
+    }
+
+    /// Handle one received RoCEv2 UDP payload (BTH .. ICRC) from `src`.
+    pub fn handle_packet(&mut self, now: Nanos, src: IpAddr, src_port: u16, bytes: &[u8]) {
+        self.stats.rx_packets += 1;
+        let Ok(pkt) = Packet::new_checked(bytes) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        if !self.icrc_ok(src, src_port, &pkt) {
+            self.stats.rx_bad_icrc += 1;
+            return;
+        }
+        let qpn = pkt.bth().dest_qp();
+        let Some(q) = self.qps.get(&qpn) else {
+            self.stats.rx_no_qp += 1;
+            return;
+        };
+        let type_ok = matches!(
+            (q.init.qp_type, pkt.opcode().transport()),
+            (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
+        );
+        if !type_ok || !q.can_receive() {
+            self.stats.rx_no_qp += 1;
+            return;
+        }
+        if q.init.qp_type != QpType::Ud && q.peer != Some(src) {
+            self.stats.rx_wrong_peer += 1;
+            return;
+        }
+        if pkt.opcode().is_response() {
+            self.completer_receive(qpn, now, &pkt);
+        } else {
+            self.responder_receive(qpn, now, src, &pkt);
+        }
+    }
+
+    fn icrc_ok(&self, src: IpAddr, src_port: u16, pkt: &Packet<&[u8]>) -> bool {
+        let body = pkt.icrc_covered();
+        let port = roxe_wire::ROCEV2_PORT;
+        let want = match (src, self.config.addr) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => match self.config.icrc_policy {
+                IcrcPolicy::Off => return true,
+                IcrcPolicy::AssumeLinuxSender => {
+                    icrc::compute_linux_ipv4(s, d, src_port, port, body)
+                }
+            },
+            (IpAddr::V6(s), IpAddr::V6(d)) => icrc::compute_ipv6(s, d, src_port, port, body),
+            _ => return false,
+        };
+        want.is_ok_and(|c| c == pkt.icrc())
+    }
+
+    /// The GRH area a UD receive buffer starts with (IBA A17.4.5.2): the
+    /// IPv6 header, or 20 zero bytes and then the IPv4 header.
+    fn grh_area(&self, src: IpAddr, udp_payload_len: usize) -> [u8; 40] {
+        let mut g = [0u8; 40];
+        let udp_len = 8 + udp_payload_len;
+        match (src, self.config.addr) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let _ = roxe_wire::ip::Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    tos: 0,
+                    ident: 0,
+                    dont_frag: true,
+                    ttl: 64,
+                    payload_len: udp_len,
+                }
+                .emit(&mut g[20..]);
+            }
+            (s, d) => {
+                let _ = roxe_wire::ip::Ipv6Repr {
+                    src: Ipv6Addr::from(gid_of(s)),
+                    dst: Ipv6Addr::from(gid_of(d)),
+                    traffic_class: 0,
+                    flow_label: 0,
+                    hop_limit: 64,
+                    payload_len: udp_len,
+                }
+                .emit(&mut g);
+            }
+        }
+        g
+    }
+
+    /// Opcodes a packet may carry: helper for tests and tools.
+    pub fn opcode_of(bytes: &[u8]) -> Option<Opcode> {
+        Packet::new_checked(bytes).ok().map(|p| p.opcode())
+    }
+}
+
+/// The loopback address of a test device: 127.0.0.`n`.
+pub fn loopback(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
+}
