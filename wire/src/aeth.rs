@@ -48,6 +48,9 @@ pub const RNR_TIMER_US: [u32; 32] = [
 ];
 
 impl RnrTimer {
+    /// Code 0: the longest wait, 655.36 ms.
+    pub const LONGEST: RnrTimer = RnrTimer(0);
+
     /// The timer for a 5-bit code; `None` above 31.
     pub const fn new(code: u8) -> Option<RnrTimer> {
         if code < 32 {
@@ -195,6 +198,9 @@ impl fmt::Display for AethSyndrome {
 pub struct AckTimeout(u8);
 
 impl AckTimeout {
+    /// Code 0: no retransmission timer.
+    pub const INFINITE: AckTimeout = AckTimeout(0);
+
     /// The encoding for `t` in `0..=31`; `None` above (rxe rejects it at modify_qp).
     pub const fn new(t: u8) -> Option<AckTimeout> {
         if t < 32 {

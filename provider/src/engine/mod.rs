@@ -16,9 +16,9 @@ use crate::memory::{MemoryTable, Sge};
 use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
-use roxe_wire::{icrc, Opcode, Packet, Psn, Transport, ICRC_LEN};
+use roxe_wire::{icrc, Packet, Psn, Transport, ICRC_LEN};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
 pub use requester::SendWqe;
 
@@ -623,6 +623,14 @@ impl Engine {
             .map(|q| q.push(wc, solicited))
             .unwrap_or(false);
         if !ok {
+            self.cq_overflowed(cq);
+        }
+    }
+
+    /// A completion did not fit in `cq`: every QP feeding it goes to ERR
+    /// (rxe's class G), and its outstanding WRs are flushed.
+    fn cq_overflowed(&mut self, cq: CqId) {
+        {
             let victims: Vec<u32> = self
                 .qps
                 .values()
@@ -699,13 +707,20 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        let qpns: Vec<u32> = self
-            .qps
-            .range(self.tx_cursor..)
-            .chain(self.qps.range(..self.tx_cursor))
-            .map(|(k, _)| *k)
-            .collect();
-        for qpn in qpns {
+        // Round-robin from the cursor, without collecting the QPNs: this
+        // runs once per packet.
+        let mut next = self.tx_cursor;
+        for _ in 0..self.qps.len() {
+            let qpn = match self
+                .qps
+                .range(next..)
+                .next()
+                .or_else(|| self.qps.iter().next())
+            {
+                Some((k, _)) => *k,
+                None => return None,
+            };
+            next = qpn.wrapping_add(1);
             // Responses first: they unblock the peer's requester.
             if let Some(t) = self.responder_transmit(qpn, buf) {
                 self.tx_cursor = qpn.wrapping_add(1);
@@ -775,7 +790,7 @@ impl Engine {
         if pkt.opcode().is_response() {
             self.completer_receive(qpn, now, &pkt);
         } else {
-            self.responder_receive(qpn, now, src, &pkt);
+            self.responder_receive(qpn, src, &pkt);
         }
     }
 
@@ -827,14 +842,4 @@ impl Engine {
         }
         g
     }
-
-    /// Opcodes a packet may carry: helper for tests and tools.
-    pub fn opcode_of(bytes: &[u8]) -> Option<Opcode> {
-        Packet::new_checked(bytes).ok().map(|p| p.opcode())
-    }
-}
-
-/// The loopback address of a test device: 127.0.0.`n`.
-pub fn loopback(n: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
 }

@@ -4,7 +4,7 @@
 //! READ responses and atomic ACKs complete them; the retransmission and RNR
 //! timers drive go-back-N retries.
 
-use super::{CqId, Engine, Nanos, Transmit};
+use super::{Engine, Nanos, Transmit};
 use crate::qp_attr::{QpAttr, QpState, QpType};
 use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, SendWr, WorkCompletion};
@@ -345,7 +345,7 @@ impl Engine {
         let qp_type = q.init.qp_type;
         let pmtu = q.pmtu();
         let max_rd = u32::from(q.attr.max_rd_atomic.max(1));
-        let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::new(0)?);
+        let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::INFINITE);
         let r = &mut q.req;
         // Skip WQEs already finished (UC/UD complete when sent).
         while r.sq.get(r.cursor).is_some_and(|w| w.done.is_some()) {
@@ -537,8 +537,11 @@ impl Engine {
     /// Deliver, in order, the completions of finished WQEs at the front of
     /// the send queue.
     pub(super) fn retire(&mut self, qpn: u32) {
-        let mut out: Vec<(CqId, WorkCompletion)> = Vec::new();
-        if let Some(q) = self.qps.get_mut(&qpn) {
+        // Runs on every ACK: completions go straight into the CQ (disjoint
+        // fields), and only an overflow needs the whole engine afterwards.
+        let mut overflowed = None;
+        let Engine { qps, cqs, .. } = self;
+        if let Some(q) = qps.get_mut(&qpn) {
             let sig_all = q.init.sq_sig_all;
             q.req.normalize_una();
             while q.req.sq.front().is_some_and(|w| w.done.is_some()) {
@@ -559,12 +562,16 @@ impl Engine {
                     } else {
                         0
                     };
-                    out.push((q.init.send_cq, wc));
+                    let cq = q.init.send_cq;
+                    let pushed = cqs.get_mut(&cq.0).is_some_and(|c| c.push(wc, false));
+                    if !pushed {
+                        overflowed = Some(cq);
+                    }
                 }
             }
         }
-        for (cq, wc) in out {
-            self.push_wc(cq, wc, false);
+        if let Some(cq) = overflowed {
+            self.cq_overflowed(cq);
         }
     }
 
@@ -617,8 +624,7 @@ impl Engine {
             self.stats.rx_dropped += 1;
             return;
         }
-        let timeout =
-            AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::new(0).expect("0 is valid"));
+        let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::INFINITE);
         let rnr_retry_infinite = q.attr.rnr_retry == 7;
         let p = pkt.bth().psn();
         let pmtu = q.pmtu();
@@ -700,13 +706,12 @@ impl Engine {
                 if p == w.first_psn + w.read_pkts && w.done.is_none() {
                     let off = w.read_pkts as usize * pmtu;
                     let data = pkt.payload();
-                    let sges = w.wr.sg_list.clone();
                     let ends = matches!(
                         pkt.opcode(),
                         Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
                     );
                     let fits = off + data.len() <= w.len as usize;
-                    if !fits || self.memory.scatter(pd, &sges, off, data).is_err() {
+                    if !fits || self.memory.scatter(pd, &w.wr.sg_list, off, data).is_err() {
                         let status = if fits {
                             WcStatus::LocProtErr
                         } else {
@@ -746,10 +751,9 @@ impl Engine {
                 // unanswered: the atomic executed exactly once, and going
                 // back for the earlier one skips it.
                 let orig = pkt.atomic_ack_eth().map(|a| a.orig).unwrap_or(0);
-                let sges = r.sq[i].wr.sg_list.clone();
                 let placed = self
                     .memory
-                    .scatter(pd, &sges, 0, &orig.to_ne_bytes())
+                    .scatter(pd, &r.sq[i].wr.sg_list, 0, &orig.to_ne_bytes())
                     .is_ok();
                 let Some(q) = self.qps.get_mut(&qpn) else {
                     return;
@@ -796,8 +800,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        let timeout =
-            AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::new(0).expect("0 is valid"));
+        let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::INFINITE);
         let r = &mut q.req;
         if r.rnr_wait.is_some_and(|d| d <= now) {
             r.rnr_wait = None;

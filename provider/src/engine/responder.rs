@@ -3,7 +3,7 @@
 //! error-class rules (a duplicate is re-acknowledged or replayed, never
 //! executed twice; a gap gets one PSN-sequence NAK and then silence).
 
-use super::{CqId, Engine, Nanos, RecvWqe, Transmit};
+use super::{CqId, Engine, RecvWqe, Transmit};
 use crate::memory::AccessError;
 use crate::qp_attr::{QpState, QpType};
 use crate::types::{AccessFlags, WcOpcode, WcStatus};
@@ -207,6 +207,25 @@ impl Engine {
         }
     }
 
+    /// The RETH of a WRITE FIRST/ONLY or READ request, checked once for the
+    /// whole message: a missing header or a length over 2^31 (C9-94) is an
+    /// invalid request, a key/PD/right/range failure a remote access error.
+    fn checked_reth(
+        &self,
+        pkt: &Packet<&[u8]>,
+        pd: crate::types::PdId,
+        need: AccessFlags,
+    ) -> Result<roxe_wire::RethRepr, NakCode> {
+        let reth = pkt.reth().ok_or(NakCode::InvalidRequest)?;
+        if reth.dma_len > 1 << 31 {
+            return Err(NakCode::InvalidRequest);
+        }
+        self.memory
+            .check_remote(reth.rkey, pd, reth.va, u64::from(reth.dma_len), need)
+            .map_err(|_| NakCode::RemoteAccessError)?;
+        Ok(reth)
+    }
+
     fn has_recv(&self, qpn: u32) -> bool {
         self.qps.get(&qpn).is_some_and(|q| match q.init.srq {
             Some(s) => self.srqs.get(&s.0).is_some_and(|s| !s.queue.is_empty()),
@@ -215,13 +234,7 @@ impl Engine {
     }
 
     /// A request packet for QP `qpn`.
-    pub(super) fn responder_receive(
-        &mut self,
-        qpn: u32,
-        _now: Nanos,
-        src: IpAddr,
-        pkt: &Packet<&[u8]>,
-    ) {
+    pub(super) fn responder_receive(&mut self, qpn: u32, src: IpAddr, pkt: &Packet<&[u8]>) {
         let Some(q) = self.qps.get(&qpn) else { return };
         match q.init.qp_type {
             QpType::Rc => self.rc_request(qpn, pkt),
@@ -254,15 +267,10 @@ impl Engine {
             return;
         }
         r.nak_sent = false;
-        let outcome = self.execute(qpn, pkt, true);
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        match outcome {
+        match self.execute(qpn, pkt, true) {
             Outcome::Fine => {}
             Outcome::Complete(cq, wc, solicited) => self.push_wc(cq, wc, solicited),
             Outcome::Fail(wc) => {
-                let _ = q;
                 self.stats.naks_sent += 1;
                 if let Some((cq, wc)) = wc {
                     self.push_wc(cq, wc, false);
@@ -286,7 +294,6 @@ impl Engine {
             return;
         };
         let p = pkt.bth().psn();
-        let pmtu = q.pmtu() as u32;
         let r = &mut q.resp;
         let op = pkt.opcode();
         if is_send(op) || is_write(op) {
@@ -325,7 +332,6 @@ impl Engine {
             }
             _ => None,
         });
-        let _ = pmtu;
         match found {
             Some(reply) => r.replies.push_back(reply),
             None => self.stats.rx_dropped += 1,
@@ -410,7 +416,7 @@ impl Engine {
         if needs_recv && !self.has_recv(qpn) {
             if reliable {
                 if let Some(q) = self.qps.get_mut(&qpn) {
-                    let t = RnrTimer::new(min_rnr).unwrap_or(RnrTimer::new(0).expect("0 is valid"));
+                    let t = RnrTimer::new(min_rnr).unwrap_or(RnrTimer::LONGEST);
                     q.resp.nak(p, AethSyndrome::RnrNak(t));
                 }
                 self.stats.naks_sent += 1;
@@ -421,25 +427,10 @@ impl Engine {
 
         // READ and atomics.
         if op == Opcode::RcReadRequest {
-            let Some(reth) = pkt.reth() else {
-                return fail(self, NakCode::InvalidRequest);
+            let reth = match self.checked_reth(pkt, pd, AccessFlags::REMOTE_READ) {
+                Ok(r) => r,
+                Err(code) => return fail(self, code),
             };
-            if reth.dma_len > 1 << 31 {
-                return fail(self, NakCode::InvalidRequest);
-            }
-            if self
-                .memory
-                .check_remote(
-                    reth.rkey,
-                    pd,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                    AccessFlags::REMOTE_READ,
-                )
-                .is_err()
-            {
-                return fail(self, NakCode::RemoteAccessError);
-            }
             let n = (reth.dma_len as usize).div_ceil(pmtu).max(1) as u32;
             let Some(q) = self.qps.get_mut(&qpn) else {
                 return Outcome::Fine;
@@ -498,22 +489,10 @@ impl Engine {
         // WRITE.
         if is_write(op) {
             if op.starts_message() {
-                let Some(reth) = pkt.reth() else {
-                    return fail(self, NakCode::InvalidRequest);
+                let reth = match self.checked_reth(pkt, pd, AccessFlags::REMOTE_WRITE) {
+                    Ok(r) => r,
+                    Err(code) => return fail(self, code),
                 };
-                if self
-                    .memory
-                    .check_remote(
-                        reth.rkey,
-                        pd,
-                        reth.va,
-                        u64::from(reth.dma_len),
-                        AccessFlags::REMOTE_WRITE,
-                    )
-                    .is_err()
-                {
-                    return fail(self, NakCode::RemoteAccessError);
-                }
                 if let Some(q) = self.qps.get_mut(&qpn) {
                     q.resp.msg = Some(InMsg::Write {
                         va: reth.va,
