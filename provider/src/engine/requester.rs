@@ -73,6 +73,12 @@ pub(crate) struct Requester {
     /// one. Cleared by progress; a timeout always retries (rxe's
     /// `started_retry`).
     retry_started: bool,
+    /// Set by `ack_upto` when a response moved `una` or finished a WQE:
+    /// forward progress, which refills the retry counter (IBA 9.7.6.1.3).
+    /// Finishing a SEND behind an unanswered READ counts too, so a READ
+    /// whose response keeps being lost cannot exhaust retries while the
+    /// peer is visibly making progress.
+    progressed: bool,
 }
 
 impl Requester {
@@ -91,6 +97,7 @@ impl Requester {
             rd_atomic_inflight: 0,
             since_ack_req: 0,
             retry_started: false,
+            progressed: false,
         }
     }
 
@@ -177,10 +184,12 @@ impl Requester {
                 continue;
             }
             w.done = Some(WcStatus::Success);
+            self.progressed = true;
         }
         let upto = implied.unwrap_or(p.next());
         if upto.is_after(self.una) {
             self.una = upto;
+            self.progressed = true;
         }
         implied
     }
@@ -636,14 +645,13 @@ impl Engine {
             return;
         }
         let aeth = pkt.aeth();
+        r.progressed = false;
         let mut implied = None;
         let mut progress = false;
         match pkt.opcode() {
             Opcode::RcAcknowledge => match aeth.map(|a| a.syndrome) {
                 Some(AethSyndrome::Ack { .. }) => {
-                    let before = r.una;
                     implied = r.ack_upto(p);
-                    progress = r.una != before;
                 }
                 Some(AethSyndrome::RnrNak(t)) => {
                     implied = r.ack_upto(p - 1);
@@ -666,6 +674,14 @@ impl Engine {
                 Some(AethSyndrome::Nak(NakCode::PsnSequenceError)) => {
                     implied = r.ack_upto(p - 1);
                     if implied.is_none() {
+                        if r.progressed {
+                            // The responder got further than at the last
+                            // go-back-N: this NAK is news, not a stale copy
+                            // of the one that started it.
+                            let attr = q.attr;
+                            r.reset_retries(&attr);
+                            r.retry_started = false;
+                        }
                         self.retire(qpn);
                         if !self.retry_from(qpn, p, false) {
                             self.fail_oldest(qpn, WcStatus::RetryExcErr);
@@ -777,6 +793,7 @@ impl Engine {
                 return;
             }
         }
+        let progress = progress || self.qps.get(&qpn).is_some_and(|q| q.req.progressed);
         if progress {
             if let Some(q) = self.qps.get_mut(&qpn) {
                 q.req.normalize_una();
