@@ -1,5 +1,6 @@
 //! Completion queues.
 
+use crate::types::WcStatus;
 use crate::wr::WorkCompletion;
 use std::collections::VecDeque;
 
@@ -50,11 +51,17 @@ impl CompletionQueue {
     }
 
     /// Add a completion; `false` (and the overflow flag) when full.
+    /// `solicited`: a receive completion for a message whose BTH carried the
+    /// Solicited Event bit. A completion with an error status counts as
+    /// solicited too (`ibv_req_notify_cq(3)`: "A CQE is solicited if it is a
+    /// receive completion for a message with the Solicited Event header bit
+    /// set, or if the status is not successful").
     pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> bool {
         if self.entries.len() >= self.depth {
             self.overflowed = true;
             return false;
         }
+        let solicited = solicited || wc.status != WcStatus::Success;
         self.entries.push_back(wc);
         if self.armed == 1 || (self.armed == 2 && solicited) {
             self.armed = 0;
@@ -91,7 +98,7 @@ impl CompletionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{WcOpcode, WcStatus};
+    use crate::types::WcOpcode;
 
     #[test]
     fn overflow_and_notify() {
@@ -110,6 +117,12 @@ mod tests {
         cq.push(wc, false);
         assert_eq!(cq.take_events(), 0);
         cq.push(wc, true);
+        assert_eq!(cq.take_events(), 1);
+        // An unsuccessful completion is solicited.
+        cq.poll(&mut out);
+        cq.request_notify(true);
+        let bad = WorkCompletion::new(2, WcStatus::WrFlushErr, WcOpcode::Recv, 5);
+        cq.push(bad, false);
         assert_eq!(cq.take_events(), 1);
     }
 }

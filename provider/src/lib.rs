@@ -14,5 +14,6 @@ pub mod types;
 
 pub use types::{AccessFlags, Errno, PdId, VerbsError, WcOpcode, WcStatus};
 pub mod cq;
+pub mod driver;
 pub mod engine;
 pub mod wr;

@@ -29,6 +29,8 @@ impl Errno {
     pub const ENOSYS: Errno = Errno(38);
     /// Operation not supported.
     pub const EOPNOTSUPP: Errno = Errno(95);
+    /// Timed out (a bounded wait ran out).
+    pub const ETIMEDOUT: Errno = Errno(110);
 }
 
 /// A verb failed: which one, why (errno), and a human-readable detail.

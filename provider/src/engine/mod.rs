@@ -40,7 +40,12 @@ pub enum IcrcPolicy {
     /// an unconnected don't-fragment UDP socket (identification 0), which is
     /// how roxe sends; drop on mismatch.
     AssumeLinuxSender,
-    /// Do not verify IPv4 ICRCs (peers with non-zero IPv4 identification).
+    /// Verify as `AssumeLinuxSender`, but accept a mismatch and count it in
+    /// [`Stats::rx_icrc_unverified`]: peers such as rxe and mlx5 put
+    /// non-zero identifications in their IPv4 headers, which a UDP socket
+    /// never shows, so their ICRCs cannot be recomputed.
+    Warn,
+    /// Do not verify IPv4 ICRCs.
     Off,
 }
 
@@ -61,6 +66,10 @@ pub struct EngineConfig {
     pub qp_limits: QpLimits,
     /// ICRC check on received IPv4 packets.
     pub icrc_policy: IcrcPolicy,
+    /// Every packet leaves from this UDP source port (a driver with one
+    /// socket bound to 4791); `None`: a per-QP port, as rxe spreads flows.
+    /// The ICRC covers the source port, so it must be the real one.
+    pub fixed_src_port: Option<u16>,
 }
 
 impl EngineConfig {
@@ -74,6 +83,7 @@ impl EngineConfig {
             max_cqe: 0x1_0000,
             qp_limits: QpLimits::default(),
             icrc_policy: IcrcPolicy::AssumeLinuxSender,
+            fixed_src_port: None,
         }
     }
 }
@@ -149,6 +159,9 @@ pub struct Stats {
     pub naks_sent: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
+    /// Accepted IPv4 packets whose ICRC did not match the Linux-sender
+    /// assumption (`IcrcPolicy::Warn`).
+    pub rx_icrc_unverified: u64,
 }
 
 /// A posted receive.
@@ -198,6 +211,14 @@ impl Qp {
     }
     pub fn can_receive(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    }
+    /// In SQD, the drain is over once no message that had started is
+    /// unfinished: `sq_draining` clears, as rxe's requester clears it, and
+    /// SQD may be left for RTS again.
+    pub fn update_drain(&mut self) {
+        if self.state == QpState::Sqd && self.attr.sq_draining && !self.req.in_flight() {
+            self.attr.sq_draining = false;
+        }
     }
 }
 
@@ -263,6 +284,11 @@ impl Engine {
     /// The device address.
     pub fn addr(&self) -> IpAddr {
         self.config.addr
+    }
+
+    /// The limits and identity the engine was created with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     /// Counters.
@@ -376,11 +402,12 @@ impl Engine {
             .srqs
             .get_mut(&srq.0)
             .ok_or_else(|| err("ibv_post_srq_recv", Errno::EINVAL, "no such SRQ"))?;
-        if wr.sg_list.len() > s.max_sge as usize {
-            return Err(err("ibv_post_srq_recv", Errno::EINVAL, "too many SGEs"));
-        }
+        // rxe's post_one_recv (and mlx5) test for a full queue first.
         if s.queue.len() >= s.max_wr as usize {
             return Err(err("ibv_post_srq_recv", Errno::ENOMEM, "SRQ full"));
+        }
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(err("ibv_post_srq_recv", Errno::EINVAL, "too many SGEs"));
         }
         let total = MemoryTable::sge_total(&wr.sg_list);
         s.queue.push_back(RecvWqe {
@@ -466,13 +493,23 @@ impl Engine {
             .qps
             .get_mut(&qpn)
             .ok_or_else(|| err("ibv_modify_qp", Errno::EINVAL, "no such QP"))?;
-        let new_state = qp_attr::check_modify(q.init.qp_type, q.state, attr, mask, &limits)?;
+        // With the stored attributes: an AV whose port is not the QP's on
+        // the way to RTR, and leaving SQD before the drain ends, are EINVAL.
+        let new_state = qp_attr::check_modify_with_stored(
+            q.init.qp_type,
+            q.state,
+            &q.attr,
+            attr,
+            mask,
+            &limits,
+        )?;
         let old_state = q.state;
         qp_attr::apply(&mut q.attr, attr, mask, new_state);
         if mask.contains(AttrMask::AV) {
             q.peer = Some(addr_of_gid(q.attr.av.dgid));
         }
         q.state = new_state;
+        q.update_drain();
         if mask.contains(AttrMask::RQ_PSN) {
             q.resp.reset_psn(Psn::new(q.attr.rq_psn));
         }
@@ -509,11 +546,12 @@ impl Engine {
         if q.state == QpState::Reset {
             return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
         }
-        if wr.sg_list.len() > q.init.cap.max_recv_sge as usize {
-            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
-        }
+        // rxe's post_one_recv (and mlx5) test for a full queue first.
         if q.rq.len() >= q.init.cap.max_recv_wr as usize {
             return Err(err(VERB, Errno::ENOMEM, "receive queue full"));
+        }
+        if wr.sg_list.len() > q.init.cap.max_recv_sge as usize {
+            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
         }
         let total = MemoryTable::sge_total(&wr.sg_list);
         let wqe = RecvWqe {
@@ -563,10 +601,15 @@ impl Engine {
         if wr.sg_list.len() > q.init.cap.max_send_sge as usize {
             return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
         }
-        if q.req.outstanding() >= q.init.cap.max_send_wr as usize {
-            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
-        }
         let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
+        if inline && wr.opcode.is_read_or_atomic() {
+            // rxe's validate_send_wr: the opcode has no WR_INLINE_MASK.
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("{:?} cannot carry inline data", wr.opcode),
+            ));
+        }
         let len = if inline {
             match &wr.inline_data {
                 Some(d) if d.len() <= q.init.cap.max_inline_data as usize => d.len() as u64,
@@ -603,6 +646,11 @@ impl Engine {
                     "UD message larger than the path MTU",
                 ));
             }
+        }
+        // As rxe's post_one_send: the WR is validated (EINVAL) before the
+        // queue is found full (ENOMEM).
+        if q.req.outstanding() >= q.init.cap.max_send_wr as usize {
+            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
         }
         if q.state == QpState::Err {
             let wc =
@@ -735,7 +783,10 @@ impl Engine {
     }
 
     /// Fill in the ICRC of a packet about to leave.
-    fn finish_transmit(&mut self, t: Transmit, buf: &mut [u8]) -> Transmit {
+    fn finish_transmit(&mut self, mut t: Transmit, buf: &mut [u8]) -> Transmit {
+        if let Some(port) = self.config.fixed_src_port {
+            t.src_port = port;
+        }
         let body = &buf[..t.len - ICRC_LEN];
         let c = match (self.config.addr, t.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -794,12 +845,20 @@ impl Engine {
         }
     }
 
-    fn icrc_ok(&self, src: IpAddr, src_port: u16, pkt: &Packet<&[u8]>) -> bool {
+    fn icrc_ok(&mut self, src: IpAddr, src_port: u16, pkt: &Packet<&[u8]>) -> bool {
         let body = pkt.icrc_covered();
         let port = roxe_wire::ROCEV2_PORT;
         let want = match (src, self.config.addr) {
             (IpAddr::V4(s), IpAddr::V4(d)) => match self.config.icrc_policy {
                 IcrcPolicy::Off => return true,
+                IcrcPolicy::Warn => {
+                    let ok = icrc::compute_linux_ipv4(s, d, src_port, port, body)
+                        .is_ok_and(|c| c == pkt.icrc());
+                    if !ok {
+                        self.stats.rx_icrc_unverified += 1;
+                    }
+                    return true;
+                }
                 IcrcPolicy::AssumeLinuxSender => {
                     icrc::compute_linux_ipv4(s, d, src_port, port, body)
                 }

@@ -116,6 +116,11 @@ impl Requester {
         self.sq.len()
     }
 
+    /// A message has started (PSNs assigned) and is not finished.
+    pub fn in_flight(&self) -> bool {
+        self.sq.iter().any(|w| w.started && w.done.is_none())
+    }
+
     pub fn post(&mut self, wr: SendWr, len: u32) {
         self.sq.push_back(SendWqe {
             wr,
@@ -348,7 +353,10 @@ impl Engine {
             qps, memory, stats, ..
         } = self;
         let q = qps.get_mut(&qpn)?;
-        if q.state != QpState::Rts || q.req.rnr_wait.is_some() {
+        // SQD: messages already started finish (retransmissions included);
+        // no new one starts.
+        let draining = q.state == QpState::Sqd;
+        if !(q.state == QpState::Rts || draining) || q.req.rnr_wait.is_some() {
             return None;
         }
         let qp_type = q.init.qp_type;
@@ -364,6 +372,9 @@ impl Engine {
         let idx = r.cursor;
         let w = r.sq.get(idx)?;
         if !w.started {
+            if draining {
+                return None;
+            }
             let earlier_rd =
                 r.sq.iter()
                     .take(idx)
@@ -578,6 +589,7 @@ impl Engine {
                     }
                 }
             }
+            q.update_drain();
         }
         if let Some(cq) = overflowed {
             self.cq_overflowed(cq);

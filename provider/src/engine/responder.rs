@@ -576,31 +576,55 @@ impl Engine {
             return fail(self, NakCode::InvalidRequest);
         };
         let n = payload.len() as u64;
-        if offset + n > wqe.total {
+        let fits = offset + n <= wqe.total;
+        let placed = fits
+            && (n == 0
+                || self
+                    .memory
+                    .scatter(pd, &wqe.sg_list, offset as usize, payload)
+                    .is_ok());
+        if !reliable && !placed {
+            // UC: the message is dropped silently (class D) and its receive
+            // WQE stays for the next one, as in rxe (the caller puts it back).
+            if let Some(q) = self.qps.get_mut(&qpn) {
+                q.resp.msg = Some(InMsg::Send { wqe, offset });
+            }
+            return Outcome::Fail(None);
+        }
+        if !fits {
             // The receive buffer is too small: the receiver sees LOC_LEN_ERR
             // (as on hardware; rxe reports REM_INV_REQ_ERR here), the sender
             // REM_INV_REQ_ERR.
+            if let Some(q) = self.qps.get_mut(&qpn) {
+                q.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
+            }
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, qpn);
+            return Outcome::Fail(Some((recv_cq, wc)));
+        }
+        if !placed {
+            if let Some(q) = self.qps.get_mut(&qpn) {
+                q.resp
+                    .nak(p, AethSyndrome::Nak(NakCode::RemoteOperationalError));
+            }
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, qpn);
+            return Outcome::Fail(Some((recv_cq, wc)));
+        }
+        if ends && pkt.ieth().is_some() {
+            // SEND_WITH_INV: only a memory window or a fast-registration MR
+            // can be invalidated remotely, and roxe has neither, so the
+            // invalidation fails, as rxe's does for an ordinary MR
+            // (rxe_invalidate_mr: not IB_MR_TYPE_MEM_REG). rxe's class J:
+            // the receive completes with REM_INV_REQ_ERR and the QP goes to
+            // ERR, never reporting IBV_WC_WITH_INV for a key that still
+            // works. The requester is NAKed invalid request (rxe's class J
+            // path leaves its ACK syndrome alone and ACKs the message, so
+            // its sender sees success and only later a retry error).
             if reliable {
                 if let Some(q) = self.qps.get_mut(&qpn) {
                     q.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
                 }
             }
-            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, qpn);
-            return Outcome::Fail(Some((recv_cq, wc)));
-        }
-        if n > 0
-            && self
-                .memory
-                .scatter(pd, &wqe.sg_list, offset as usize, payload)
-                .is_err()
-        {
-            if reliable {
-                if let Some(q) = self.qps.get_mut(&qpn) {
-                    q.resp
-                        .nak(p, AethSyndrome::Nak(NakCode::RemoteOperationalError));
-                }
-            }
-            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, qpn);
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, qpn);
             return Outcome::Fail(Some((recv_cq, wc)));
         }
         let Some(q) = self.qps.get_mut(&qpn) else {
@@ -622,34 +646,45 @@ impl Engine {
             wc.imm_data = imm;
             wc.wc_flags |= wc_flags::WITH_IMM;
         }
-        if let Some(k) = pkt.ieth() {
-            wc.invalidated_rkey = k;
-            wc.wc_flags |= wc_flags::WITH_INV;
-        }
         Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
     }
 
-    fn uc_request(&mut self, qpn: u32, pkt: &Packet<&[u8]>) {
+    /// Drop the unfinished message of QP `qpn`; a SEND's receive WQE goes
+    /// back to the front of the queue it came from (the QP's SRQ, or its
+    /// own receive queue) to be used again.
+    fn abandon_message(&mut self, qpn: u32) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        let Some(InMsg::Send { wqe, .. }) = q.resp.msg.take() else {
+            return;
+        };
+        match q.init.srq.and_then(|s| self.srqs.get_mut(&s.0)) {
+            Some(srq) => srq.queue.push_front(wqe),
+            None => q.rq.push_front(wqe),
+        }
+    }
+
+    fn uc_request(&mut self, qpn: u32, pkt: &Packet<&[u8]>) {
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
         let p = pkt.bth().psn();
-        let op = pkt.opcode();
-        let r = &mut q.resp;
-        if op.starts_message() {
+        let starts = pkt.opcode().starts_message();
+        let in_seq = p == q.resp.epsn && !q.resp.uc_drop;
+        if starts || !in_seq {
             // Any FIRST/ONLY resynchronises; an unfinished message is lost
             // and its receive buffer is used again.
-            if let Some(InMsg::Send { wqe, .. }) = r.msg.take() {
-                q.rq.push_front(wqe);
-            }
-            r.epsn = p;
-            r.uc_drop = false;
-        } else if p != r.epsn || r.uc_drop {
-            if let Some(InMsg::Send { wqe, .. }) = r.msg.take() {
-                q.rq.push_front(wqe);
-            }
-            r.msg = None;
-            r.uc_drop = true;
+            self.abandon_message(qpn);
+        }
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if starts {
+            q.resp.epsn = p;
+            q.resp.uc_drop = false;
+        } else if !in_seq {
+            q.resp.uc_drop = true;
             self.stats.rx_dropped += 1;
             return;
         }
@@ -658,10 +693,8 @@ impl Engine {
             Outcome::Complete(cq, wc, solicited) => self.push_wc(cq, wc, solicited),
             Outcome::Fail(_) => {
                 // UC errors drop the message silently (class D).
+                self.abandon_message(qpn);
                 if let Some(q) = self.qps.get_mut(&qpn) {
-                    if let Some(InMsg::Send { wqe, .. }) = q.resp.msg.take() {
-                        q.rq.push_front(wqe);
-                    }
                     q.resp.msg = None;
                     q.resp.uc_drop = true;
                     q.resp.replies.clear();

@@ -1,0 +1,498 @@
+//! A soft device: one IP address, one UDP socket on port 4791, one engine
+//! and one progress thread.
+//!
+//! Verbs calls lock the engine through [`Device::engine`]; when the guard
+//! drops, everything the call made sendable leaves at once from the calling
+//! thread (a doorbell without a thread hop), completion channels are
+//! signalled, and the progress thread is woken only if the call created a
+//! timer earlier than the one it sleeps towards. The progress thread
+//! receives (in bursts, one lock per burst), fires timers and releases
+//! packets the fault injector holds; it sleeps in `poll(2)` on the socket
+//! and an eventfd, or spins with `busy_poll`.
+
+use super::channel::{ChannelShared, CompChannel};
+use super::config::{DeviceConfig, IcrcMode};
+use super::fault::{FaultStats, Faults};
+use super::socket;
+use super::tap::Tap;
+use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, Stats};
+use crate::qp_attr::AddressVector;
+use parking_lot::{Mutex, MutexGuard};
+use rustix::event::{PollFd, PollFlags};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The RoCEv2 UDP port.
+pub const ROCEV2_PORT: u16 = roxe_wire::ROCEV2_PORT;
+/// Packets handled per lock in the receive path before letting verbs
+/// calls in (and sending what the burst produced).
+const RX_BURST: u32 = 64;
+/// Longest sleep of the progress thread (it re-checks `stop`).
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// Largest UDP payload roxe emits: 4096 B of data plus headers.
+const TX_BUF: usize = 4096 + 128;
+/// How long a send waits for socket buffer space before the packet is
+/// counted as dropped (retransmission recovers it).
+const SEND_WAIT: Duration = Duration::from_millis(10);
+
+/// Driver-level counters (the engine's own are in [`Stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Datagrams handed to the kernel.
+    pub tx_datagrams: u64,
+    /// Datagrams the kernel refused (after waiting for buffer space).
+    pub tx_errors: u64,
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Receive errors other than "nothing to read".
+    pub rx_errors: u64,
+}
+
+/// Everything a device counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// The transport's counters (drops by reason, retransmits, NAKs).
+    pub engine: Stats,
+    /// The socket's.
+    pub driver: DriverStats,
+    /// The fault injector's, when one is configured.
+    pub faults: FaultStats,
+}
+
+/// The device's LID on loopback: 127.0.x.y gives LID x·256 + y (a unicast
+/// LID, 1..=0xBFFF), so LID-addressed programs (`is_global = 0`) can reach
+/// roxe devices on one host. Other addresses have no LID (0).
+pub fn lid_of(addr: IpAddr) -> u16 {
+    match addr {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            let lid = u16::from_be_bytes([o[2], o[3]]);
+            if o[0] == 127 && o[1] == 0 && (1..=0xBFFF).contains(&lid) {
+                lid
+            } else {
+                0
+            }
+        }
+        IpAddr::V6(_) => 0,
+    }
+}
+
+/// The loopback device address a LID names (the inverse of [`lid_of`]).
+pub fn addr_of_lid(lid: u16) -> Option<IpAddr> {
+    (1..=0xBFFF).contains(&lid).then(|| {
+        let [hi, lo] = lid.to_be_bytes();
+        IpAddr::V4(Ipv4Addr::new(127, 0, hi, lo))
+    })
+}
+
+pub(crate) struct Core {
+    engine: Engine,
+    tx_buf: Vec<u8>,
+    faults: Option<Faults>,
+    tap: Option<Tap>,
+    channels: Vec<(CqId, Arc<ChannelShared>)>,
+    stats: DriverStats,
+}
+
+struct Shared {
+    addr: IpAddr,
+    socket: UdpSocket,
+    epoch: Instant,
+    core: Mutex<Core>,
+    wake: OwnedFd,
+    /// The deadline the progress thread sleeps towards (`u64::MAX`: none;
+    /// 0: it is awake and will look at the timers before sleeping again).
+    /// Written and compared under the core lock.
+    sleeping_until: AtomicU64,
+    stop: AtomicBool,
+    busy_poll: bool,
+}
+
+/// An open soft device. Dropping it stops its progress thread.
+pub struct Device {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("addr", &self.shared.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Exclusive access to the device's engine; on drop, whatever the caller
+/// made sendable is sent and completion channels are signalled.
+pub struct EngineGuard<'a> {
+    core: MutexGuard<'a, Core>,
+    shared: &'a Shared,
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.core.engine
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.core.engine
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.after_work(&mut self.core);
+    }
+}
+
+/// Bind the first free loopback address from 127.0.0.1 upward.
+fn bind_auto() -> io::Result<(IpAddr, UdpSocket)> {
+    for lid in 1..=0xBFFFu16 {
+        let Some(addr) = addr_of_lid(lid) else {
+            continue;
+        };
+        match socket::bind(addr, ROCEV2_PORT) {
+            Ok(s) => return Ok((addr, s)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        "every loopback address 127.0.0.1 .. 127.0.191.255 has port 4791 taken",
+    ))
+}
+
+impl Device {
+    /// Open a device: bind its socket, start its progress thread.
+    pub fn open(config: &DeviceConfig) -> io::Result<Device> {
+        let (addr, socket) = match config.addr {
+            Some(a) => (
+                a,
+                socket::bind(a, ROCEV2_PORT).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("binding {}: {e}", SocketAddr::new(a, ROCEV2_PORT)),
+                    )
+                })?,
+            ),
+            None => bind_auto()?,
+        };
+        let mut ec = EngineConfig::new(addr);
+        ec.icrc_policy = match config.icrc {
+            IcrcMode::Off => IcrcPolicy::Off,
+            IcrcMode::Warn => IcrcPolicy::Warn,
+            IcrcMode::Strict => IcrcPolicy::AssumeLinuxSender,
+        };
+        ec.fixed_src_port = Some(ROCEV2_PORT);
+        let tap = match &config.pcap {
+            Some(p) => Some(Tap::create(p)?),
+            None => None,
+        };
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        let shared = Arc::new(Shared {
+            addr,
+            socket,
+            epoch: Instant::now(),
+            core: Mutex::new(Core {
+                engine: Engine::new(ec),
+                tx_buf: vec![0; TX_BUF],
+                faults: config.fault.map(Faults::new),
+                tap,
+                channels: Vec::new(),
+                stats: DriverStats::default(),
+            }),
+            wake,
+            sleeping_until: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            busy_poll: config.busy_poll,
+        });
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("roxe-progress {addr}"))
+            .spawn(move || s.progress())?;
+        Ok(Device {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The device's address.
+    pub fn addr(&self) -> IpAddr {
+        self.shared.addr
+    }
+
+    /// The device's RoCEv2 GID (GID index 0).
+    pub fn gid(&self) -> [u8; 16] {
+        crate::engine::gid_of(self.shared.addr)
+    }
+
+    /// The device's LID (0 unless it is on 127.0.0.0/16).
+    pub fn lid(&self) -> u16 {
+        lid_of(self.shared.addr)
+    }
+
+    /// Nanoseconds since the device opened (the engine's clock).
+    pub fn now(&self) -> Nanos {
+        self.shared.now()
+    }
+
+    /// Lock the engine for a verbs call.
+    pub fn engine(&self) -> EngineGuard<'_> {
+        EngineGuard {
+            core: self.shared.core.lock(),
+            shared: &self.shared,
+        }
+    }
+
+    /// Resolve an address vector to the destination device address: its
+    /// GID, or for an LID-only AV (`is_global = 0`) on a loopback device,
+    /// the loopback device with that LID. Returns the AV the engine takes
+    /// (with the GID filled in) or `None` if it names no destination.
+    pub fn resolve_av(&self, av: &AddressVector) -> Option<AddressVector> {
+        if av.is_global {
+            return Some(*av);
+        }
+        if self.lid() == 0 {
+            // Real RoCE semantics: without a GRH there is no destination.
+            return None;
+        }
+        let dst = addr_of_lid(av.dlid)?;
+        Some(AddressVector {
+            dgid: crate::engine::gid_of(dst),
+            is_global: true,
+            sgid_index: 0,
+            hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            ..*av
+        })
+    }
+
+    /// Deliver events of `cq` to `channel` (after `request_notify`).
+    pub fn attach_channel(&self, cq: CqId, channel: &CompChannel) {
+        let mut core = self.shared.core.lock();
+        core.channels.retain(|(c, _)| *c != cq);
+        core.channels.push((cq, channel.shared()));
+    }
+
+    /// Stop delivering events of `cq`.
+    pub fn detach_channel(&self, cq: CqId) {
+        self.shared.core.lock().channels.retain(|(c, _)| *c != cq);
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeviceStats {
+        let core = self.shared.core.lock();
+        DeviceStats {
+            engine: core.engine.stats(),
+            driver: core.stats,
+            faults: core.faults.as_ref().map(Faults::stats).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(tap) = self.shared.core.lock().tap.as_mut() {
+            tap.flush();
+        }
+    }
+}
+
+impl Shared {
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    fn wake(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// Send what the engine has, signal channels, and make sure the
+    /// progress thread wakes for the earliest timer. Runs under the lock.
+    fn after_work(&self, core: &mut Core) {
+        let now = self.now();
+        let Core {
+            engine,
+            tx_buf,
+            faults,
+            tap,
+            channels,
+            stats,
+        } = core;
+        let mut emit = |p: &[u8], dst: IpAddr| {
+            if let Some(t) = tap.as_mut() {
+                t.write(self.addr, ROCEV2_PORT, dst, ROCEV2_PORT, p);
+            }
+            if send(&self.socket, p, dst) {
+                stats.tx_datagrams += 1;
+            } else {
+                stats.tx_errors += 1;
+            }
+        };
+        if let Some(f) = faults.as_mut() {
+            f.release_due(now, &mut emit);
+        }
+        while let Some(t) = engine.poll_transmit(now, tx_buf) {
+            let pkt = &mut tx_buf[..t.len];
+            match faults.as_mut() {
+                Some(f) => f.submit(now, pkt, t.dst, &mut emit),
+                None => emit(pkt, t.dst),
+            }
+        }
+        for (cq, ch) in channels.iter() {
+            if engine.cq_mut(*cq).map(|c| c.take_events()).unwrap_or(0) > 0 {
+                ch.notify(*cq);
+            }
+        }
+        let deadline = earliest(
+            engine.poll_timeout(),
+            faults.as_ref().and_then(Faults::next_release),
+        );
+        if let Some(d) = deadline {
+            if d < self.sleeping_until.load(Ordering::Acquire) {
+                self.sleeping_until.store(0, Ordering::Release);
+                self.wake();
+            }
+        }
+    }
+
+    fn progress(self: Arc<Self>) {
+        let mut rx = vec![0u8; 65536];
+        while !self.stop.load(Ordering::Acquire) {
+            let mut guard: Option<MutexGuard<'_, Core>> = None;
+            let mut burst = 0;
+            loop {
+                match self.socket.recv_from(&mut rx) {
+                    Ok((len, from)) => {
+                        let core = guard.get_or_insert_with(|| self.core.lock());
+                        let now = self.now();
+                        core.stats.rx_datagrams += 1;
+                        if let Some(t) = core.tap.as_mut() {
+                            t.write(from.ip(), from.port(), self.addr, ROCEV2_PORT, &rx[..len]);
+                        }
+                        core.engine
+                            .handle_packet(now, from.ip(), from.port(), &rx[..len]);
+                        burst += 1;
+                        if burst % RX_BURST == 0 {
+                            if let Some(mut g) = guard.take() {
+                                self.after_work(&mut g);
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        guard
+                            .get_or_insert_with(|| self.core.lock())
+                            .stats
+                            .rx_errors += 1;
+                        break;
+                    }
+                }
+            }
+            let mut core = guard.unwrap_or_else(|| self.core.lock());
+            let now = self.now();
+            core.engine.handle_timeout(now);
+            self.after_work(&mut core);
+            let deadline = earliest(
+                core.engine.poll_timeout(),
+                core.faults.as_ref().and_then(Faults::next_release),
+            );
+            if self.busy_poll {
+                drop(core);
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleeping_until
+                .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
+            drop(core);
+            let timeout = deadline
+                .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
+                .unwrap_or(MAX_SLEEP)
+                .min(MAX_SLEEP);
+            let ts = rustix::time::Timespec {
+                tv_sec: timeout.as_secs() as _,
+                tv_nsec: timeout.subsec_nanos() as _,
+            };
+            let mut fds = [
+                PollFd::new(&self.socket, PollFlags::IN),
+                PollFd::new(&self.wake, PollFlags::IN),
+            ];
+            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            let mut drain = [0u8; 8];
+            let _ = rustix::io::read(&self.wake, &mut drain);
+            self.sleeping_until.store(0, Ordering::Release);
+        }
+    }
+}
+
+fn earliest(a: Option<Nanos>, b: Option<Nanos>) -> Option<Nanos> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
+}
+
+/// Send one datagram to `dst`:4791, waiting a bounded time for buffer space.
+fn send(sock: &UdpSocket, p: &[u8], dst: IpAddr) -> bool {
+    let to = SocketAddr::new(dst, ROCEV2_PORT);
+    let deadline = Instant::now() + SEND_WAIT;
+    loop {
+        match sock.send_to(p, to) {
+            Ok(_) => return true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                let ts = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: left.as_nanos().min(999_999_999) as _,
+                };
+                let mut fds = [PollFd::new(sock, PollFlags::OUT)];
+                let _ = rustix::event::poll(&mut fds, Some(&ts));
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lids_map_loopback_addresses_both_ways() {
+        for (a, lid) in [
+            ("127.0.0.1", 1),
+            ("127.0.1.0", 256),
+            ("127.0.191.255", 0xBFFF),
+        ] {
+            let a: IpAddr = a.parse().unwrap();
+            assert_eq!(lid_of(a), lid);
+            assert_eq!(addr_of_lid(lid), Some(a));
+        }
+        for a in ["127.0.192.0", "127.1.0.1", "10.0.0.1", "::1", "127.0.0.0"] {
+            assert_eq!(lid_of(a.parse().unwrap()), 0, "{a}");
+        }
+        assert_eq!(addr_of_lid(0), None);
+        assert_eq!(addr_of_lid(0xC000), None);
+    }
+}

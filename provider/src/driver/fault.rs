@@ -1,0 +1,178 @@
+//! Transmit-side fault injection (`ROXE_FAULT`), in the manner of smoltcp's
+//! `phy::FaultInjector`: each packet the engine sends may be dropped,
+//! duplicated, corrupted (one bit flipped), delayed, or held back so that
+//! later packets overtake it. Seeded, so a run can be replayed.
+
+use super::config::FaultSpec;
+use crate::engine::Nanos;
+use std::net::IpAddr;
+
+/// How long a reordered packet is held at least (later packets overtake it).
+const REORDER_HOLD_NS: u64 = 100_000;
+
+/// Counters of what the injector did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Packets dropped.
+    pub lost: u64,
+    /// Extra copies sent.
+    pub duplicated: u64,
+    /// Packets held back to be overtaken.
+    pub reordered: u64,
+    /// Packets with a bit flipped.
+    pub corrupted: u64,
+    /// Packets delayed (every packet, with `delay`).
+    pub delayed: u64,
+}
+
+/// The injector: its random state and the packets it holds.
+#[derive(Debug)]
+pub struct Faults {
+    spec: FaultSpec,
+    state: u64,
+    held: Vec<(Nanos, IpAddr, Vec<u8>)>,
+    stats: FaultStats,
+}
+
+impl Faults {
+    /// An injector for `spec`.
+    pub fn new(spec: FaultSpec) -> Self {
+        Faults {
+            spec,
+            state: spec.seed,
+            held: Vec::new(),
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FaultStats {
+        self.stats
+    }
+
+    // SplitMix64: small, seedable, good enough for fault decisions.
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+
+    /// Pass one packet through: `send` is called for every copy to send now
+    /// (zero, one or two); copies to send later are kept until
+    /// [`release_due`](Self::release_due).
+    pub fn submit(
+        &mut self,
+        now: Nanos,
+        pkt: &mut [u8],
+        dst: IpAddr,
+        send: &mut dyn FnMut(&[u8], IpAddr),
+    ) {
+        if self.chance(self.spec.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        let copies = if self.chance(self.spec.dup) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        if self.chance(self.spec.corrupt) && !pkt.is_empty() {
+            let bit = self.next() as usize % (pkt.len() * 8);
+            pkt[bit / 8] ^= 1 << (bit % 8);
+            self.stats.corrupted += 1;
+        }
+        for _ in 0..copies {
+            let mut hold = self.spec.delay_ns;
+            if hold > 0 {
+                self.stats.delayed += 1;
+            }
+            if self.chance(self.spec.reorder) {
+                self.stats.reordered += 1;
+                hold += REORDER_HOLD_NS + self.next() % REORDER_HOLD_NS;
+            }
+            if hold == 0 {
+                send(pkt, dst);
+            } else {
+                self.held.push((now + hold, dst, pkt.to_vec()));
+            }
+        }
+    }
+
+    /// Send every held packet whose time has come.
+    pub fn release_due(&mut self, now: Nanos, send: &mut dyn FnMut(&[u8], IpAddr)) {
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].0 <= now {
+                let (_, dst, p) = self.held.swap_remove(i);
+                send(&p, dst);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// When the next held packet is due.
+    pub fn next_release(&self) -> Option<Nanos> {
+        self.held.iter().map(|h| h.0).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(spec: FaultSpec, n: usize) -> (usize, FaultStats) {
+        let mut f = Faults::new(spec);
+        let dst: IpAddr = "127.0.0.1".parse().unwrap();
+        let mut sent = 0;
+        for i in 0..n {
+            let mut p = [i as u8; 64];
+            f.submit(i as u64, &mut p, dst, &mut |_, _| sent += 1);
+        }
+        f.release_due(u64::MAX, &mut |_, _| sent += 1);
+        (sent, f.stats())
+    }
+
+    #[test]
+    fn rates_are_close_to_the_spec_and_replayable() {
+        let spec = FaultSpec {
+            loss: 0.1,
+            dup: 0.05,
+            reorder: 0.1,
+            corrupt: 0.01,
+            delay_ns: 0,
+            seed: 42,
+        };
+        let (sent, s) = run(spec, 100_000);
+        assert!((9_000..11_000).contains(&s.lost), "{s:?}");
+        assert!((4_000..6_000).contains(&s.duplicated), "{s:?}");
+        assert_eq!(sent as u64, 100_000 - s.lost + s.duplicated);
+        assert_eq!(run(spec, 100_000), (sent, s), "same seed, same run");
+    }
+
+    #[test]
+    fn delay_holds_every_packet_until_due() {
+        let mut f = Faults::new(FaultSpec {
+            delay_ns: 50_000,
+            ..FaultSpec::default()
+        });
+        let dst: IpAddr = "::1".parse().unwrap();
+        let mut sent = 0;
+        f.submit(1_000, &mut [1, 2, 3], dst, &mut |_, _| sent += 1);
+        assert_eq!((sent, f.next_release()), (0, Some(51_000)));
+        f.release_due(50_999, &mut |_, _| sent += 1);
+        assert_eq!(sent, 0);
+        f.release_due(51_000, &mut |p, _| {
+            assert_eq!(p, [1, 2, 3]);
+            sent += 1
+        });
+        assert_eq!((sent, f.next_release()), (1, None));
+    }
+}

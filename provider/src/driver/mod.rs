@@ -1,0 +1,15 @@
+//! The I/O driver: puts an [`Engine`](crate::engine::Engine) on a real UDP
+//! socket (port 4791) with a progress thread, completion channels, a pcap
+//! tap and a fault injector. See `device.rs` for the threading.
+
+mod channel;
+mod config;
+mod device;
+mod fault;
+mod socket;
+mod tap;
+
+pub use channel::CompChannel;
+pub use config::{ConfigError, DeviceConfig, FaultSpec, IcrcMode};
+pub use device::{addr_of_lid, lid_of, Device, DeviceStats, DriverStats, EngineGuard, ROCEV2_PORT};
+pub use fault::FaultStats;

@@ -1,0 +1,84 @@
+//! The device's UDP socket: bound to its address and port 4791, sending
+//! with don't-fragment set (so Linux writes IPv4 identification 0, the value
+//! the ICRC was computed with) and, for IPv6, accepting zero UDP checksums
+//! (rxe and NICs send them).
+
+use socket2::{Domain, Protocol, Socket, Type};
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+
+/// Receive and send buffer size asked for: a few windows of 128 × 4 KiB
+/// packets, so bursts from several QPs are not dropped on arrival.
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Bind a device socket to `addr`:`port` (non-blocking).
+pub fn bind(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    let domain = match addr {
+        IpAddr::V4(_) => Domain::IPV4,
+        IpAddr::V6(_) => Domain::IPV6,
+    };
+    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    match addr {
+        IpAddr::V4(_) => rustix::net::sockopt::set_ip_mtu_discover(
+            &s,
+            rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+        )?,
+        IpAddr::V6(_) => {
+            s.set_only_v6(true)?;
+            rustix::net::sockopt::set_ipv6_mtu_discover(
+                &s,
+                rustix::net::sockopt::Ipv6PathMtuDiscovery::DO,
+            )?;
+            allow_zero_udp6_checksums(&s)?;
+        }
+    }
+    // The _force variants pass rmem_max/wmem_max but need CAP_NET_ADMIN;
+    // without it the kernel caps the plain request at rmem_max.
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, SOCKET_BUFFER).is_err() {
+        s.set_recv_buffer_size(SOCKET_BUFFER)?;
+    }
+    if rustix::net::sockopt::set_socket_send_buffer_size_force(&s, SOCKET_BUFFER).is_err() {
+        s.set_send_buffer_size(SOCKET_BUFFER)?;
+    }
+    s.bind(&SocketAddr::new(addr, port).into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+/// `UDP_NO_CHECK6_RX`: Linux otherwise drops IPv6 UDP datagrams with a zero
+/// checksum, which RoCEv2 senders use (the ICRC protects the payload).
+fn allow_zero_udp6_checksums(s: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // linux/udp.h; the libc crate has only the _TX twin for Linux.
+    const UDP_NO_CHECK6_RX: libc::c_int = 102;
+    let on: libc::c_int = 1;
+    // SAFETY: `s` is an open socket for the duration of the call; the option
+    // value is a live c_int and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_NO_CHECK6_RX,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_ipv4_and_ipv6_loopback() {
+        let a = bind("127.0.0.1".parse().unwrap(), 0).unwrap();
+        assert!(a.local_addr().unwrap().is_ipv4());
+        let b = bind("::1".parse().unwrap(), 0).unwrap();
+        assert!(b.local_addr().unwrap().is_ipv6());
+    }
+}
