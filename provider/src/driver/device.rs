@@ -129,27 +129,41 @@ impl std::fmt::Debug for Device {
 
 /// Exclusive access to the device's engine; on drop, whatever the caller
 /// made sendable is sent and completion channels are signalled.
+///
+/// The lock is released fairly (handed to a waiting thread, if any): a
+/// program spinning on `poll_cq` would otherwise re-take it at once and
+/// starve the progress thread until parking_lot's forced fairness, about
+/// half a millisecond later, which measured as 0.5 ms per round trip.
 pub struct EngineGuard<'a> {
-    core: MutexGuard<'a, Core>,
+    core: Option<MutexGuard<'a, Core>>,
     shared: &'a Shared,
 }
 
 impl std::ops::Deref for EngineGuard<'_> {
     type Target = Engine;
     fn deref(&self) -> &Engine {
-        &self.core.engine
+        match &self.core {
+            Some(c) => &c.engine,
+            None => unreachable!("the guard is only emptied in drop"),
+        }
     }
 }
 
 impl std::ops::DerefMut for EngineGuard<'_> {
     fn deref_mut(&mut self) -> &mut Engine {
-        &mut self.core.engine
+        match &mut self.core {
+            Some(c) => &mut c.engine,
+            None => unreachable!("the guard is only emptied in drop"),
+        }
     }
 }
 
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
-        self.shared.after_work(&mut self.core);
+        if let Some(mut core) = self.core.take() {
+            self.shared.after_work(&mut core);
+            MutexGuard::unlock_fair(core);
+        }
     }
 }
 
@@ -251,7 +265,7 @@ impl Device {
     /// Lock the engine for a verbs call.
     pub fn engine(&self) -> EngineGuard<'_> {
         EngineGuard {
-            core: self.shared.core.lock(),
+            core: Some(self.shared.core.lock()),
             shared: &self.shared,
         }
     }
@@ -392,6 +406,7 @@ impl Shared {
                         if burst % RX_BURST == 0 {
                             if let Some(mut g) = guard.take() {
                                 self.after_work(&mut g);
+                                MutexGuard::unlock_fair(g);
                             }
                         }
                     }
@@ -415,13 +430,13 @@ impl Shared {
                 core.faults.as_ref().and_then(Faults::next_release),
             );
             if self.busy_poll {
-                drop(core);
+                MutexGuard::unlock_fair(core);
                 std::hint::spin_loop();
                 continue;
             }
             self.sleeping_until
                 .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
-            drop(core);
+            MutexGuard::unlock_fair(core);
             let timeout = deadline
                 .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
                 .unwrap_or(MAX_SLEEP)
