@@ -13,14 +13,8 @@ pub fn run_devices() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    println!(
-        "    {:<16}\t   {:<16}\t{}",
-        "device", "node GUID", "address"
-    );
-    println!(
-        "    {:<16}\t{:<16}\t{}",
-        "------", "----------------", "-------"
-    );
+    println!("    {:<16}\t   {:<16}\taddress", "device", "node GUID");
+    println!("    {:<16}\t{:<16}\t-------", "------", "----------------");
     for d in list {
         let addr = d
             .addr()
