@@ -5,11 +5,12 @@
 //! `ROXE_SIM_MESSAGES=N` sets the soak's message count.
 //! Run alone: `cargo test -p roxe-provider --test simnet`.
 
-use roxe_provider::engine::{CqId, Engine, EngineConfig, Nanos, QpCap, QpInitAttr};
+use roxe_provider::engine::{CqId, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId};
 use roxe_provider::memory::{MrInfo, Sge};
 use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
-use roxe_provider::types::{AccessFlags, PdId, WcOpcode, WcStatus};
-use roxe_provider::wr::{wc_flags, RecvWr, SendOpcode, SendWr, UdDest, WorkCompletion};
+use roxe_provider::types::{AccessFlags, Errno, PdId, VerbsResult, WcOpcode, WcStatus};
+use roxe_provider::wire::Opcode;
+use roxe_provider::wr::{wc_flags, RecvWr, SendFlags, SendOpcode, SendWr, UdDest, WorkCompletion};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -51,6 +52,41 @@ struct Packet {
     bytes: Vec<u8>,
 }
 
+/// A packet as the trace and the drop hook see it: put on the wire
+/// (`sent`) or handed to its destination engine.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    sent: bool,
+    /// Sent and dropped (by loss or the drop hook).
+    lost: bool,
+    from: usize,
+    to: usize,
+    /// `None` when the (corrupted) bytes no longer parse.
+    opcode: Option<Opcode>,
+    /// BTH SE bit.
+    solicited: bool,
+    /// The IETH's R_Key.
+    ieth: Option<u32>,
+}
+
+impl Seen {
+    fn parse(sent: bool, from: usize, to: usize, bytes: &[u8]) -> Seen {
+        let p = roxe_provider::wire::Packet::new_checked(bytes).ok();
+        Seen {
+            sent,
+            lost: false,
+            from,
+            to,
+            opcode: p.as_ref().map(|p| p.opcode()),
+            solicited: p.as_ref().is_some_and(|p| p.bth().solicited()),
+            ieth: p.as_ref().and_then(|p| p.ieth()),
+        }
+    }
+}
+
+/// Decides whether a packet about to go on the wire is dropped.
+type DropHook = Box<dyn FnMut(&Seen) -> bool>;
+
 /// Engines joined by a lossy wire with a fixed 2 µs latency.
 struct Net {
     engines: Vec<Engine>,
@@ -63,6 +99,15 @@ struct Net {
     /// Packets put on the wire, for statistics.
     sent: u64,
     corrupted: u64,
+    /// Corrupted packets per destination engine.
+    corrupted_to: Vec<u64>,
+    /// Of those, the ones whose flipped bit is in BTH byte 4 (FECN, BECN,
+    /// reserved), which the RoCEv2 ICRC masks out: they cannot be caught.
+    undetectable_to: Vec<u64>,
+    /// Every packet sent and delivered, in order, when `Some`.
+    trace: Option<Vec<Seen>>,
+    /// Drops the packets it returns true for (after the seeded loss).
+    drop_if: Option<DropHook>,
 }
 
 const LATENCY: Nanos = 2_000;
@@ -89,7 +134,16 @@ impl Net {
             seq: 0,
             sent: 0,
             corrupted: 0,
+            corrupted_to: vec![0; n],
+            undetectable_to: vec![0; n],
+            trace: None,
+            drop_if: None,
         }
+    }
+
+    /// The trace recorded so far (tracing must have been switched on).
+    fn seen(&self) -> &[Seen] {
+        self.trace.as_deref().expect("trace not enabled")
     }
 
     fn index_of(&self, addr: IpAddr) -> Option<usize> {
@@ -114,7 +168,17 @@ impl Net {
                     continue;
                 };
                 let f = self.faults;
-                let lost = self.rng.chance(f.loss);
+                let mut lost = self.rng.chance(f.loss);
+                if self.trace.is_some() || self.drop_if.is_some() {
+                    let mut seen = Seen::parse(true, i, to, &buf[..t.len]);
+                    if let Some(hook) = self.drop_if.as_mut() {
+                        lost |= hook(&seen);
+                    }
+                    seen.lost = lost;
+                    if let Some(tr) = self.trace.as_mut() {
+                        tr.push(seen);
+                    }
+                }
                 if std::env::var_os("ROXE_SIM_TRACE").is_some() {
                     let p = roxe_provider::wire::Packet::new_checked(&buf[..t.len]).unwrap();
                     let aeth = p.aeth().map(|a| a.syndrome.to_string()).unwrap_or_default();
@@ -134,6 +198,10 @@ impl Net {
                     let i = self.rng.below(bytes.len() as u64) as usize;
                     bytes[i] ^= 1 << self.rng.below(8);
                     self.corrupted += 1;
+                    self.corrupted_to[to] += 1;
+                    if i == 4 {
+                        self.undetectable_to[to] += 1;
+                    }
                 }
                 let delay = if self.rng.chance(f.reorder) {
                     LATENCY + self.rng.below(50_000)
@@ -179,6 +247,15 @@ impl Net {
             }
             self.queue.pop();
             if let Some(p) = self.slots[slot].take() {
+                if let Some(tr) = self.trace.as_mut() {
+                    let from = self.engines.iter().position(|e| e.addr() == p.from);
+                    tr.push(Seen::parse(
+                        false,
+                        from.unwrap_or(usize::MAX),
+                        p.to,
+                        &p.bytes,
+                    ));
+                }
                 self.engines[p.to].handle_packet(self.now, p.from, p.src_port, &p.bytes);
             }
         }
@@ -1112,4 +1189,1189 @@ fn reads_under_loss() {
         let off = (i % 1000) as usize;
         assert_eq!(read(&net, a, 0, len), src[off..off + len]);
     }
+}
+
+// ---------------------------------------------------------------------
+// Helpers for the feature tests below.
+
+/// The capabilities `setup_side` gives its QP.
+fn default_cap() -> QpCap {
+    QpCap {
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 256,
+    }
+}
+
+/// Another QP on `s`'s engine, PD, CQ and MR: RC, no SRQ, `default_cap`,
+/// `sq_sig_all` false, then `f` adjusts the init attributes.
+fn add_qp(net: &mut Net, s: Side, f: impl FnOnce(&mut QpInitAttr)) -> Side {
+    let mut init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: s.pd,
+        send_cq: s.cq,
+        recv_cq: s.cq,
+        srq: None,
+        cap: default_cap(),
+        sq_sig_all: false,
+    };
+    f(&mut init);
+    let qpn = net.engines[s.e].create_qp(init).unwrap();
+    Side { qpn, ..s }
+}
+
+/// Connect `a` and `b` both ways as `pair` does.
+fn link(net: &mut Net, a: Side, b: Side, qp_type: QpType, mtu: Mtu) {
+    connect(net, a, b, qp_type, mtu, 8, 7, 7);
+    connect(net, b, a, qp_type, mtu, 8, 7, 7);
+}
+
+/// The exact completion expected: no immediate, no invalidated key, no
+/// source QP, no flags.
+fn wc(
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    qp_num: u32,
+    byte_len: u32,
+) -> WorkCompletion {
+    let mut w = WorkCompletion::new(wr_id, status, opcode, qp_num);
+    w.byte_len = byte_len;
+    w
+}
+
+fn errno<T: std::fmt::Debug>(r: VerbsResult<T>) -> Errno {
+    r.expect_err("the verb should have failed").errno
+}
+
+/// Post a receive of `len` bytes at `offset` of `s`'s MR.
+fn recv(net: &mut Net, s: Side, wr_id: u64, offset: u64, len: u32) {
+    net.engines[s.e]
+        .post_recv(
+            s.qpn,
+            RecvWr {
+                wr_id,
+                sg_list: vec![sge(s, offset, len)],
+            },
+        )
+        .unwrap();
+}
+
+/// A signaled WR on `len` bytes at `offset` of `s`'s MR.
+fn local_wr(s: Side, wr_id: u64, opcode: SendOpcode, offset: u64, len: u32) -> SendWr {
+    SendWr::new(wr_id, opcode, vec![sge(s, offset, len)])
+}
+
+/// A signaled RDMA WR between `a`'s MR at `local` and `b`'s MR at `remote`.
+fn rdma_wr(
+    a: Side,
+    wr_id: u64,
+    opcode: SendOpcode,
+    local: u64,
+    len: u32,
+    b: Side,
+    remote: u64,
+) -> SendWr {
+    let mut wr = local_wr(a, wr_id, opcode, local, len);
+    wr.remote_addr = b.mr.addr + remote;
+    wr.rkey = b.mr.rkey;
+    wr
+}
+
+fn post(net: &mut Net, s: Side, wr: SendWr) {
+    net.engines[s.e].post_send(s.qpn, wr).unwrap();
+}
+
+fn modify_state(net: &mut Net, s: Side, state: QpState) -> VerbsResult<()> {
+    let attr = QpAttr {
+        qp_state: state,
+        ..QpAttr::default()
+    };
+    net.engines[s.e].modify_qp(s.qpn, &attr, AttrMask::STATE)
+}
+
+fn qp_state(net: &Net, s: Side) -> QpState {
+    net.engines[s.e].query_qp(s.qpn).unwrap().0.qp_state
+}
+
+/// Step until nothing is in flight and no timer is armed.
+fn settle(net: &mut Net) {
+    for _ in 0..1_000_000 {
+        if !net.step() {
+            return;
+        }
+    }
+    panic!("the network never went idle");
+}
+
+/// Index of the first trace entry at or after `from` matching `f`.
+fn find(net: &Net, from: usize, f: impl Fn(&Seen) -> bool) -> usize {
+    let t = net.seen();
+    from + t[from..]
+        .iter()
+        .position(f)
+        .expect("no such packet in the trace")
+}
+
+// ---------------------------------------------------------------------
+// Feature tests.
+
+/// Two RC QPs share one SRQ: a SEND on either takes the SRQ's next WQE
+/// (FIFO) and the completion names the QP it arrived on; `ibv_post_recv`
+/// on such a QP is EINVAL (rxe_post_recv); an empty SRQ means RNR NAKs
+/// until a WQE is posted; a QP going to ERR flushes nothing of the SRQ; a
+/// full SRQ is ENOMEM (tested before the SGE count, as rxe's
+/// post_one_recv), too many SGEs EINVAL.
+#[test]
+fn srq_shared_by_two_rc_qps() {
+    let mut net = Net::new(2, 11, Faults::default());
+    let a1 = setup_side(&mut net, 0, QpType::Rc, 256);
+    let a2 = add_qp(&mut net, a1, |_| {});
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    let srq = net.engines[1].create_srq(b.pd, 4, 2).unwrap();
+    let b1 = add_qp(&mut net, b, |i| i.srq = Some(srq));
+    let b2 = add_qp(&mut net, b, |i| i.srq = Some(srq));
+    link(&mut net, a1, b1, QpType::Rc, Mtu::Mtu1024);
+    link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+    use WcOpcode::Recv;
+    use WcStatus::Success;
+
+    assert_eq!(
+        errno(net.engines[1].post_recv(
+            b1.qpn,
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![sge(b, 0, 64)],
+            },
+        )),
+        Errno::EINVAL
+    );
+
+    const SLOT: u64 = 16 * 1024;
+    let slot = |wr_id: u64| (wr_id % 16) * SLOT;
+    // Each WQE scatters over two SGEs: 100 bytes, then the rest of its slot.
+    let srq_recv = |net: &mut Net, srq: SrqId, wr_id: u64| {
+        net.engines[1].post_srq_recv(
+            srq,
+            RecvWr {
+                wr_id,
+                sg_list: vec![
+                    sge(b, slot(wr_id), 100),
+                    sge(b, slot(wr_id) + 100, SLOT as u32 - 100),
+                ],
+            },
+        )
+    };
+    for id in 100..104 {
+        srq_recv(&mut net, srq, id).unwrap();
+    }
+    assert_eq!(errno(srq_recv(&mut net, srq, 199)), Errno::ENOMEM);
+    let too_many_sges = |net: &mut Net| {
+        net.engines[1].post_srq_recv(
+            srq,
+            RecvWr {
+                wr_id: 198,
+                sg_list: vec![sge(b, 0, 8); 3],
+            },
+        )
+    };
+    assert_eq!(errno(too_many_sges(&mut net)), Errno::ENOMEM, "full first");
+
+    // One at a time: WQEs are taken in order, whichever QP the SEND uses.
+    for (k, (a, bq, len)) in [(a1, b1, 3000usize), (a2, b2, 1), (a1, b1, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(200 + k as u64, len);
+        fill(&mut net, a, 0, &data);
+        post(
+            &mut net,
+            a,
+            local_wr(a, k as u64, SendOpcode::Send, 0, len as u32),
+        );
+        let id = 100 + k as u64;
+        assert_eq!(
+            wait_wcs(&mut net, b, 1),
+            [wc(id, Success, Recv, bq.qpn, len as u32)]
+        );
+        assert_eq!(read(&net, b, slot(id) as usize, len), data);
+        assert_eq!(
+            wait_wcs(&mut net, a, 1),
+            [wc(k as u64, Success, WcOpcode::Send, a.qpn, len as u32)]
+        );
+    }
+
+    // Both QPs at once, multi-packet: one WQE each, each holding the data
+    // of the QP its completion names.
+    srq_recv(&mut net, srq, 104).unwrap();
+    let d1 = pattern(301, 5000);
+    let d2 = pattern(302, 5000);
+    fill(&mut net, a1, 0, &d1);
+    fill(&mut net, a1, 8192, &d2);
+    post(&mut net, a1, local_wr(a1, 10, SendOpcode::Send, 0, 5000));
+    post(&mut net, a2, local_wr(a2, 11, SendOpcode::Send, 8192, 5000));
+    let mut rx = wait_wcs(&mut net, b, 2);
+    rx.sort_by_key(|w| w.wr_id);
+    assert_eq!(rx.len(), 2);
+    assert_ne!(rx[0].qp_num, rx[1].qp_num);
+    for (w, id) in rx.iter().zip([103, 104]) {
+        assert_eq!(*w, wc(id, Success, Recv, w.qp_num, 5000));
+        let data = if w.qp_num == b1.qpn {
+            &d1
+        } else {
+            assert_eq!(w.qp_num, b2.qpn);
+            &d2
+        };
+        assert_eq!(read(&net, b, slot(id) as usize, 5000), *data);
+    }
+    let mut tx = wait_wcs(&mut net, a1, 2);
+    tx.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        tx,
+        [
+            wc(10, Success, WcOpcode::Send, a1.qpn, 5000),
+            wc(11, Success, WcOpcode::Send, a2.qpn, 5000)
+        ]
+    );
+
+    // Empty SRQ: too many SGEs is EINVAL now; a SEND is RNR-NAKed until a
+    // WQE is posted, then lands in it.
+    assert_eq!(errno(too_many_sges(&mut net)), Errno::EINVAL);
+    let data = pattern(400, 700);
+    fill(&mut net, a1, 0, &data);
+    post(&mut net, a1, local_wr(a1, 20, SendOpcode::Send, 0, 700));
+    net.run_until(100_000, |n| n.engines[0].stats().rnr_naks_received >= 3);
+    assert!(poll(&mut net, b).is_empty());
+    srq_recv(&mut net, srq, 105).unwrap();
+    assert_eq!(
+        wait_wcs(&mut net, b, 1),
+        [wc(105, Success, Recv, b1.qpn, 700)]
+    );
+    assert_eq!(read(&net, b, slot(105) as usize, 700), data);
+    assert_eq!(
+        wait_wcs(&mut net, a1, 1),
+        [wc(20, Success, WcOpcode::Send, a1.qpn, 700)]
+    );
+
+    // b1 to ERR: the SRQ's WQEs are not b1's to flush; b2 still uses them.
+    srq_recv(&mut net, srq, 106).unwrap();
+    srq_recv(&mut net, srq, 107).unwrap();
+    modify_state(&mut net, b1, QpState::Err).unwrap();
+    settle(&mut net);
+    assert!(poll(&mut net, b).is_empty(), "no flush of SRQ WQEs");
+    let data = pattern(401, 9);
+    fill(&mut net, a2, 0, &data);
+    post(&mut net, a2, local_wr(a2, 30, SendOpcode::Send, 0, 9));
+    assert_eq!(
+        wait_wcs(&mut net, b, 1),
+        [wc(106, Success, Recv, b2.qpn, 9)]
+    );
+    assert_eq!(read(&net, b, slot(106) as usize, 9), data);
+    // 107 is left: three more fit, a fifth is ENOMEM.
+    for id in 108..111 {
+        srq_recv(&mut net, srq, id).unwrap();
+    }
+    assert_eq!(errno(srq_recv(&mut net, srq, 111)), Errno::ENOMEM);
+}
+
+/// IBV_SEND_FENCE: the fenced WR's first packet leaves only after the
+/// earlier READ's (or atomic's) response has arrived, so a SEND of the
+/// READ's destination sends the fresh data; unfenced, the SEND leaves right
+/// behind the READ request and sends what the buffer held before. A fence
+/// does not wait for earlier SENDs/WRITEs (IBA: READs and atomics only).
+#[test]
+fn fence_waits_for_earlier_reads_and_atomics() {
+    use Opcode::*;
+    use WcStatus::Success;
+    const SRC: u64 = 0; // at b: what the READ fetches
+    const LOCAL: u64 = 100_000; // at a: READ destination, SEND source
+    const DST: u64 = 200_000; // at b: the SEND's receive buffer
+    const RESULT: u64 = 300_000; // at a: the FETCH_ADD result
+    const COUNTER: u64 = 400_000; // at b
+    const COPY: u64 = 500_000; // at b: where the WRITE puts the result
+    let fresh = pattern(500, 4000);
+    let stale = pattern(501, 4000);
+    for fenced in [true, false] {
+        let mut net = Net::new(2, 12, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        net.trace = Some(Vec::new());
+        let flags = if fenced {
+            SendFlags::SIGNALED | SendFlags::FENCE
+        } else {
+            SendFlags::SIGNALED
+        };
+        fill(&mut net, b, SRC as usize, &fresh);
+        fill(&mut net, a, LOCAL as usize, &stale);
+        recv(&mut net, b, 50, DST, 8192);
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 1, SendOpcode::RdmaRead, LOCAL, 4000, b, SRC),
+        );
+        let mut send = local_wr(a, 2, SendOpcode::Send, LOCAL, 4000);
+        send.flags = flags;
+        post(&mut net, a, send);
+        assert_eq!(
+            wait_wcs(&mut net, a, 2),
+            [
+                wc(1, Success, WcOpcode::RdmaRead, a.qpn, 4000),
+                wc(2, Success, WcOpcode::Send, a.qpn, 4000)
+            ]
+        );
+        assert_eq!(
+            wait_wcs(&mut net, b, 1),
+            [wc(50, Success, WcOpcode::Recv, b.qpn, 4000)]
+        );
+        let read_done = find(&net, 0, |s| {
+            !s.sent && s.to == 0 && s.opcode == Some(RcReadResponseLast)
+        });
+        let send_first = find(&net, 0, |s| {
+            s.sent && s.from == 0 && s.opcode == Some(RcSendFirst)
+        });
+        if fenced {
+            assert!(
+                send_first > read_done,
+                "fenced SEND left before the READ completed"
+            );
+            assert_eq!(read(&net, b, DST as usize, 4000), fresh);
+        } else {
+            assert!(send_first < read_done);
+            assert_eq!(read(&net, b, DST as usize, 4000), stale);
+        }
+
+        // An atomic is waited for too: FETCH_ADD, then a WRITE of its result.
+        let mark = net.seen().len();
+        fill(&mut net, b, COUNTER as usize, &41u64.to_ne_bytes());
+        fill(&mut net, a, RESULT as usize, &[0xEE; 8]);
+        let mut faa = rdma_wr(a, 3, SendOpcode::AtomicFetchAndAdd, RESULT, 8, b, COUNTER);
+        faa.compare_add = 1;
+        post(&mut net, a, faa);
+        let mut write = rdma_wr(a, 4, SendOpcode::RdmaWrite, RESULT, 8, b, COPY);
+        write.flags = flags;
+        post(&mut net, a, write);
+        assert_eq!(
+            wait_wcs(&mut net, a, 2),
+            [
+                wc(3, Success, WcOpcode::FetchAdd, a.qpn, 8),
+                wc(4, Success, WcOpcode::RdmaWrite, a.qpn, 8)
+            ]
+        );
+        assert_eq!(read(&net, b, COUNTER as usize, 8), 42u64.to_ne_bytes());
+        let atomic_done = find(&net, mark, |s| {
+            !s.sent && s.to == 0 && s.opcode == Some(RcAtomicAcknowledge)
+        });
+        let write_out = find(&net, mark, |s| {
+            s.sent && s.from == 0 && s.opcode == Some(RcWriteOnly)
+        });
+        if fenced {
+            assert!(write_out > atomic_done);
+            assert_eq!(read(&net, b, COPY as usize, 8), 41u64.to_ne_bytes());
+        } else {
+            assert!(write_out < atomic_done);
+            assert_eq!(read(&net, b, COPY as usize, 8), [0xEE; 8]);
+        }
+    }
+
+    // A fence after a WRITE does not wait for the WRITE's ACK.
+    let mut net = Net::new(2, 12, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    net.trace = Some(Vec::new());
+    recv(&mut net, b, 51, DST, 8192);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 5, SendOpcode::RdmaWrite, 0, 2000, b, COPY),
+    );
+    let mut send = local_wr(a, 6, SendOpcode::Send, 0, 100);
+    send.flags = SendFlags::SIGNALED | SendFlags::FENCE;
+    post(&mut net, a, send);
+    assert_eq!(
+        wait_wcs(&mut net, a, 2),
+        [
+            wc(5, Success, WcOpcode::RdmaWrite, a.qpn, 2000),
+            wc(6, Success, WcOpcode::Send, a.qpn, 100)
+        ]
+    );
+    let ack = find(&net, 0, |s| {
+        !s.sent && s.to == 0 && s.opcode == Some(RcAcknowledge)
+    });
+    let send_out = find(&net, 0, |s| {
+        s.sent && s.from == 0 && s.opcode == Some(RcSendOnly)
+    });
+    assert!(send_out < ack);
+}
+
+/// SEND_WITH_INV: roxe has no memory windows and no fast-registration
+/// MRs, the only keys a remote invalidation may name, so invalidating an
+/// ordinary MR's R_Key fails as in rxe (rxe_invalidate_mr): class J, the
+/// receive completes with REM_INV_REQ_ERR (no IBV_WC_WITH_INV), the
+/// responder QP goes to ERR; the requester is NAKed and gets
+/// REM_INV_REQ_ERR. The key keeps working, as nothing claimed otherwise.
+#[test]
+fn send_with_invalidate_of_an_ordinary_mr_fails() {
+    for (len, last) in [
+        (100u32, Opcode::RcSendOnlyInv),
+        (3000, Opcode::RcSendLastInv),
+    ] {
+        let mut net = Net::new(2, 13, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        net.trace = Some(Vec::new());
+        recv(&mut net, b, 60, 0, 8192);
+        recv(&mut net, b, 61, 8192, 8192);
+        fill(&mut net, a, 0, &pattern(13, len as usize));
+        let mut wr = local_wr(a, 7, SendOpcode::SendWithInv, 0, len);
+        wr.invalidate_rkey = b.mr.rkey;
+        post(&mut net, a, wr);
+        post(&mut net, a, local_wr(a, 8, SendOpcode::Send, 0, 10));
+        assert_eq!(
+            wait_wcs(&mut net, a, 2),
+            [
+                wc(7, WcStatus::RemInvReqErr, WcOpcode::Send, a.qpn, 0),
+                wc(8, WcStatus::WrFlushErr, WcOpcode::Send, a.qpn, 0)
+            ]
+        );
+        settle(&mut net);
+        assert_eq!(
+            poll(&mut net, b),
+            [
+                wc(60, WcStatus::RemInvReqErr, WcOpcode::Recv, b.qpn, 0),
+                wc(61, WcStatus::WrFlushErr, WcOpcode::Recv, b.qpn, 0)
+            ]
+        );
+        assert_eq!(qp_state(&net, a), QpState::Err);
+        assert_eq!(qp_state(&net, b), QpState::Err);
+        // The IETH named the key, on the message's last packet only.
+        let with_ieth: Vec<_> = net
+            .seen()
+            .iter()
+            .filter(|s| s.sent && s.ieth.is_some())
+            .map(|s| (s.opcode, s.ieth))
+            .collect();
+        assert_eq!(with_ieth, [(Some(last), Some(b.mr.rkey))]);
+        assert!(net.engines[b.e]
+            .memory()
+            .check_remote(b.mr.rkey, b.pd, b.mr.addr, 8, AccessFlags::REMOTE_WRITE)
+            .is_ok());
+    }
+}
+
+/// IBV_SEND_INLINE: data beyond max_inline_data is EINVAL, as is inline
+/// data on a READ or an atomic (rxe validate_send_wr) or the flag without
+/// data; inline SENDs, SEND_WITH_IMMs and WRITEs of 0 bytes up to
+/// max_inline_data (three packets) arrive byte-exact, also when packets
+/// are lost and the message is resent from the WQE's copy.
+#[test]
+fn inline_data() {
+    let mut net = Net::new(2, 14, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let a = add_qp(&mut net, a, |i| i.cap.max_inline_data = 3000);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    link(&mut net, a, b, QpType::Rc, Mtu::Mtu1024);
+    let inline = |wr_id: u64, opcode: SendOpcode, data: &[u8]| {
+        let mut wr = SendWr::new(wr_id, opcode, vec![]);
+        wr.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+        wr.inline_data = Some(data.to_vec());
+        wr
+    };
+    let try_post = |net: &mut Net, wr: SendWr| net.engines[0].post_send(a.qpn, wr);
+    assert_eq!(
+        errno(try_post(&mut net, inline(1, SendOpcode::Send, &[7; 3001]))),
+        Errno::EINVAL
+    );
+    for op in [
+        SendOpcode::RdmaRead,
+        SendOpcode::AtomicFetchAndAdd,
+        SendOpcode::AtomicCmpAndSwp,
+    ] {
+        let mut wr = inline(2, op, &[0; 8]);
+        wr.remote_addr = b.mr.addr;
+        wr.rkey = b.mr.rkey;
+        assert_eq!(errno(try_post(&mut net, wr)), Errno::EINVAL, "{op:?}");
+    }
+    let mut no_data = local_wr(a, 3, SendOpcode::Send, 0, 8);
+    no_data.flags = SendFlags::INLINE;
+    assert_eq!(errno(try_post(&mut net, no_data)), Errno::EINVAL);
+    settle(&mut net);
+    assert!(poll(&mut net, a).is_empty(), "refused WRs leave no trace");
+
+    for (k, len) in [0usize, 1, 255, 1024, 1025, 3000].into_iter().enumerate() {
+        let k = k as u64;
+        let data = pattern(600 + k, len);
+        recv(&mut net, b, 100 + k, 0, 4096);
+        let imm = k % 2 == 1;
+        let op = if imm {
+            SendOpcode::SendWithImm
+        } else {
+            SendOpcode::Send
+        };
+        let mut wr = inline(k, op, &data);
+        wr.imm_data = 0xC0DE_0000 + k as u32;
+        post(&mut net, a, wr);
+        let mut want = wc(
+            100 + k,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            b.qpn,
+            len as u32,
+        );
+        if imm {
+            want.imm_data = 0xC0DE_0000 + k as u32;
+            want.wc_flags = wc_flags::WITH_IMM;
+        }
+        assert_eq!(wait_wcs(&mut net, b, 1), [want], "len {len}");
+        assert_eq!(read(&net, b, 0, len), data, "len {len}");
+        assert_eq!(
+            wait_wcs(&mut net, a, 1),
+            [wc(k, WcStatus::Success, WcOpcode::Send, a.qpn, len as u32)]
+        );
+    }
+    let data = pattern(650, 2500);
+    let mut wr = inline(20, SendOpcode::RdmaWrite, &data);
+    wr.remote_addr = b.mr.addr + 100_000;
+    wr.rkey = b.mr.rkey;
+    post(&mut net, a, wr);
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(20, WcStatus::Success, WcOpcode::RdmaWrite, a.qpn, 2500)]
+    );
+    assert_eq!(read(&net, b, 100_000, 2500), data);
+
+    net.faults.loss = 0.2;
+    for k in 30..40u64 {
+        let data = pattern(k, 3000);
+        recv(&mut net, b, k, 0, 4096);
+        post(&mut net, a, inline(k, SendOpcode::Send, &data));
+        assert_eq!(
+            wait_wcs(&mut net, b, 1),
+            [wc(k, WcStatus::Success, WcOpcode::Recv, b.qpn, 3000)]
+        );
+        assert_eq!(read(&net, b, 0, 3000), data);
+        assert_eq!(
+            wait_wcs(&mut net, a, 1),
+            [wc(k, WcStatus::Success, WcOpcode::Send, a.qpn, 3000)]
+        );
+    }
+    assert!(net.engines[0].stats().tx_retransmits > 0);
+}
+
+/// The errnos of posting, as rxe returns them: post_send before RTS and
+/// post_recv in RESET are EINVAL (post_recv in INIT is accepted); a full
+/// send queue is ENOMEM, but a malformed WR is EINVAL even then (rxe
+/// validates first); a full receive queue is ENOMEM even for a malformed
+/// WR (rxe's post_one_recv tests fullness first); too many SGEs EINVAL;
+/// finished WRs, signaled or not, free their slots; in ERR both verbs
+/// succeed and complete at once with WR_FLUSH_ERR.
+#[test]
+fn post_time_errnos() {
+    use WcStatus::{Success, WrFlushErr};
+    let mut net = Net::new(2, 15, Faults::default());
+    let cap = QpCap {
+        max_send_wr: 2,
+        max_recv_wr: 3,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: 16,
+    };
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let a = add_qp(&mut net, a, |i| i.cap = cap);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    let b = add_qp(&mut net, b, |i| i.cap = cap);
+    let send = |net: &mut Net, wr: SendWr| net.engines[0].post_send(a.qpn, wr);
+    let recv_sges = |net: &mut Net, wr_id: u64, n: usize| {
+        net.engines[0].post_recv(
+            a.qpn,
+            RecvWr {
+                wr_id,
+                sg_list: vec![sge(a, 0, 8); n],
+            },
+        )
+    };
+    let write = |wr_id: u64| rdma_wr(a, wr_id, SendOpcode::RdmaWrite, 0, 8, b, 4096);
+
+    assert_eq!(errno(send(&mut net, write(1))), Errno::EINVAL, "RESET");
+    assert_eq!(errno(recv_sges(&mut net, 10, 1)), Errno::EINVAL, "RESET");
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: access_all(),
+        ..QpAttr::default()
+    };
+    net.engines[0]
+        .modify_qp(
+            a.qpn,
+            &init,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+    assert_eq!(errno(send(&mut net, write(1))), Errno::EINVAL, "INIT");
+    recv_sges(&mut net, 10, 1).unwrap();
+    link(&mut net, a, b, QpType::Rc, Mtu::Mtu1024);
+
+    // Send queue of two.
+    send(&mut net, write(1)).unwrap();
+    send(&mut net, write(2)).unwrap();
+    assert_eq!(errno(send(&mut net, write(3))), Errno::ENOMEM);
+    let mut three_sges = write(3);
+    three_sges.sg_list = vec![sge(a, 0, 4); 3];
+    assert_eq!(errno(send(&mut net, three_sges.clone())), Errno::EINVAL);
+    let mut too_long = SendWr::new(3, SendOpcode::Send, vec![]);
+    too_long.flags = SendFlags::INLINE;
+    too_long.inline_data = Some(vec![1; 17]);
+    assert_eq!(errno(send(&mut net, too_long)), Errno::EINVAL);
+    assert_eq!(
+        wait_wcs(&mut net, a, 2),
+        [
+            wc(1, Success, WcOpcode::RdmaWrite, a.qpn, 8),
+            wc(2, Success, WcOpcode::RdmaWrite, a.qpn, 8)
+        ]
+    );
+    let mut unsignaled = write(3);
+    unsignaled.flags = SendFlags::default();
+    send(&mut net, unsignaled.clone()).unwrap();
+    unsignaled.wr_id = 4;
+    send(&mut net, unsignaled).unwrap();
+    assert_eq!(errno(send(&mut net, write(5))), Errno::ENOMEM);
+    settle(&mut net);
+    assert!(poll(&mut net, a).is_empty());
+    send(&mut net, write(5)).unwrap();
+    assert_eq!(errno(send(&mut net, three_sges)), Errno::EINVAL, "not full");
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(5, Success, WcOpcode::RdmaWrite, a.qpn, 8)]
+    );
+
+    // Receive queue of three (10 was posted in INIT).
+    recv_sges(&mut net, 11, 1).unwrap();
+    recv_sges(&mut net, 12, 1).unwrap();
+    assert_eq!(errno(recv_sges(&mut net, 13, 1)), Errno::ENOMEM);
+    assert_eq!(
+        errno(recv_sges(&mut net, 13, 2)),
+        Errno::ENOMEM,
+        "full first"
+    );
+    post(&mut net, b, local_wr(b, 40, SendOpcode::Send, 0, 8));
+    assert_eq!(
+        wait_wcs(&mut net, b, 1),
+        [wc(40, Success, WcOpcode::Send, b.qpn, 8)]
+    );
+    assert_eq!(
+        poll(&mut net, a),
+        [wc(10, Success, WcOpcode::Recv, a.qpn, 8)]
+    );
+    assert_eq!(errno(recv_sges(&mut net, 13, 2)), Errno::EINVAL);
+    recv_sges(&mut net, 13, 1).unwrap();
+
+    // ERR: queued receives flush; new WRs of both kinds flush at once.
+    modify_state(&mut net, a, QpState::Err).unwrap();
+    send(&mut net, write(6)).unwrap();
+    recv_sges(&mut net, 14, 1).unwrap();
+    assert_eq!(
+        poll(&mut net, a),
+        [
+            wc(11, WrFlushErr, WcOpcode::Recv, a.qpn, 0),
+            wc(12, WrFlushErr, WcOpcode::Recv, a.qpn, 0),
+            wc(13, WrFlushErr, WcOpcode::Recv, a.qpn, 0),
+            wc(6, WrFlushErr, WcOpcode::RdmaWrite, a.qpn, 0),
+            wc(14, WrFlushErr, WcOpcode::Recv, a.qpn, 0)
+        ]
+    );
+    modify_state(&mut net, a, QpState::Reset).unwrap();
+    assert_eq!(errno(send(&mut net, write(7))), Errno::EINVAL);
+    assert_eq!(errno(recv_sges(&mut net, 15, 1)), Errno::EINVAL);
+}
+
+/// `ibv_req_notify_cq`: one event for the next completion, then none until
+/// re-armed; solicited-only arming ignores unsolicited receives and
+/// successful send completions, and fires for a receive whose last packet
+/// carried BTH.SE (set by IBV_SEND_SOLICITED on the last packet only) and
+/// for an unsuccessful completion (ibv_req_notify_cq(3)).
+#[test]
+fn cq_notification() {
+    use Opcode::*;
+    use WcStatus::Success;
+    let mut net = Net::new(2, 16, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    net.trace = Some(Vec::new());
+    let events = |net: &mut Net, s: Side| net.engines[s.e].cq_mut(s.cq).unwrap().take_events();
+    let arm = |net: &mut Net, s: Side, solicited_only: bool| {
+        net.engines[s.e]
+            .cq_mut(s.cq)
+            .unwrap()
+            .request_notify(solicited_only)
+    };
+    // A SEND of `len` bytes; returns the receive's completion at b.
+    let send = |net: &mut Net, wr_id: u64, len: u32, flags: SendFlags| {
+        recv(net, b, 100 + wr_id, 0, 8192);
+        let mut wr = local_wr(a, wr_id, SendOpcode::Send, 0, len);
+        wr.flags = flags;
+        post(net, a, wr);
+        let rx = wait_wcs(net, b, 1);
+        assert_eq!(
+            wait_wcs(net, a, 1),
+            [wc(wr_id, Success, WcOpcode::Send, a.qpn, len)]
+        );
+        assert_eq!(rx, [wc(100 + wr_id, Success, WcOpcode::Recv, b.qpn, len)]);
+    };
+    let sig = SendFlags::SIGNALED;
+
+    send(&mut net, 1, 10, sig);
+    assert_eq!(
+        (events(&mut net, a), events(&mut net, b)),
+        (0, 0),
+        "not armed"
+    );
+    arm(&mut net, b, false);
+    send(&mut net, 2, 10, sig);
+    assert_eq!(events(&mut net, b), 1);
+    send(&mut net, 3, 10, sig);
+    assert_eq!(events(&mut net, b), 0, "one shot");
+    arm(&mut net, b, false);
+    arm(&mut net, a, false);
+    send(&mut net, 4, 10, sig);
+    assert_eq!((events(&mut net, a), events(&mut net, b)), (1, 1));
+
+    arm(&mut net, b, true);
+    arm(&mut net, a, true);
+    let mark = net.seen().len();
+    send(&mut net, 5, 2500, sig);
+    assert_eq!(events(&mut net, b), 0, "unsolicited receive");
+    send(&mut net, 6, 2500, sig | SendFlags::SOLICITED);
+    assert_eq!(events(&mut net, b), 1, "solicited receive");
+    assert_eq!(
+        events(&mut net, a),
+        0,
+        "successful send completions are unsolicited"
+    );
+    let se: Vec<_> = net.seen()[mark..]
+        .iter()
+        .filter(|s| s.sent && s.from == 0)
+        .map(|s| (s.opcode.unwrap(), s.solicited))
+        .collect();
+    assert_eq!(
+        se,
+        [
+            (RcSendFirst, false),
+            (RcSendMiddle, false),
+            (RcSendLast, false),
+            (RcSendFirst, false),
+            (RcSendMiddle, false),
+            (RcSendLast, true)
+        ]
+    );
+
+    // WRITE_WITH_IMM with SOLICITED.
+    arm(&mut net, b, true);
+    recv(&mut net, b, 107, 0, 8);
+    let mut wr = rdma_wr(a, 7, SendOpcode::RdmaWriteWithImm, 0, 64, b, 4096);
+    wr.flags = sig | SendFlags::SOLICITED;
+    wr.imm_data = 0x55;
+    post(&mut net, a, wr);
+    let mut want = wc(107, Success, WcOpcode::RecvRdmaWithImm, b.qpn, 64);
+    want.imm_data = 0x55;
+    want.wc_flags = wc_flags::WITH_IMM;
+    assert_eq!(wait_wcs(&mut net, b, 1), [want]);
+    assert_eq!(events(&mut net, b), 1);
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(7, Success, WcOpcode::RdmaWrite, a.qpn, 64)]
+    );
+    assert_eq!(events(&mut net, a), 0);
+
+    // An error completion is solicited: a receive buffer too small.
+    arm(&mut net, b, true);
+    recv(&mut net, b, 108, 0, 8);
+    post(&mut net, a, local_wr(a, 8, SendOpcode::Send, 0, 100));
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(8, WcStatus::RemInvReqErr, WcOpcode::Send, a.qpn, 0)]
+    );
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(108, WcStatus::LocLenErr, WcOpcode::Recv, b.qpn, 0)]
+    );
+    assert_eq!((events(&mut net, a), events(&mut net, b)), (1, 1));
+}
+
+/// Corruption: every corrupted packet is dropped (ICRC mismatch, or
+/// malformed when the flip breaks the headers) and never delivered as
+/// data, except a flip in BTH byte 4, which the ICRC masks by design; with
+/// every packet corrupted nothing completes, and once the wire is clean
+/// retransmission delivers byte-exact. Under 20% corruption (no loss) a
+/// mixed run of SENDs, WRITEs and READs completes byte-exact.
+#[test]
+fn corrupted_packets_are_rejected() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 17, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    net.faults.corrupt = 1.0;
+    let data = pattern(700, 3000);
+    fill(&mut net, a, 0, &data);
+    recv(&mut net, b, 70, 100_000, 8192);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 3000, b, 0),
+    );
+    post(&mut net, a, local_wr(a, 2, SendOpcode::Send, 0, 3000));
+    net.run_until(100_000, |n| n.engines[0].stats().timeouts >= 3);
+    let sb = net.engines[1].stats();
+    assert!(sb.rx_packets >= 4);
+    assert_eq!(sb.rx_packets, net.corrupted_to[1]);
+    assert_eq!(
+        sb.rx_bad_icrc + sb.rx_malformed + net.undetectable_to[1],
+        sb.rx_packets
+    );
+    assert!(sb.rx_bad_icrc > 0);
+    if net.undetectable_to[1] == 0 {
+        assert_eq!(read(&net, b, 0, 3000), vec![0; 3000]);
+        assert!(poll(&mut net, b).is_empty());
+    }
+    assert!(poll(&mut net, a).is_empty());
+    net.faults.corrupt = 0.0;
+    assert_eq!(
+        wait_wcs(&mut net, a, 2),
+        [
+            wc(1, Success, WcOpcode::RdmaWrite, a.qpn, 3000),
+            wc(2, Success, WcOpcode::Send, a.qpn, 3000)
+        ]
+    );
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(70, Success, WcOpcode::Recv, b.qpn, 3000)]
+    );
+    assert_eq!(read(&net, b, 0, 3000), data);
+    assert_eq!(read(&net, b, 100_000, 3000), data);
+
+    let mut net = Net::new(
+        2,
+        18,
+        Faults {
+            corrupt: 0.2,
+            ..Faults::default()
+        },
+    );
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let src = pattern(800, 16 * 1024);
+    fill(&mut net, b, 600_000, &src);
+    for i in 0..45u64 {
+        let len = 1 + (i as usize * 7919) % 6000;
+        let data = pattern(900 + i, len);
+        fill(&mut net, a, 0, &data);
+        match i % 3 {
+            0 => {
+                recv(&mut net, b, i, 0, 8192);
+                post(&mut net, a, local_wr(a, i, SendOpcode::Send, 0, len as u32));
+                assert_eq!(
+                    wait_wcs(&mut net, a, 1),
+                    [wc(i, Success, WcOpcode::Send, a.qpn, len as u32)]
+                );
+                assert_eq!(
+                    poll(&mut net, b),
+                    [wc(i, Success, WcOpcode::Recv, b.qpn, len as u32)]
+                );
+                assert_eq!(read(&net, b, 0, len), data, "SEND {i}");
+            }
+            1 => {
+                post(
+                    &mut net,
+                    a,
+                    rdma_wr(a, i, SendOpcode::RdmaWrite, 0, len as u32, b, 300_000),
+                );
+                assert_eq!(
+                    wait_wcs(&mut net, a, 1),
+                    [wc(i, Success, WcOpcode::RdmaWrite, a.qpn, len as u32)]
+                );
+                assert_eq!(read(&net, b, 300_000, len), data, "WRITE {i}");
+            }
+            _ => {
+                let off = i as usize * 97;
+                post(
+                    &mut net,
+                    a,
+                    rdma_wr(
+                        a,
+                        i,
+                        SendOpcode::RdmaRead,
+                        200_000,
+                        len as u32,
+                        b,
+                        600_000 + off as u64,
+                    ),
+                );
+                assert_eq!(
+                    wait_wcs(&mut net, a, 1),
+                    [wc(i, Success, WcOpcode::RdmaRead, a.qpn, len as u32)]
+                );
+                assert_eq!(read(&net, a, 200_000, len), src[off..off + len], "READ {i}");
+            }
+        }
+    }
+    let (sa, sb) = (net.engines[0].stats(), net.engines[1].stats());
+    assert_eq!(
+        sa.rx_bad_icrc
+            + sa.rx_malformed
+            + sb.rx_bad_icrc
+            + sb.rx_malformed
+            + net.undetectable_to.iter().sum::<u64>(),
+        net.corrupted
+    );
+    assert!(sa.rx_bad_icrc > 0 && sb.rx_bad_icrc > 0);
+    assert!(sa.tx_retransmits > 0);
+}
+
+/// sq_sig_all = false: only SIGNALED WRs complete when they succeed, but a
+/// failing unsignaled WR completes with its error, and the WRs flushed
+/// behind it complete whether signaled or not; a local protection error
+/// on an unsignaled WR completes too. sq_sig_all = true signals every WR.
+#[test]
+fn unsignaled_wrs_complete_only_on_error() {
+    use WcStatus::{Success, WrFlushErr};
+    let mut net = Net::new(2, 19, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let unsignaled = |mut wr: SendWr| {
+        wr.flags = SendFlags::default();
+        wr
+    };
+    let d1 = pattern(1, 1500);
+    let d3 = pattern(3, 700);
+    let src = pattern(4, 2100);
+    fill(&mut net, a, 0, &d1);
+    fill(&mut net, a, 8192, &d3);
+    fill(&mut net, b, 600_000, &src);
+    fill(&mut net, b, 700_000, &7u64.to_ne_bytes());
+    recv(&mut net, b, 33, 100_000, 4096);
+    post(
+        &mut net,
+        a,
+        unsignaled(rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 1500, b, 0)),
+    );
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 10, b, 200_000),
+    );
+    post(
+        &mut net,
+        a,
+        unsignaled(local_wr(a, 3, SendOpcode::Send, 8192, 700)),
+    );
+    post(
+        &mut net,
+        a,
+        unsignaled(rdma_wr(
+            a,
+            4,
+            SendOpcode::RdmaRead,
+            300_000,
+            2100,
+            b,
+            600_000,
+        )),
+    );
+    let mut faa = rdma_wr(a, 5, SendOpcode::AtomicFetchAndAdd, 400_000, 8, b, 700_000);
+    faa.compare_add = 3;
+    post(&mut net, a, faa);
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, a),
+        [
+            wc(2, Success, WcOpcode::RdmaWrite, a.qpn, 10),
+            wc(5, Success, WcOpcode::FetchAdd, a.qpn, 8)
+        ]
+    );
+    assert_eq!(read(&net, b, 0, 1500), d1);
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(33, Success, WcOpcode::Recv, b.qpn, 700)]
+    );
+    assert_eq!(read(&net, b, 100_000, 700), d3);
+    assert_eq!(read(&net, a, 300_000, 2100), src);
+    assert_eq!(read(&net, a, 400_000, 8), 7u64.to_ne_bytes());
+    assert_eq!(read(&net, b, 700_000, 8), 10u64.to_ne_bytes());
+
+    // An unsignaled WRITE with a bad rkey, then WRs behind it.
+    let mut bad = unsignaled(rdma_wr(a, 6, SendOpcode::RdmaWrite, 0, 64, b, 0));
+    bad.rkey ^= 0x100;
+    post(&mut net, a, bad);
+    post(
+        &mut net,
+        a,
+        unsignaled(local_wr(a, 7, SendOpcode::Send, 0, 8)),
+    );
+    post(&mut net, a, local_wr(a, 8, SendOpcode::Send, 0, 8));
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, a),
+        [
+            wc(6, WcStatus::RemAccessErr, WcOpcode::RdmaWrite, a.qpn, 0),
+            wc(7, WrFlushErr, WcOpcode::Send, a.qpn, 0),
+            wc(8, WrFlushErr, WcOpcode::Send, a.qpn, 0)
+        ]
+    );
+
+    // A bad lkey on an unsignaled SEND: LOC_PROT_ERR.
+    let mut net = Net::new(2, 20, Faults::default());
+    let (a, _b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let mut wr = unsignaled(local_wr(a, 9, SendOpcode::Send, 0, 8));
+    wr.sg_list[0].lkey ^= 0x100;
+    post(&mut net, a, wr);
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, a),
+        [wc(9, WcStatus::LocProtErr, WcOpcode::Send, a.qpn, 0)]
+    );
+
+    // sq_sig_all: every WR completes.
+    let mut net = Net::new(2, 21, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let a = add_qp(&mut net, a, |i| i.sq_sig_all = true);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    link(&mut net, a, b, QpType::Rc, Mtu::Mtu1024);
+    post(
+        &mut net,
+        a,
+        unsignaled(rdma_wr(a, 10, SendOpcode::RdmaWrite, 0, 20, b, 0)),
+    );
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 11, SendOpcode::RdmaWrite, 0, 30, b, 0),
+    );
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, a),
+        [
+            wc(10, Success, WcOpcode::RdmaWrite, a.qpn, 20),
+            wc(11, Success, WcOpcode::RdmaWrite, a.qpn, 30)
+        ]
+    );
+}
+
+/// RTS→SQD in the middle of a 256-packet WRITE: the WRITE finishes (its
+/// remaining packets still go out), a WR posted in SQD does not start,
+/// leaving SQD for RTS is EINVAL until the drain is over (rxe's
+/// sq_draining check, via check_modify_with_stored), and after it the QP
+/// returns to RTS and sends the waiting WR.
+#[test]
+fn sqd_drains_started_messages_then_resumes() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 22, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu256);
+    net.trace = Some(Vec::new());
+    let data = pattern(22, 65536);
+    fill(&mut net, a, 0, &data);
+    recv(&mut net, b, 90, 200_000, 4096);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 65536, b, 0),
+    );
+    net.step();
+    let sent = net.engines[0].stats().tx_packets;
+    assert!(sent > 0 && sent < 256, "{sent}");
+    modify_state(&mut net, a, QpState::Sqd).unwrap();
+    let draining = |net: &Net| net.engines[0].query_qp(a.qpn).unwrap().0.sq_draining;
+    assert!(draining(&net));
+    post(&mut net, a, local_wr(a, 2, SendOpcode::Send, 0, 100));
+    assert_eq!(
+        errno(modify_state(&mut net, a, QpState::Rts)),
+        Errno::EINVAL
+    );
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(1, Success, WcOpcode::RdmaWrite, a.qpn, 65536)]
+    );
+    settle(&mut net);
+    assert_eq!(qp_state(&net, a), QpState::Sqd);
+    assert!(!draining(&net));
+    assert!(poll(&mut net, b).is_empty());
+    assert!(!net
+        .seen()
+        .iter()
+        .any(|s| s.opcode == Some(Opcode::RcSendOnly)));
+    assert_eq!(read(&net, b, 0, 65536), data);
+    modify_state(&mut net, a, QpState::Rts).unwrap();
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(2, Success, WcOpcode::Send, a.qpn, 100)]
+    );
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(90, Success, WcOpcode::Recv, b.qpn, 100)]
+    );
+    // Nothing in flight: drained at once.
+    modify_state(&mut net, a, QpState::Sqd).unwrap();
+    assert!(!draining(&net));
+    modify_state(&mut net, a, QpState::Rts).unwrap();
+}
+
+/// UC drops a message it cannot take (class D) and keeps its receive WQE
+/// for the next message, as rxe does: after a SEND too large for the
+/// buffer, and, with an SRQ, after a SEND whose middle packet was lost
+/// (the WQE goes back to the SRQ, not to the QP's own queue).
+#[test]
+fn uc_dropped_message_keeps_its_receive_wqe() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 23, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Uc, Mtu::Mtu1024);
+    recv(&mut net, b, 1, 0, 64);
+    recv(&mut net, b, 2, 4096, 4096);
+    let data = pattern(23, 100);
+    fill(&mut net, a, 0, &data);
+    post(&mut net, a, local_wr(a, 1, SendOpcode::Send, 0, 100));
+    post(&mut net, a, local_wr(a, 2, SendOpcode::Send, 0, 20));
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(1, Success, WcOpcode::Recv, b.qpn, 20)]
+    );
+    assert_eq!(read(&net, b, 0, 20), data[..20]);
+
+    let mut net = Net::new(2, 24, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Uc, 256);
+    let a = add_qp(&mut net, a, |i| i.qp_type = QpType::Uc);
+    let b = setup_side(&mut net, 1, QpType::Uc, 256);
+    let srq = net.engines[1].create_srq(b.pd, 8, 1).unwrap();
+    let b = add_qp(&mut net, b, |i| {
+        i.qp_type = QpType::Uc;
+        i.srq = Some(srq);
+    });
+    link(&mut net, a, b, QpType::Uc, Mtu::Mtu1024);
+    let mut dropped = false;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        let hit = !dropped && s.opcode == Some(Opcode::UcSendMiddle);
+        dropped |= hit;
+        hit
+    }));
+    for (wr_id, off) in [(10, 0), (11, 8192)] {
+        net.engines[1]
+            .post_srq_recv(
+                srq,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![sge(b, off, 8192)],
+                },
+            )
+            .unwrap();
+    }
+    let data = pattern(24, 3000);
+    fill(&mut net, a, 0, &data);
+    post(&mut net, a, local_wr(a, 1, SendOpcode::Send, 0, 3000));
+    post(&mut net, a, local_wr(a, 2, SendOpcode::Send, 0, 500));
+    settle(&mut net);
+    assert_eq!(
+        poll(&mut net, b),
+        [wc(10, Success, WcOpcode::Recv, b.qpn, 500)]
+    );
+    assert_eq!(read(&net, b, 0, 500), data[..500]);
+    assert_eq!(
+        poll(&mut net, a),
+        [
+            wc(1, Success, WcOpcode::Send, a.qpn, 3000),
+            wc(2, Success, WcOpcode::Send, a.qpn, 500)
+        ]
+    );
 }
