@@ -3,6 +3,8 @@
 use crate::types::WcStatus;
 use crate::wr::WorkCompletion;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// A completion queue of fixed depth. When it is full, a new completion is
 /// refused: the engine then moves the QPs that feed it to the error state,
@@ -16,6 +18,10 @@ pub struct CompletionQueue {
     armed: u8,
     /// Completion events raised and not yet consumed by the channel.
     events: u64,
+    /// Mirror of `entries.len()` that a poller may read without the lock
+    /// the queue lives under, so an empty `poll_cq` costs one atomic load
+    /// instead of contending with the thread that delivers completions.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl CompletionQueue {
@@ -27,6 +33,7 @@ impl CompletionQueue {
             overflowed: false,
             armed: 0,
             events: 0,
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -63,6 +70,7 @@ impl CompletionQueue {
         }
         let solicited = solicited || wc.status != WcStatus::Success;
         self.entries.push_back(wc);
+        self.waiting.store(self.entries.len(), Ordering::Release);
         if self.armed == 1 || (self.armed == 2 && solicited) {
             self.armed = 0;
             self.events += 1;
@@ -76,12 +84,20 @@ impl CompletionQueue {
         for (slot, wc) in out.iter_mut().zip(self.entries.drain(..n)) {
             *slot = wc;
         }
+        self.waiting.store(self.entries.len(), Ordering::Release);
         n
     }
 
     /// Take every waiting completion.
     pub fn drain(&mut self) -> Vec<WorkCompletion> {
+        self.waiting.store(0, Ordering::Release);
         self.entries.drain(..).collect()
+    }
+
+    /// A shared counter of the completions waiting, always equal to
+    /// [`len`](Self::len) once the queue's lock is released.
+    pub fn waiting_counter(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.waiting)
     }
 
     /// Arm the queue for one event (`ibv_req_notify_cq`).

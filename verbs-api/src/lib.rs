@@ -26,6 +26,7 @@ use roxe_provider::driver::{self, Device};
 use roxe_provider::engine::{CqId, QpCap, QpInitAttr, SrqId};
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -345,7 +346,15 @@ impl Context {
 
     /// `ibv_create_cq` with `depth` entries, its events going to `channel`.
     pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
-        let id = self.inner.device.engine().create_cq(depth)?;
+        let (id, waiting) = {
+            let mut e = self.inner.device.engine();
+            let id = e.create_cq(depth)?;
+            let waiting = e
+                .cq_mut(id)
+                .map(|c| c.waiting_counter())
+                .ok_or_else(|| verbs("ibv_create_cq", Errno::EINVAL, "CQ vanished"))?;
+            (id, waiting)
+        };
         if let Some(ch) = channel {
             self.inner.device.attach_channel(id, ch);
         }
@@ -354,6 +363,8 @@ impl Context {
                 ctx: self.clone(),
                 id,
                 channel: channel.cloned(),
+                waiting,
+                empty_polls: AtomicU32::new(0),
             }),
         })
     }
@@ -559,7 +570,16 @@ struct CqInner {
     ctx: Context,
     id: CqId,
     channel: Option<CompChannel>,
+    /// Completions waiting, readable without the engine lock.
+    waiting: Arc<AtomicUsize>,
+    /// Consecutive polls that found nothing.
+    empty_polls: AtomicU32,
 }
+
+/// After this many empty polls in a row, `Cq::poll` yields the CPU once: a
+/// program spinning on `poll_cq` must leave the progress thread (which
+/// delivers its completions) room to run on a small machine.
+const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 
 impl Drop for CqInner {
     fn drop(&mut self) {
@@ -587,6 +607,15 @@ impl Cq {
     }
     /// `ibv_poll_cq`: fill `out`, return how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if self.inner.waiting.load(Ordering::Acquire) == 0 {
+            // Nothing waiting: do not take the engine lock.
+            let n = self.inner.empty_polls.fetch_add(1, Ordering::Relaxed);
+            if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
+                std::thread::yield_now();
+            }
+            return Ok(0);
+        }
+        self.inner.empty_polls.store(0, Ordering::Relaxed);
         Ok(self.device().engine().poll_cq(self.inner.id, out)?)
     }
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one)
