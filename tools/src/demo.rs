@@ -84,8 +84,13 @@ enum Cmd {
     },
     /// Return the atomic word.
     GetWord,
-    /// Post a UD receive, wait for one datagram of pattern(seed) from
-    /// `src_qp`, then answer it with the same bytes.
+    /// Post a UD receive (before the datagram is sent: UD drops what finds
+    /// no receive).
+    UdPostRecv {
+        size: u32,
+    },
+    /// Wait for one datagram of pattern(seed) from `src_qp`, then answer
+    /// it with the same bytes.
     UdEcho {
         size: u32,
         seed: u64,
@@ -195,7 +200,7 @@ impl Side {
             psn: rpsn,
             gid,
         };
-        self.rc.connect(psn, &remote, Mtu::Mtu4096, access(), 12)
+        self.rc.connect(psn, &remote, Mtu::Mtu4096, access(), 14)
     }
 }
 
@@ -281,11 +286,11 @@ fn serve(side: &Side, cmd: &Cmd, recv_size: &mut u32, peer: &Hello) -> DynResult
             side.mr.read(ATOMIC_WORD, &mut b)?;
             return Ok(Reply::Word(u64::from_ne_bytes(b)));
         }
+        Cmd::UdPostRecv { size } => side.ud.post_recv(RecvWr {
+            wr_id: 77,
+            sg_list: vec![side.mr.sge(UD_AREA, 40 + size)],
+        })?,
         Cmd::UdEcho { size, seed, src_qp } => {
-            side.ud.post_recv(RecvWr {
-                wr_id: 77,
-                sg_list: vec![side.mr.sge(UD_AREA, 40 + size)],
-            })?;
             let wc = side.ud_cq.poll_wait(1, WAIT)?;
             all_ok(&wc)?;
             let wc = wc[0];
@@ -637,6 +642,14 @@ fn client(addr: &str, iters: u32) -> DynResult<Vec<Row>> {
                 port_num: 1,
                 ..AddressVector::default()
             })?;
+            c.ask(Cmd::UdPostRecv { size: size as u32 })?;
+            let mut wr = SendWr::new(
+                2,
+                SendOpcode::Send,
+                vec![c.side.mr.sge(5 << 20 | 40, size as u32)],
+            );
+            wr.ud = Some(ah.dest(c.peer.ud_qpn, QKEY));
+            c.side.ud.post_send(wr)?;
             send_line(
                 &mut c.w,
                 &Cmd::UdEcho {
@@ -645,13 +658,6 @@ fn client(addr: &str, iters: u32) -> DynResult<Vec<Row>> {
                     src_qp: c.side.ud.qp_num(),
                 },
             )?;
-            let mut wr = SendWr::new(
-                2,
-                SendOpcode::Send,
-                vec![c.side.mr.sge(5 << 20 | 40, size as u32)],
-            );
-            wr.ud = Some(ah.dest(c.peer.ud_qpn, QKEY));
-            c.side.ud.post_send(wr)?;
             let wcs = c.side.ud_cq.poll_wait(2, WAIT)?;
             all_ok(&wcs)?;
             let reply: Reply = recv_line(&mut c.r)?;
