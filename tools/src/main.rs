@@ -4,6 +4,9 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod decode;
+mod demo;
+mod info;
+mod pingpong;
 
 #[derive(Parser)]
 #[command(name = "roxe", version, about = "roxe: software RoCEv2 in userspace")]
@@ -20,11 +23,25 @@ enum Command {
     /// ICRC; 1 on any malformed, truncated or bad-ICRC packet; 2 when a file
     /// cannot be read; 3 when no RoCEv2 packet was found.
     Decode(decode::Args),
+    /// Ping-pong SENDs over an RC QP, as rdma-core's ibv_rc_pingpong.
+    Pingpong(pingpong::Args),
+    /// List roxe devices (like ibv_devices).
+    Devices,
+    /// Show device attributes, port and GID table (like ibv_devinfo).
+    Devinfo(info::DevinfoArgs),
+    /// Run every RDMA operation between a server and a client process on
+    /// loopback, verify every byte, and print a table. Exit status 0 when
+    /// all passed.
+    Demo(demo::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Pingpong(a) => pingpong::run(&a),
+        Command::Devices => info::run_devices(),
+        Command::Devinfo(args) => info::run_devinfo(&args),
+        Command::Demo(args) => demo::run(&args),
     }
 }

@@ -75,7 +75,10 @@ fn demo_passes_and_its_capture_is_clean() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        println!("{}", text.lines().rev().take(6).collect::<Vec<_>>().join("\n"));
+        println!(
+            "{}",
+            text.lines().rev().take(6).collect::<Vec<_>>().join("\n")
+        );
         assert!(out.status.success(), "roce-check --strict failed:\n{text}");
     }
     let _ = std::fs::remove_file(&pcap);
