@@ -17,7 +17,9 @@
 //!   `getpid() * time(NULL)` seed as the C program, but the seed is printed
 //!   on stderr and `--seed` sets it;
 //! * busy polling yields the CPU after a burst of empty polls, so the
-//!   device's progress thread can run on a loaded machine.
+//!   device's progress thread can run on a loaded machine;
+//! * `--stats` prints the device's counters on stderr at the end, and a run
+//!   that fails after the device was opened prints them anyway.
 
 use clap::{ArgAction, Args as ClapArgs};
 use roxe_verbs::{
@@ -99,6 +101,11 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
+    /// Print the device's counters (packets, drops by reason, ICRC
+    /// mismatches, retransmits, NAKs) on stderr at the end; a failed run
+    /// prints them anyway (roxe only).
+    #[arg(long)]
+    stats: bool,
     /// Seed of the PSN generator (srand48); default getpid() * time(NULL)
     /// as ibv_rc_pingpong (roxe only).
     #[arg(long, value_name = "SEED", value_parser = c_long, allow_negative_numbers = true)]
@@ -745,6 +752,12 @@ fn pingpong(args: &Args) -> Res<()> {
     let context: Context = ib_dev
         .open()
         .map_err(|e| fail_with(format!("Couldn't get context for {}", ib_dev.name()), e))?;
+    let mut counters = Counters {
+        context: &context,
+        name: ib_dev.name(),
+        always: args.stats,
+        ok: false,
+    };
     let channel: Option<CompChannel> = if use_event {
         Some(
             context
@@ -973,7 +986,27 @@ fn pingpong(args: &Args) -> Res<()> {
             }
         }
     }
+    counters.ok = true;
     Ok(())
+}
+
+/// Prints the device's counters on stderr when dropped, if asked to
+/// (`--stats`) or if the run failed (`ok` not set): which side stopped,
+/// retransmits, NAKs and drops by reason are the first thing to look at.
+struct Counters<'a> {
+    context: &'a Context,
+    name: &'a str,
+    always: bool,
+    ok: bool,
+}
+
+impl Drop for Counters<'_> {
+    fn drop(&mut self) {
+        if self.always || !self.ok {
+            let s = self.context.device().stats();
+            eprintln!("{ARGV0}: {} counters: {:?}", self.name, s);
+        }
+    }
 }
 
 /// printf's `%.2f`, including its `inf`/`nan` spellings.

@@ -220,6 +220,23 @@ fn events_gid_and_chk_together_with_small_rx_depth() {
     check_pair(&s, &c, 300, 2000);
 }
 
+/// `--stats` prints the device's counters on stderr after the results;
+/// without it a successful run prints none.
+#[test]
+fn stats_prints_device_counters() {
+    let (s, c) = pair(8, &["-n", "50", "-s", "4096"], &["--stats"], &[]);
+    check_pair(&s, &c, 50, 4096);
+    let line = s
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("roxe pingpong: roxe0 counters: "))
+        .unwrap_or_else(|| panic!("no counters line:\n{s:?}"));
+    assert!(line.contains("rx_packets: "), "{line}");
+    assert!(!line.contains("rx_packets: 0,"), "{line}");
+    assert!(line.contains("tx_retransmits: "), "{line}");
+    assert!(!c.stderr.contains("counters:"), "{c:?}");
+}
+
 #[test]
 fn client_without_server_fails_to_connect() {
     let deadline = Instant::now() + DEADLINE;
@@ -250,6 +267,11 @@ fn server_without_client_times_out() {
     );
     assert_eq!(s.code(), Some(1), "{s:?}");
     assert!(s.stderr.contains("accept() failed\n"), "{s:?}");
+    // A failed run prints the device's counters without --stats.
+    assert!(
+        s.stderr.contains("roxe pingpong: roxe0 counters: "),
+        "{s:?}"
+    );
 }
 
 #[test]

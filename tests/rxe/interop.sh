@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Interop proof: `roxe pingpong` against rdma-core's ibv_rc_pingpong on the
+# Linux kernel's Soft-RoCE (rdma_rxe), in a qemu guest of the rxe-peer harness.
+#
+#   sudo tests/rxe/interop.sh            # about 1-2 minutes; needs root
+#
+# Boots one guest (shared/rxe-peer/up 1) in its own network namespace, then
+# for every case in CASES runs
+#   - roxe as CLIENT (in the netns, bound to the bridge address) against
+#     ibv_rc_pingpong as server in the guest, and
+#   - roxe as SERVER against ibv_rc_pingpong as client in the guest,
+# each with a tcpdump capture on the guest's tap, which must pass
+# shared/tools/roce-check (every ICRC verified, rxe's and roxe's: the tap
+# capture has the real IP headers) and must show every message of both
+# directions on the wire. Always shuts the harness down. Exit status 0 only
+# if every run passed; the last line is a one-line summary.
+#
+# Settings (environment):
+#   CASES        "SIZE:ITERS ..." (default "1:1000 4096:1000 65536:200")
+#   PMTU         path MTU for both sides (default 1024, rxe's active_mtu at
+#                netdev MTU 1500)
+#   OUT          directory for logs and captures (default: a new
+#                /tmp/roxe-rxe-interop.XXXXXX, kept)
+#   ROXE         roxe binary (default target/release/roxe; built if missing)
+#   RXE_PEER     the harness (default ../shared/rxe-peer next to the repo)
+#   ROCE_CHECK   the checker (default ../shared/tools/roce-check)
+#   RXEPEER_NETNS netns of the harness (default roxeinterop, so a manual
+#                rxe-peer session in netns rxepeer is left alone)
+#   WAIT         seconds any single wait may take (default 60)
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+: "${CASES:=1:1000 4096:1000 65536:200}"
+: "${PMTU:=1024}"
+: "${ROXE:=$repo/target/release/roxe}"
+: "${RXE_PEER:=$repo/../shared/rxe-peer}"
+: "${ROCE_CHECK:=$repo/../shared/tools/roce-check}"
+: "${RXEPEER_NETNS:=roxeinterop}"
+: "${WAIT:=60}"
+export RXEPEER_NETNS
+OUT=${OUT:-$(mktemp -d /tmp/roxe-rxe-interop.XXXXXX)}
+mkdir -p "$OUT"
+
+say() { printf '[interop %(%T)T] %s\n' -1 "$*" >&2; }
+die() { say "ERROR: $*"; exit 2; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (netns, taps, qemu)"
+[ -x "$RXE_PEER/up" ] || die "rxe-peer harness not found at $RXE_PEER (set RXE_PEER)"
+[ -f "$ROCE_CHECK" ] || die "roce-check not found at $ROCE_CHECK (set ROCE_CHECK)"
+command -v python3 >/dev/null || die "python3 is needed for roce-check"
+if ! command -v tcpdump >/dev/null; then
+  say "installing tcpdump"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tcpdump >/dev/null 2>&1 ||
+    die "tcpdump is missing and apt-get install tcpdump failed"
+fi
+if [ ! -x "$ROXE" ]; then
+  say "building roxe (cargo build --release -p roxe-tools)"
+  (cd "$repo" && cargo build --release -p roxe-tools) >"$OUT/build.log" 2>&1 ||
+    die "cargo build failed, see $OUT/build.log"
+fi
+
+# --- cleanup: always stop what we started and take the harness down --------
+bg_pids=()
+cleanup() {
+  local rc=$?
+  for p in "${bg_pids[@]}"; do kill "$p" 2>/dev/null; done
+  "$RXE_PEER/down" >>"$OUT/harness.log" 2>&1 || say "WARNING: rxe-peer down failed (see $OUT/harness.log)"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Wait (at most $2 seconds) until command $1... succeeds.
+wait_for() {
+  local secs=$1; shift
+  local end=$((SECONDS + secs))
+  until "$@"; do
+    [ $SECONDS -lt $end ] || return 1
+    sleep 0.2
+  done
+}
+
+# Stop a background process we started: TERM, bounded wait, KILL.
+stop_pid() {
+  local p=$1
+  kill -TERM "$p" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null
+  wait "$p" 2>/dev/null
+}
+
+# --- harness ----------------------------------------------------------------
+say "booting 1 rxe guest (netns $RXEPEER_NETNS); output in $OUT"
+"$RXE_PEER/down" >"$OUT/harness.log" 2>&1   # a stale run of this netns, if any
+if ! timeout 600 "$RXE_PEER/up" 1 >>"$OUT/harness.log" 2>&1; then
+  tail -20 "$OUT/harness.log" >&2
+  die "rxe-peer up failed"
+fi
+eval "$("$RXE_PEER/status" --env)"
+HOST_IP=$RXEPEER_HOST_IP GUEST_IP=$RXEPEER_G1_IP TAP=$RXEPEER_G1_TAP
+GUEST_GIDX=${RXEPEER_G1_GID_INDEX:-1}
+"$RXE_PEER/status" >>"$OUT/harness.log" 2>&1
+say "host $HOST_IP (roxe, GID index 0), guest $GUEST_IP (rxe0, GID index $GUEST_GIDX), tap $TAP"
+"$RXE_PEER/exec" 1 "ibv_devinfo -d rxe0 | grep -E 'state|active_mtu'" >"$OUT/guest-devinfo.txt" 2>&1
+
+# --- one run ------------------------------------------------------------------
+# result lines: "<bytes> bytes in <s> seconds = <x> Mbit/sec", "<n> iters in <s> seconds = <y> usec/iter"
+iters_line() { grep -m1 -E '^[0-9]+ iters in .* usec/iter$' "$1"; }
+mbit_line() { grep -m1 -E '^[0-9]+ bytes in .* Mbit/sec$' "$1"; }
+
+# Check a capture: roce-check must pass (every ICRC verified, nothing
+# malformed), and the request flows of both directions must span exactly
+# ITERS messages of ceil(SIZE/PMTU) PSNs without gaps -- unless tcpdump
+# itself reported drops (a capture artefact on a loaded host: then only a
+# warning).
+check_capture() { # pcap size iters tcpdump-drops -> prints a summary, returns 0/1
+  python3 - "$ROCE_CHECK" "$1" "$2" "$3" "$4" "$PMTU" "$HOST_IP" "$GUEST_IP" <<'EOF'
+import json, subprocess, sys
+chk, pcap, size, iters, drops, pmtu, host, guest = sys.argv[1:]
+size, iters, drops, pmtu = int(size), int(iters), int(drops), int(pmtu)
+r = subprocess.run([sys.executable, chk, "--json", pcap], capture_output=True, text=True)
+try:
+    f = json.loads(r.stdout)["files"][0]
+except Exception:
+    print(f"roce-check failed (exit {r.returncode}): {r.stderr.strip()[:300]}")
+    sys.exit(1)
+ok = r.returncode == 0 and f.get("result") == "PASS"
+per_msg = max(1, -(-size // pmtu))
+want = iters * per_msg
+dirs = []
+for src, dst in ((host, guest), (guest, host)):
+    fl = [x for x in f["flows"] if x["src"] == src and x["dst"] == dst and x["kind"] == "req"]
+    if len(fl) != 1:
+        dirs.append(f"{src}>{dst}: {len(fl)} request flows"); ok = False; continue
+    x = fl[0]
+    span = ((x["last_psn"] - x["first_psn"]) & 0xFFFFFF) + 1
+    good = span == want and x["gaps"] == 0
+    ok &= good or drops > 0
+    name = "roxe->rxe" if src == host else "rxe->roxe"
+    short = "" if good else f" (want {want}, {x['missing_psns']} not captured)"
+    dirs.append(f"{name} {span} PSNs{short} retrans {x['retransmitted']}")
+naks = sum(f["naks"].values()) if isinstance(f["naks"], dict) else f["naks"]
+ic = f["icrc"]
+print(f"roce-check {f['result']}: {f['rocev2_packets']} pkts, ICRC ok {ic['ok']} bad {ic['bad']} "
+      f"unchecked {ic['unchecked']}, malformed {f['malformed']}, NAKs {naks}; " + "; ".join(dirs)
+      + (f"; WARNING: tcpdump dropped {drops} packets, capture incomplete" if drops else ""))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+results=()
+failures=0
+warnings=0
+port=18515
+run_case() { # mode(client|server) size iters
+  local mode=$1 size=$2 iters=$3
+  local tag="roxe-$mode-s$size-n$iters"
+  local pcap="$OUT/$tag.pcap" rlog="$OUT/$tag.roxe.txt" glog="$OUT/$tag.rxe.txt"
+  port=$((port + 1))
+  say "$tag: roxe $mode, size $size, $iters iters, port $port"
+
+  "$RXE_PEER/ns" tcpdump -Z root -U --immediate-mode -B 65536 -i "$TAP" -w "$pcap" udp port 4791 2>"$OUT/$tag.tcpdump.txt" &
+  local td=$!; bg_pids+=("$td")
+  wait_for 15 grep -q 'listening on' "$OUT/$tag.tcpdump.txt" || say "WARNING: tcpdump not ready"
+
+  local common=(-s "$size" -n "$iters" -m "$PMTU" -p "$port")
+  local rcmd=(env ROXE_ADDR="$HOST_IP" ROXE_PCAP="$OUT/$tag.roxe-tap.pcap"
+    timeout $((WAIT + 30)) "$RXE_PEER/ns" "$ROXE" pingpong -g 0 "${common[@]}" --timeout "$WAIT" --stats)
+  local gcmd="timeout $WAIT ibv_rc_pingpong -d rxe0 -g $GUEST_GIDX ${common[*]}"
+  local rrc grc
+  if [ "$mode" = client ]; then
+    # rxe server first; roxe's client retries a refused connect until it listens.
+    timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd" >"$glog" 2>&1 &
+    local gp=$!; bg_pids+=("$gp")
+    "${rcmd[@]}" "$GUEST_IP" >"$rlog" 2>&1; rrc=$?
+    wait "$gp"; grc=$?
+  else
+    "${rcmd[@]}" >"$rlog" 2>&1 &
+    local rp=$!; bg_pids+=("$rp")
+    if ! wait_for 15 sh -c "'$RXE_PEER/ns' ss -Hltn 'sport = :$port' | grep -q ."; then
+      say "WARNING: roxe server not listening on $port after 15 s"
+    fi
+    timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd $HOST_IP" >"$glog" 2>&1; grc=$?
+    wait "$rp"; rrc=$?
+  fi
+  sleep 1     # let the last ACK reach the capture before tcpdump stops
+  stop_pid "$td"
+
+  local csum crc drops
+  drops=$(sed -n 's/^\([0-9]*\) packets\{0,1\} dropped by kernel.*/\1/p' "$OUT/$tag.tcpdump.txt")
+  csum=$(check_capture "$pcap" "$size" "$iters" "${drops:-0}"); crc=$?
+  local ri gi rm gm
+  ri=$(iters_line "$rlog"); gi=$(iters_line "$glog"); rm=$(mbit_line "$rlog"); gm=$(mbit_line "$glog")
+  local verdict=PASS
+  if [ "$rrc" != 0 ] || [ "$grc" != 0 ] || [ $crc != 0 ] ||
+     [ "${ri%% *}" != "$iters" ] || [ "${gi%% *}" != "$iters" ]; then
+    verdict=FAIL; failures=$((failures + 1))
+  fi
+  {
+    echo "== $verdict $tag (roxe exit $rrc, ibv_rc_pingpong exit $grc)"
+    echo "   roxe pingpong  : ${ri:-<no result>} | ${rm:-}"
+    echo "   ibv_rc_pingpong: ${gi:-<no result>} | ${gm:-}"
+    echo "   $csum"
+    grep -m1 'counters:' "$rlog" | sed 's/^/   /'
+  } | tee -a "$OUT/summary.txt"
+  if [ $verdict = FAIL ]; then
+    echo "--- roxe output ($rlog):"; cat "$rlog"
+    echo "--- ibv_rc_pingpong output ($glog):"; cat "$glog"
+    echo "--- rxe hw_counters:"
+    timeout 30 "$RXE_PEER/exec" 1 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep . *' 2>&1 | tr '\n' ' '; echo
+    echo "--- roce-check:"; python3 "$ROCE_CHECK" "$pcap" 2>&1 | tail -25
+  fi
+  case $csum in *WARNING*) warnings=$((warnings + 1)) ;; esac
+  results+=("$verdict:$mode:$size:$iters")
+}
+
+for c in $CASES; do
+  run_case client "${c%%:*}" "${c##*:}"
+  run_case server "${c%%:*}" "${c##*:}"
+done
+
+n=${#results[@]}
+summary="roxe<->rxe interop: $([ $failures = 0 ] && echo PASS || echo FAIL) $((n - failures))/$n runs (roxe client+server x size:iters ${CASES// /,}, pmtu $PMTU), tcpdump captures roce-checked$([ $warnings = 0 ] || echo " ($warnings incomplete)"); logs in $OUT"
+echo "$summary" | tee -a "$OUT/summary.txt"
+[ $failures = 0 ]
