@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod decode;
 mod demo;
 mod info;
+mod perf;
 mod pingpong;
 
 #[derive(Parser)]
@@ -23,6 +24,8 @@ enum Command {
     /// ICRC; 1 on any malformed, truncated or bad-ICRC packet; 2 when a file
     /// cannot be read; 3 when no RoCEv2 packet was found.
     Decode(decode::Args),
+    /// perftest-style bandwidth and latency between two processes.
+    Perf(perf::Args),
     /// Ping-pong SENDs over an RC QP, as rdma-core's ibv_rc_pingpong.
     Pingpong(pingpong::Args),
     /// List roxe devices (like ibv_devices).
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Perf(a) => perf::run(&a),
         Command::Pingpong(a) => pingpong::run(&a),
         Command::Devices => info::run_devices(),
         Command::Devinfo(args) => info::run_devinfo(&args),

@@ -1,0 +1,1255 @@
+//! `roxe perf`: a perftest-style benchmark between two processes, each with
+//! its own soft device (the first of `roxe_verbs::devices()`: set
+//! `ROXE_ADDR` per process, or let each take the next free loopback
+//! address).
+//!
+//! ```text
+//! roxe perf write|read|send [-s SIZE] [-n ITERS] [-q QPS] [--lat] [--json] [-p PORT] [server | client ADDR]
+//! ```
+//!
+//! # Control protocol
+//!
+//! One TCP connection (the server listens on `-p`, default 18516) carries
+//! newline-delimited JSON messages, each an object with a `"type"`:
+//!
+//! 1. client → server `hello`: the test (op, mode, size, iters, QP count,
+//!    depths, MTU) and the client's endpoints (one per QP: lid, qpn, psn,
+//!    gid) and its MR (addr, rkey, len). The client's parameters are
+//!    authoritative; the server only insists that op and mode match its own.
+//! 2. server → client `ready`: the server's endpoints and MR. The server has
+//!    brought its QPs to RTS and posted its receives before sending it, so
+//!    the client may start at once.
+//! 3. client → server `done`, carrying the client's results, once every
+//!    operation has completed. A `send` bandwidth server first counts all
+//!    its receive completions.
+//! 4. server → client `bye`: the final sync; neither side tears its QPs
+//!    down before it.
+//!
+//! Either side sends `error` (with a message) instead when it fails, so the
+//! other stops at once instead of running into its timeout.
+//!
+//! # What is measured
+//!
+//! Bandwidth (default): the client posts ITERS operations of SIZE bytes,
+//! spread round-robin over the QPs, keeping at most `--tx-depth` posted and
+//! not yet completed per QP, signaling only every `--cq-mod`-th WR (and
+//! each QP's last). A signaled completion accounts for every earlier WR of
+//! its QP, so the in-flight count the client tracks is never below what the
+//! send queue holds and a post never meets a full queue. The clock runs
+//! from the first post to the last completion.
+//!
+//! Latency (`--lat`, one QP): `write` is a ping-pong of RDMA WRITE_WITH_IMM
+//! (each side learns of the peer's write from the receive completion the
+//! immediate consumes, instead of ib_write_lat's polling of the buffer's
+//! last byte); `send` is a SEND/RECV ping-pong (ib_send_lat); for both the
+//! one-way latency is half the round trip, as perftest reports it. `read`
+//! issues one READ at a time and reports the full time to its completion
+//! (ib_read_lat).
+
+use clap::ValueEnum;
+use roxe_verbs::{
+    devices, AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr,
+    SendFlags, SendOpcode, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt::Display;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The operation under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// RDMA WRITE (latency: WRITE_WITH_IMM ping-pong).
+    Write,
+    /// RDMA READ.
+    Read,
+    /// SEND / RECV.
+    Send,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+        }
+    }
+}
+
+/// Which end this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Role {
+    /// Wait for a client on the control port.
+    #[default]
+    Server,
+    /// Connect to the server at ADDR.
+    Client,
+}
+
+/// `roxe perf`: a perftest-style benchmark (ib_{write,read,send}_{bw,lat})
+/// between two processes.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The operation.
+    #[arg(value_enum)]
+    pub op: Op,
+    /// `server` (the default) or `client ADDR`.
+    #[arg(value_enum, default_value_t = Role::Server)]
+    pub role: Role,
+    /// Client: the server's control address (host or IP, optionally with
+    /// `:PORT`, which overrides `-p`).
+    pub addr: Option<String>,
+    /// Message size in bytes [default: 65536, or 64 with --lat].
+    #[arg(short = 's', long)]
+    pub size: Option<u32>,
+    /// Operations [default: 5000, or 10000 with --lat].
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+    /// RC queue pairs to spread the operations over (bandwidth mode).
+    #[arg(short = 'q', long, default_value_t = 1)]
+    pub qps: u32,
+    /// Measure latency (ping-pong for write and send, one READ at a time
+    /// for read) instead of bandwidth.
+    #[arg(long)]
+    pub lat: bool,
+    /// Print the results as one JSON object on stdout, and nothing else.
+    #[arg(long)]
+    pub json: bool,
+    /// TCP port of the control connection.
+    #[arg(short = 'p', long, default_value_t = 18516)]
+    pub port: u16,
+    /// Work requests in flight per QP (the send queue depth).
+    #[arg(short = 't', long, default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Signal every Nth send WR (at most --tx-depth).
+    #[arg(long, default_value_t = 100)]
+    pub cq_mod: u32,
+    /// Receives posted per QP (send, and latency ping-pongs).
+    #[arg(short = 'r', long, default_value_t = 512)]
+    pub rx_depth: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    pub mtu: u32,
+    /// Sleep on a completion channel instead of polling the CQ (perftest's
+    /// -e): frees the core for the device's progress thread.
+    #[arg(short = 'e', long)]
+    pub event: bool,
+    /// Give up after this many seconds (every wait is bounded by it).
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+}
+
+/// How long a client keeps retrying the TCP connection to the server.
+const CONNECT_RETRY: Duration = Duration::from_secs(30);
+/// Progress lines start after this long, then come every second.
+const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+/// Empty CQ polls before the polling thread starts yielding its core (the
+/// device's progress thread may need it).
+const SPIN_POLLS: u32 = 64;
+/// The low bits of a wr_id count WRs; the high bits name the QP.
+const QP_SHIFT: u32 = 40;
+const SEQ_MASK: u64 = (1 << QP_SHIFT) - 1;
+
+/// What both sides agree on (the client's choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Params {
+    op: Op,
+    lat: bool,
+    size: u32,
+    iters: u64,
+    qps: u32,
+    tx_depth: u32,
+    cq_mod: u32,
+    rx_depth: u32,
+    mtu: u32,
+}
+
+impl Params {
+    fn mode(&self) -> &'static str {
+        if self.lat {
+            "lat"
+        } else {
+            "bw"
+        }
+    }
+    /// Operations QP `i` carries (ITERS spread as evenly as possible).
+    fn per_qp(&self, i: usize) -> u64 {
+        let q = u64::from(self.qps);
+        self.iters / q + u64::from((i as u64) < self.iters % q)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Ep {
+    lid: u16,
+    qpn: u32,
+    psn: u32,
+    gid: [u8; 16],
+}
+
+impl From<Endpoint> for Ep {
+    fn from(e: Endpoint) -> Self {
+        Ep {
+            lid: e.lid,
+            qpn: e.qpn,
+            psn: e.psn,
+            gid: e.gid,
+        }
+    }
+}
+
+impl From<Ep> for Endpoint {
+    fn from(e: Ep) -> Self {
+        Endpoint {
+            lid: e.lid,
+            qpn: e.qpn,
+            psn: e.psn,
+            gid: e.gid,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RemoteMr {
+    addr: u64,
+    rkey: u32,
+    len: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Msg {
+    Hello {
+        params: Params,
+        eps: Vec<Ep>,
+        mr: RemoteMr,
+    },
+    Ready {
+        eps: Vec<Ep>,
+        mr: RemoteMr,
+    },
+    Done {
+        report: Report,
+    },
+    Bye,
+    Error {
+        message: String,
+    },
+}
+
+/// Latency percentiles, microseconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct LatUs {
+    min: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+    mean: f64,
+}
+
+/// The results (what `--json` prints).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Report {
+    op: Op,
+    mode: String,
+    size: u32,
+    iters: u64,
+    qps: u32,
+    tx_depth: u32,
+    cq_mod: u32,
+    mtu: u32,
+    seconds: f64,
+    bytes: u64,
+    gbytes_per_s: f64,
+    gbits_per_s: f64,
+    mmsgs_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    lat_us: Option<LatUs>,
+}
+
+/// Failures: a message for stderr (and for the peer).
+type Res<T> = Result<T, String>;
+
+fn ctx<E: Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// `roxe perf`.
+pub fn run(args: &Args) -> ExitCode {
+    match args.role {
+        Role::Server => server(args),
+        Role::Client => client(args),
+    }
+}
+
+fn params_of(args: &Args) -> Res<Params> {
+    let p = Params {
+        op: args.op,
+        lat: args.lat,
+        size: args.size.unwrap_or(if args.lat { 64 } else { 65536 }),
+        iters: args.iters.unwrap_or(if args.lat { 10_000 } else { 5000 }),
+        qps: args.qps,
+        tx_depth: args.tx_depth,
+        cq_mod: args.cq_mod.clamp(1, args.tx_depth.max(1)),
+        rx_depth: args.rx_depth,
+        mtu: args.mtu,
+    };
+    validate(&p)?;
+    Ok(p)
+}
+
+fn validate(p: &Params) -> Res<()> {
+    if p.size == 0 || p.size > 1 << 31 {
+        return Err(format!("size {}: must be 1 ..= 2^31", p.size));
+    }
+    if p.iters == 0 || p.iters > SEQ_MASK {
+        return Err(format!("iters {}: must be at least 1", p.iters));
+    }
+    if p.qps == 0 || p.qps > 1024 {
+        return Err(format!("qps {}: must be 1 ..= 1024", p.qps));
+    }
+    if p.lat && p.qps != 1 {
+        return Err("latency mode uses one QP (drop -q)".into());
+    }
+    for (name, d) in [("tx-depth", p.tx_depth), ("rx-depth", p.rx_depth)] {
+        if d == 0 || d > 0x4000 {
+            return Err(format!("{name} {d}: must be 1 ..= 16384"));
+        }
+    }
+    mtu_of(p.mtu)?;
+    let cqe = u64::from(p.qps) * u64::from(p.tx_depth + p.rx_depth) + 16;
+    if cqe > 0x1_0000 {
+        return Err(format!(
+            "{} QPs x (tx-depth {} + rx-depth {}) completions do not fit one CQ (65536)",
+            p.qps, p.tx_depth, p.rx_depth
+        ));
+    }
+    let mr = u64::from(p.size) * u64::from(p.qps);
+    if mr > 1 << 32 {
+        return Err(format!("size x qps = {mr} bytes: too much memory"));
+    }
+    Ok(())
+}
+
+fn mtu_of(m: u32) -> Res<Mtu> {
+    Ok(match m {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => return Err(format!("mtu {m}: expected 256, 512, 1024, 2048 or 4096")),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Control connection.
+
+/// The TCP control connection: writes go straight out; a reader thread
+/// turns incoming lines into messages, so waits can be bounded and CQ loops
+/// can notice a peer's error without blocking.
+struct Ctrl {
+    stream: TcpStream,
+    rx: mpsc::Receiver<Res<Msg>>,
+    /// Messages `check` took while a CQ loop ran.
+    stash: RefCell<VecDeque<Msg>>,
+}
+
+impl Ctrl {
+    fn new(stream: TcpStream) -> Res<Ctrl> {
+        let _ = stream.set_nodelay(true);
+        let read = stream.try_clone().map_err(ctx("control connection"))?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("roxe-perf-ctrl".into())
+            .spawn(move || {
+                let mut lines = BufReader::new(read).lines();
+                loop {
+                    let m = match lines.next() {
+                        Some(Ok(l)) if l.trim().is_empty() => continue,
+                        Some(Ok(l)) => serde_json::from_str::<Msg>(&l)
+                            .map_err(|e| format!("bad control message ({e}): {l}")),
+                        Some(Err(e)) => Err(format!("control connection: {e}")),
+                        None => Err("the peer closed the control connection".into()),
+                    };
+                    let last = m.is_err();
+                    if tx.send(m).is_err() || last {
+                        return;
+                    }
+                }
+            })
+            .map_err(ctx("control thread"))?;
+        Ok(Ctrl {
+            stream,
+            rx,
+            stash: RefCell::default(),
+        })
+    }
+
+    fn send(&mut self, m: &Msg) -> Res<()> {
+        let mut line = serde_json::to_string(m).map_err(ctx("encoding a control message"))?;
+        line.push('\n');
+        self.stream
+            .write_all(line.as_bytes())
+            .map_err(ctx("control connection"))
+    }
+
+    /// The next message, by `deadline`; an `error` from the peer fails.
+    fn recv(&self, deadline: Instant, waiting_for: &str) -> Res<Msg> {
+        if let Some(m) = self.stash.borrow_mut().pop_front() {
+            return Ok(m);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.rx.recv_timeout(left) {
+            Ok(Ok(Msg::Error { message })) => Err(format!("the peer failed: {message}")),
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                Err(format!("timed out waiting for {waiting_for}"))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the control connection is gone".into())
+            }
+        }
+    }
+
+    /// Without waiting: fail if the peer reported an error or went away;
+    /// keep any other message for `recv`.
+    fn check(&self) -> Res<()> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Ok(Msg::Error { message })) => {
+                    return Err(format!("the peer failed: {message}"))
+                }
+                Ok(Ok(m)) => self.stash.borrow_mut().push_back(m),
+                Ok(Err(e)) => return Err(e),
+                Err(mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err("the control connection is gone".into())
+                }
+            }
+        }
+    }
+}
+
+fn server_addrs(addr: &str, port: u16) -> Res<Vec<SocketAddr>> {
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return Ok(vec![sa]);
+    }
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let v: Vec<SocketAddr> = if addr.contains(':') {
+        addr.to_socket_addrs()
+    } else {
+        (addr, port).to_socket_addrs()
+    }
+    .map_err(|e| format!("{addr}: {e}"))?
+    .collect();
+    if v.is_empty() {
+        return Err(format!("{addr}: no address"));
+    }
+    Ok(v)
+}
+
+fn connect_ctrl(addr: &str, port: u16, deadline: Instant) -> Res<Ctrl> {
+    let targets = server_addrs(addr, port)?;
+    let give_up = deadline.min(Instant::now() + CONNECT_RETRY);
+    loop {
+        let mut last = None;
+        for t in &targets {
+            match TcpStream::connect_timeout(t, Duration::from_secs(2)) {
+                Ok(s) => return Ctrl::new(s),
+                Err(e) => last = Some(format!("{t}: {e}")),
+            }
+        }
+        if Instant::now() >= give_up {
+            return Err(format!(
+                "cannot reach the server ({})",
+                last.unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn accept_ctrl(port: u16, deadline: Instant) -> Res<Ctrl> {
+    let l =
+        TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on {port}: {e}"))?;
+    l.set_nonblocking(true).map_err(ctx("listener"))?;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)
+                    .map_err(ctx("control connection"))?;
+                return Ctrl::new(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(format!("no client connected to port {port} in time"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("accepting on {port}: {e}")),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Verbs resources.
+
+struct Setup {
+    // Field order is drop order: QPs before the MR, CQ and PD they use.
+    qps: Vec<Qp>,
+    psns: Vec<u32>,
+    mr: Mr,
+    cq: Cq,
+    channel: Option<CompChannel>,
+    _pd: Pd,
+    addr: std::net::IpAddr,
+}
+
+const ACCESS: AccessFlags = AccessFlags(
+    AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_READ.0,
+);
+
+fn setup(p: &Params, event: bool) -> Res<Setup> {
+    let info = devices()
+        .map_err(ctx("devices"))?
+        .into_iter()
+        .next()
+        .ok_or("no roxe device")?;
+    let dev = info.open().map_err(ctx("opening the device"))?;
+    let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
+    let cqe = p.qps * (p.tx_depth + p.rx_depth) + 16;
+    let channel = if event {
+        Some(dev.create_comp_channel().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let cq = dev
+        .create_cq(cqe, channel.as_ref())
+        .map_err(|e| e.to_string())?;
+    let mr_len = p.size as usize * p.qps as usize;
+    let mr = pd.reg_mr(mr_len, ACCESS).map_err(|e| e.to_string())?;
+    let seed = seed();
+    let mut qps = Vec::new();
+    let mut psns = Vec::new();
+    for i in 0..p.qps {
+        let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+        init.cap.max_send_wr = p.tx_depth;
+        init.cap.max_recv_wr = p.rx_depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = 0;
+        qps.push(pd.create_qp(&init).map_err(|e| e.to_string())?);
+        psns.push(mix(seed ^ u64::from(i)) as u32 & 0xFF_FFFF);
+    }
+    Ok(Setup {
+        qps,
+        psns,
+        mr,
+        cq,
+        channel,
+        _pd: pd,
+        addr: dev.addr(),
+    })
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// splitmix64's finaliser: spreads a seed's bits.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Setup {
+    fn eps(&self) -> Vec<Ep> {
+        self.qps
+            .iter()
+            .zip(&self.psns)
+            .map(|(q, &psn)| q.endpoint(psn).into())
+            .collect()
+    }
+    fn remote_mr(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey(),
+            len: self.mr.len() as u64,
+        }
+    }
+    fn connect(&self, p: &Params, remote: &[Ep]) -> Res<()> {
+        if remote.len() != self.qps.len() {
+            return Err(format!(
+                "the peer sent {} endpoints for {} QPs",
+                remote.len(),
+                self.qps.len()
+            ));
+        }
+        let mtu = mtu_of(p.mtu)?;
+        for ((q, &psn), r) in self.qps.iter().zip(&self.psns).zip(remote) {
+            q.connect(psn, &Endpoint::from(*r), mtu, ACCESS, 14)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+    /// A receive into QP `i`'s slice of the MR (`data`: false for a
+    /// receive only an immediate consumes).
+    fn post_recv(&self, p: &Params, i: usize, wr_id: u64, data: bool) -> Res<()> {
+        let sg_list = if data {
+            vec![self.mr.sge(i * p.size as usize, p.size)]
+        } else {
+            Vec::new()
+        };
+        self.qps[i]
+            .post_recv(RecvWr { wr_id, sg_list })
+            .map_err(|e| e.to_string())
+    }
+}
+
+fn wc_error(wc: &WorkCompletion) -> String {
+    format!(
+        "work completion error: status {:?} ({}), opcode {:?}, QP {:#x}, wr_id {:#x}",
+        wc.status, wc.status as u32, wc.opcode, wc.qp_num, wc.wr_id
+    )
+}
+
+/// Polls a CQ: spins, then yields the core, and every few milliseconds
+/// checks the deadline and the control connection.
+struct Poller<'a> {
+    cq: &'a Cq,
+    channel: Option<&'a CompChannel>,
+    ctrl: &'a Ctrl,
+    deadline: Instant,
+    what: &'static str,
+    idle: u32,
+    next_check: Instant,
+}
+
+impl<'a> Poller<'a> {
+    fn new(s: &'a Setup, ctrl: &'a Ctrl, deadline: Instant, what: &'static str) -> Self {
+        Poller {
+            cq: &s.cq,
+            channel: s.channel.as_ref(),
+            ctrl,
+            deadline,
+            what,
+            idle: 0,
+            next_check: Instant::now(),
+        }
+    }
+    /// Some completions (never zero), all successful.
+    fn poll<'b>(&mut self, buf: &'b mut [WorkCompletion]) -> Res<&'b [WorkCompletion]> {
+        loop {
+            let n = self.cq.poll(buf).map_err(|e| e.to_string())?;
+            if n > 0 {
+                self.idle = 0;
+                if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
+                    return Err(wc_error(bad));
+                }
+                return Ok(&buf[..n]);
+            }
+            self.idle += 1;
+            if let Some(ch) = self.channel {
+                // Arm, look once more (a completion may have slipped in
+                // before arming), then sleep until the event.
+                self.cq.req_notify(false).map_err(|e| e.to_string())?;
+                let n = self.cq.poll(buf).map_err(|e| e.to_string())?;
+                if n > 0 {
+                    self.idle = 0;
+                    if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
+                        return Err(wc_error(bad));
+                    }
+                    return Ok(&buf[..n]);
+                }
+                let left = self.deadline.saturating_duration_since(Instant::now());
+                ch.get_event_timeout(left.min(Duration::from_millis(5)))
+                    .map_err(ctx("completion channel"))?;
+                self.idle = 15;
+            } else if self.idle > knob("ROXE_PERF_YIELD", SPIN_POLLS) {
+                std::thread::yield_now();
+            } else {
+                for _ in 0..knob("ROXE_PERF_SPIN", 1) {
+                    std::hint::spin_loop();
+                }
+            }
+            if self.idle.is_multiple_of(16) {
+                let now = Instant::now();
+                if now >= self.next_check {
+                    self.next_check = now + Duration::from_millis(5);
+                    if now >= self.deadline {
+                        return Err(format!("timed out waiting for {}", self.what));
+                    }
+                    self.ctrl.check()?;
+                }
+            }
+        }
+    }
+}
+
+fn blank_wcs() -> [WorkCompletion; 64] {
+    [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 64]
+}
+
+struct Progress {
+    start: Instant,
+    next: Instant,
+    total: u64,
+    size: u32,
+}
+
+impl Progress {
+    fn new(start: Instant, total: u64, size: u32) -> Self {
+        Progress {
+            start,
+            next: start + PROGRESS_AFTER,
+            total,
+            size,
+        }
+    }
+    fn tick(&mut self, done: u64) {
+        let now = Instant::now();
+        if now >= self.next {
+            self.next = now + Duration::from_secs(1);
+            let secs = (now - self.start).as_secs_f64();
+            eprintln!(
+                "  {done}/{} messages, {:.2} GB/s",
+                self.total,
+                done as f64 * f64::from(self.size) / secs / 1e9
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client.
+
+fn client(args: &Args) -> ExitCode {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let Some(addr) = args.addr.as_deref() else {
+        eprintln!("roxe perf: client needs the server's address (client ADDR)");
+        return ExitCode::from(2);
+    };
+    let p = match params_of(args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut ctrl = match connect_ctrl(addr, args.port, deadline) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match client_run(&p, &mut ctrl, deadline, args.json, args.event) {
+        Ok(report) => {
+            print_report(&report, args.json);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            let _ = ctrl.send(&Msg::Error { message: e });
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn client_run(
+    p: &Params,
+    ctrl: &mut Ctrl,
+    deadline: Instant,
+    json: bool,
+    event: bool,
+) -> Res<Report> {
+    let s = setup(p, event)?;
+    ctrl.send(&Msg::Hello {
+        params: *p,
+        eps: s.eps(),
+        mr: s.remote_mr(),
+    })?;
+    let (eps, rmr) = match ctrl.recv(deadline, "the server's endpoints")? {
+        Msg::Ready { eps, mr } => (eps, mr),
+        m => return Err(format!("expected the server's endpoints, got {m:?}")),
+    };
+    if rmr.len < s.mr.len() as u64 {
+        return Err(format!(
+            "the server's MR holds {} bytes, {} needed",
+            rmr.len,
+            s.mr.len()
+        ));
+    }
+    s.connect(p, &eps)?;
+    if !json {
+        println!(
+            "roxe perf {} {}: device {} -> server {}, {} QP(s), {} B x {}, MTU {}{}",
+            p.op.name(),
+            p.mode(),
+            s.addr,
+            std::net::Ipv6Addr::from(eps[0].gid).to_canonical(),
+            p.qps,
+            p.size,
+            p.iters,
+            p.mtu,
+            if p.lat {
+                String::new()
+            } else {
+                format!(", tx depth {}, signal every {}", p.tx_depth, p.cq_mod)
+            }
+        );
+    }
+    let report = if p.lat {
+        match p.op {
+            Op::Read => read_lat(p, &s, ctrl, rmr, deadline)?,
+            Op::Write | Op::Send => {
+                let posted = prepost_pingpong(p, &s)?;
+                pingpong(p, &s, ctrl, rmr, deadline, true, posted)?
+            }
+        }
+    } else {
+        bw_client(p, &s, ctrl, rmr, deadline)?
+    };
+    ctrl.send(&Msg::Done {
+        report: report.clone(),
+    })?;
+    match ctrl.recv(deadline, "the server's goodbye")? {
+        Msg::Bye => Ok(report),
+        m => Err(format!("expected bye, got {m:?}")),
+    }
+}
+
+fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant) -> Res<Report> {
+    let nq = s.qps.len();
+    let target: Vec<u64> = (0..nq).map(|i| p.per_qp(i)).collect();
+    let mut posted = vec![0u64; nq];
+    let mut completed = vec![0u64; nq];
+    let depth = u64::from(p.tx_depth);
+    let cq_mod = u64::from(p.cq_mod);
+    let opcode = match p.op {
+        Op::Write => SendOpcode::RdmaWrite,
+        Op::Read => SendOpcode::RdmaRead,
+        Op::Send => SendOpcode::Send,
+    };
+    let size = p.size as usize;
+    let mut wcs = blank_wcs();
+    let mut poller = Poller::new(s, ctrl, deadline, "send completions");
+    let start = Instant::now();
+    let mut progress = Progress::new(start, p.iters, p.size);
+    let mut done = 0u64;
+    while done < p.iters {
+        for i in 0..nq {
+            while posted[i] < target[i] && posted[i] - completed[i] < depth {
+                let n = posted[i] + 1;
+                let mut wr = SendWr::new(
+                    ((i as u64) << QP_SHIFT) | n,
+                    opcode,
+                    vec![s.mr.sge(i * size, p.size)],
+                );
+                if !n.is_multiple_of(cq_mod) && n != target[i] {
+                    wr.flags = SendFlags::default();
+                }
+                if opcode != SendOpcode::Send {
+                    wr.remote_addr = rmr.addr + (i * size) as u64;
+                    wr.rkey = rmr.rkey;
+                }
+                s.qps[i].post_send(wr).map_err(|e| e.to_string())?;
+                posted[i] = n;
+            }
+        }
+        for wc in poller.poll(&mut wcs)? {
+            let i = (wc.wr_id >> QP_SHIFT) as usize;
+            let n = wc.wr_id & SEQ_MASK;
+            if i >= nq || n <= completed[i] || n > posted[i] {
+                return Err(format!("unexpected completion {wc:?}"));
+            }
+            done += n - completed[i];
+            completed[i] = n;
+        }
+        progress.tick(done);
+    }
+    Ok(report(p, start.elapsed(), None))
+}
+
+/// One READ at a time; each sample is the full time to its completion.
+fn read_lat(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant) -> Res<Report> {
+    let mut wcs = blank_wcs();
+    let mut poller = Poller::new(s, ctrl, deadline, "a READ completion");
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    let start = Instant::now();
+    let mut progress = Progress::new(start, p.iters, p.size);
+    for k in 0..p.iters {
+        let mut wr = SendWr::new(k, SendOpcode::RdmaRead, vec![s.mr.sge(0, p.size)]);
+        wr.remote_addr = rmr.addr;
+        wr.rkey = rmr.rkey;
+        let t0 = Instant::now();
+        s.qps[0].post_send(wr).map_err(|e| e.to_string())?;
+        let got = poller.poll(&mut wcs)?;
+        let t1 = Instant::now();
+        if got.len() != 1 || got[0].wr_id != k || got[0].opcode != WcOpcode::RdmaRead {
+            return Err(format!("unexpected completions {got:?}"));
+        }
+        samples.push(t1 - t0);
+        progress.tick(k + 1);
+    }
+    let elapsed = start.elapsed();
+    Ok(report(p, elapsed, Some(lat_stats(&mut samples, 1.0))))
+}
+
+/// A ping-pong's receives, posted before the peer may send: as many as
+/// the receive queue holds, at most one per message. Returns the count.
+fn prepost_pingpong(p: &Params, s: &Setup) -> Res<u64> {
+    let n = p.iters.min(u64::from(p.rx_depth));
+    for k in 0..n {
+        s.post_recv(p, 0, k, p.op == Op::Send)?;
+    }
+    Ok(n)
+}
+
+/// A WRITE_WITH_IMM or SEND ping-pong. The client (`initiator`) sends
+/// first and times each round trip from its post to the receive completion
+/// of the answer; the server answers each message it receives. Each side
+/// re-posts receives as they are consumed (`recv_posted` are up already)
+/// and signals every `cq_mod`-th send, waiting for room when `tx_depth`
+/// sends are not known complete.
+fn pingpong(
+    p: &Params,
+    s: &Setup,
+    ctrl: &Ctrl,
+    rmr: RemoteMr,
+    deadline: Instant,
+    initiator: bool,
+    mut recv_posted: u64,
+) -> Res<Report> {
+    let write = p.op == Op::Write;
+    let qp = &s.qps[0];
+    let iters = p.iters;
+    let depth = u64::from(p.tx_depth);
+    let cq_mod = u64::from(p.cq_mod);
+    let (mut sent, mut send_done, mut received) = (0u64, 0u64, 0u64);
+    let mut wcs = blank_wcs();
+    let mut poller = Poller::new(s, ctrl, deadline, "the peer's message");
+    let mut samples = Vec::with_capacity(if initiator { iters as usize } else { 0 });
+    let send_wr = |n: u64| -> SendWr {
+        let sg = vec![s.mr.sge(0, p.size)];
+        let mut wr = if write {
+            let mut wr = SendWr::new(n, SendOpcode::RdmaWriteWithImm, sg);
+            wr.remote_addr = rmr.addr;
+            wr.rkey = rmr.rkey;
+            wr
+        } else {
+            SendWr::new(n, SendOpcode::Send, sg)
+        };
+        wr.imm_data = n as u32;
+        if !n.is_multiple_of(cq_mod) && n != iters {
+            wr.flags = SendFlags::default();
+        }
+        wr
+    };
+    let start = Instant::now();
+    let mut progress = Progress::new(start, iters, p.size);
+    let mut t0 = start;
+    loop {
+        // The initiator sends before each receive, the responder after.
+        let my_turn = if initiator {
+            sent == received
+        } else {
+            sent < received
+        };
+        if my_turn && sent < iters {
+            // Nothing can arrive while it is our turn: only our own send
+            // completions.
+            while sent - send_done >= depth {
+                for wc in poller.poll(&mut wcs)? {
+                    if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                        return Err(format!("a message out of turn: {wc:?}"));
+                    }
+                    send_done = wc.wr_id;
+                }
+            }
+            if initiator {
+                t0 = Instant::now();
+            }
+            qp.post_send(send_wr(sent + 1)).map_err(|e| e.to_string())?;
+            sent += 1;
+        }
+        if received == iters && sent == iters {
+            break;
+        }
+        for wc in poller.poll(&mut wcs)? {
+            match wc.opcode {
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                    let t1 = Instant::now();
+                    received += 1;
+                    if received > sent + u64::from(!initiator) {
+                        return Err(format!("a message out of turn: {wc:?}"));
+                    }
+                    if initiator {
+                        samples.push(t1 - t0);
+                    }
+                    if recv_posted < iters {
+                        s.post_recv(p, 0, recv_posted, !write)?;
+                        recv_posted += 1;
+                    }
+                }
+                _ => send_done = wc.wr_id,
+            }
+        }
+        if initiator {
+            progress.tick(received);
+        }
+    }
+    let elapsed = start.elapsed();
+    let lat = initiator.then(|| lat_stats(&mut samples, 0.5));
+    Ok(report(p, elapsed, lat))
+}
+
+fn lat_stats(samples: &mut [Duration], scale: f64) -> LatUs {
+    samples.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6 * scale;
+    let n = samples.len();
+    // Nearest rank: the smallest sample with at least q of them at or below.
+    let pct = |q: f64| {
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+        us(samples[rank - 1])
+    };
+    let sum: f64 = samples.iter().map(|&d| us(d)).sum();
+    LatUs {
+        min: us(samples[0]),
+        p50: pct(0.50),
+        p99: pct(0.99),
+        p999: pct(0.999),
+        max: us(samples[n - 1]),
+        mean: sum / n as f64,
+    }
+}
+
+fn report(p: &Params, elapsed: Duration, lat_us: Option<LatUs>) -> Report {
+    let seconds = elapsed.as_secs_f64();
+    let bytes = u64::from(p.size) * p.iters;
+    let rate = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+    Report {
+        op: p.op,
+        mode: p.mode().into(),
+        size: p.size,
+        iters: p.iters,
+        qps: p.qps,
+        tx_depth: p.tx_depth,
+        cq_mod: p.cq_mod,
+        mtu: p.mtu,
+        seconds,
+        bytes,
+        gbytes_per_s: rate(bytes as f64) / 1e9,
+        gbits_per_s: rate(bytes as f64) * 8.0 / 1e9,
+        mmsgs_per_s: rate(p.iters as f64) / 1e6,
+        lat_us,
+    }
+}
+
+fn print_report(r: &Report, json: bool) {
+    if json {
+        match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("roxe perf: encoding the report: {e}"),
+        }
+        return;
+    }
+    println!(
+        "  {:>14} {:>10} {:>10} {:>10} {:>10}",
+        "bytes", "seconds", "GB/s", "Gbit/s", "Mmsg/s"
+    );
+    println!(
+        "  {:>14} {:>10.4} {:>10.4} {:>10.3} {:>10.4}",
+        r.bytes, r.seconds, r.gbytes_per_s, r.gbits_per_s, r.mmsgs_per_s
+    );
+    if let Some(l) = &r.lat_us {
+        let what = if r.op == Op::Read {
+            "READ to completion"
+        } else {
+            "one-way = round trip / 2"
+        };
+        println!("  latency, µs ({what}):");
+        println!(
+            "  {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "min", "p50", "p99", "p99.9", "max", "mean"
+        );
+        println!(
+            "  {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            l.min, l.p50, l.p99, l.p999, l.max, l.mean
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Server.
+
+fn server(args: &Args) -> ExitCode {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    if let Some(a) = &args.addr {
+        eprintln!("roxe perf: a server takes no address (got {a:?}); did you mean `client {a}`?");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = params_of(args) {
+        eprintln!("roxe perf: {e}");
+        return ExitCode::from(2);
+    }
+    if !args.json {
+        eprintln!(
+            "roxe perf {} server: waiting for a client on TCP port {}",
+            args.op.name(),
+            args.port
+        );
+    }
+    let mut ctrl = match accept_ctrl(args.port, deadline) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match server_run(args, &mut ctrl, deadline) {
+        Ok(report) => {
+            print_report(&report, args.json);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            let _ = ctrl.send(&Msg::Error { message: e });
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serve one client; returns the client's report.
+fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
+    let (p, ceps, cmr) = match ctrl.recv(deadline, "the client's hello")? {
+        Msg::Hello { params, eps, mr } => (params, eps, mr),
+        m => return Err(format!("expected hello, got {m:?}")),
+    };
+    if p.op != args.op || p.lat != args.lat {
+        return Err(format!(
+            "the client runs {} {}, this server {} {}",
+            p.op.name(),
+            p.mode(),
+            args.op.name(),
+            if args.lat { "lat" } else { "bw" }
+        ));
+    }
+    validate(&p)?;
+    let s = setup(&p, args.event)?;
+    if cmr.len < s.mr.len() as u64 {
+        return Err(format!(
+            "the client's MR holds {} bytes, {} needed",
+            cmr.len,
+            s.mr.len()
+        ));
+    }
+    s.connect(&p, &ceps)?;
+    // Receives go up before `ready`: the client starts sending on it.
+    let mut recv_posted = vec![0u64; s.qps.len()];
+    let pingpong_mode = p.lat && p.op != Op::Read;
+    if pingpong_mode {
+        recv_posted[0] = prepost_pingpong(&p, &s)?;
+    } else if p.op == Op::Send {
+        for (i, posted) in recv_posted.iter_mut().enumerate() {
+            let want = p.per_qp(i).min(u64::from(p.rx_depth));
+            while *posted < want {
+                s.post_recv(&p, i, ((i as u64) << QP_SHIFT) | *posted, true)?;
+                *posted += 1;
+            }
+        }
+    }
+    ctrl.send(&Msg::Ready {
+        eps: s.eps(),
+        mr: s.remote_mr(),
+    })?;
+    if !args.json {
+        eprintln!(
+            "roxe perf {} {} server: device {}, {} QP(s), {} B x {}",
+            p.op.name(),
+            p.mode(),
+            s.addr,
+            p.qps,
+            p.size,
+            p.iters
+        );
+    }
+    if pingpong_mode {
+        pingpong(&p, &s, ctrl, cmr, deadline, false, recv_posted[0])?;
+    } else if p.op == Op::Send {
+        send_bw_server(&p, &s, ctrl, deadline, &mut recv_posted)?;
+    }
+    let report = match ctrl.recv(deadline, "the client's results")? {
+        Msg::Done { report } => report,
+        m => return Err(format!("expected done, got {m:?}")),
+    };
+    ctrl.send(&Msg::Bye)?;
+    Ok(report)
+}
+
+/// Count ITERS receive completions, re-posting each consumed receive while
+/// its QP still expects more messages.
+fn send_bw_server(
+    p: &Params,
+    s: &Setup,
+    ctrl: &Ctrl,
+    deadline: Instant,
+    recv_posted: &mut [u64],
+) -> Res<()> {
+    let mut wcs = blank_wcs();
+    let mut poller = Poller::new(s, ctrl, deadline, "receive completions");
+    let mut received = 0u64;
+    while received < p.iters {
+        for wc in poller.poll(&mut wcs)? {
+            if wc.opcode != WcOpcode::Recv || wc.byte_len != p.size {
+                return Err(format!("unexpected completion {wc:?}"));
+            }
+            received += 1;
+            let i = (wc.wr_id >> QP_SHIFT) as usize;
+            if i >= recv_posted.len() {
+                return Err(format!("unexpected completion {wc:?}"));
+            }
+            if recv_posted[i] < p.per_qp(i) {
+                s.post_recv(p, i, ((i as u64) << QP_SHIFT) | recv_posted[i], true)?;
+                recv_posted[i] += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn knob(k: &str, d: u32) -> u32 {
+    static K: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    let v = K.get_or_init(|| {
+        let g = |k: &str, d: u32| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        (g("ROXE_PERF_YIELD", SPIN_POLLS), g("ROXE_PERF_SPIN", 1))
+    });
+    let _ = d;
+    if k == "ROXE_PERF_YIELD" {
+        v.0
+    } else {
+        v.1
+    }
+}

@@ -1,0 +1,264 @@
+//! `roxe perf` as a user runs it: a server and a client process, each with
+//! its own soft device (distinct unusual loopback addresses per test, so
+//! tests can run in parallel with each other and with other suites) and
+//! its own control port.
+
+use serde_json::Value;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one test's processes may run before they are killed.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn spawn(addr: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .arg("perf")
+        .args(args)
+        .env("ROXE_ADDR", addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+struct Done {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Wait for `child` until `deadline`; kill it if it is still running.
+fn finish(mut child: Child, deadline: Instant, who: &str) -> Done {
+    loop {
+        match child.try_wait().unwrap() {
+            Some(_) => break,
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "{who} still running after {LIMIT:?}; killed. stderr:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    Done {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Kills the children still running when a test panics.
+struct Reaper(Vec<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Run server and client of one test; `net` (1..=99) picks their device
+/// addresses (127.0.50.2net+1 and +2) and the control port (18600 + net).
+/// Returns both outcomes.
+fn pair(net: u8, server_args: &[&str], client_args: &[&str]) -> (Done, Done) {
+    let server_addr = format!("127.0.50.{}", 2 * net + 1);
+    let client_addr = format!("127.0.50.{}", 2 * net + 2);
+    let port = (18600 + u16::from(net)).to_string();
+    let mut s: Vec<&str> = server_args.to_vec();
+    s.extend(["-p", &port, "server"]);
+    let mut c: Vec<&str> = client_args.to_vec();
+    c.extend(["-p", &port, "client", "127.0.0.1"]);
+    let deadline = Instant::now() + LIMIT;
+    let mut reaper = Reaper(vec![spawn(&server_addr, &s)]);
+    reaper.0.push(spawn(&client_addr, &c));
+    let client = reaper.0.pop().unwrap();
+    let client = finish(client, deadline, "client");
+    let server = reaper.0.pop().unwrap();
+    let server = finish(server, deadline, "server");
+    (server, client)
+}
+
+fn json(d: &Done, who: &str) -> Value {
+    assert!(
+        d.status.success(),
+        "{who} failed ({}):\nstdout: {}\nstderr: {}",
+        d.status,
+        d.stdout,
+        d.stderr
+    );
+    assert_eq!(d.stdout.lines().count(), 1, "{who}: one line: {}", d.stdout);
+    serde_json::from_str(&d.stdout)
+        .unwrap_or_else(|e| panic!("{who}: not JSON ({e}): {}", d.stdout))
+}
+
+/// Run a pair with `--json` and check the client's report.
+fn perf(net: u8, op: &str, extra: &[&str], size: u64, iters: u64, qps: u64, lat: bool) -> Value {
+    let mut args = vec![op, "--json"];
+    args.extend_from_slice(extra);
+    let (server, client) = pair(net, &args, &args);
+    let c = json(&client, "client");
+    let s = json(&server, "server");
+    // The server reports the client's results (floats up to a re-parse).
+    for k in ["op", "mode", "size", "iters", "qps", "bytes"] {
+        assert_eq!(c[k], s[k], "{k}: client {c}, server {s}");
+    }
+    for k in ["seconds", "gbytes_per_s"] {
+        let (a, b) = (c[k].as_f64().unwrap(), s[k].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9 * a, "{k}: client {c}, server {s}");
+    }
+    assert_eq!(c["op"], op);
+    assert_eq!(c["mode"], if lat { "lat" } else { "bw" });
+    assert_eq!(c["size"], size);
+    assert_eq!(c["iters"], iters);
+    assert_eq!(c["qps"], qps);
+    assert_eq!(c["bytes"], size * iters);
+    let secs = c["seconds"].as_f64().unwrap();
+    let gbytes = c["gbytes_per_s"].as_f64().unwrap();
+    let gbits = c["gbits_per_s"].as_f64().unwrap();
+    let mmsgs = c["mmsgs_per_s"].as_f64().unwrap();
+    assert!(secs > 0.0 && secs < LIMIT.as_secs_f64(), "{c}");
+    assert!(gbytes > 0.0 && mmsgs > 0.0, "{c}");
+    assert!((gbits - 8.0 * gbytes).abs() <= 1e-9 * gbits, "{c}");
+    let expect = (size * iters) as f64 / secs / 1e9;
+    assert!((gbytes - expect).abs() <= 1e-9 * expect, "{c}");
+    if lat {
+        let l = &c["lat_us"];
+        let f = |k: &str| l[k].as_f64().unwrap_or_else(|| panic!("lat_us.{k}: {c}"));
+        let (min, p50, p99, p999, max, mean) =
+            (f("min"), f("p50"), f("p99"), f("p999"), f("max"), f("mean"));
+        assert!(min > 0.0, "{c}");
+        assert!(
+            min <= p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+            "{c}"
+        );
+        assert!(min <= mean && mean <= max, "{c}");
+    } else {
+        assert!(c.get("lat_us").is_none(), "{c}");
+    }
+    c
+}
+
+#[test]
+fn write_bw() {
+    perf(1, "write", &["-n", "200"], 65536, 200, 1, false);
+}
+
+#[test]
+fn read_bw() {
+    perf(2, "read", &["-n", "200"], 65536, 200, 1, false);
+}
+
+#[test]
+fn send_bw() {
+    perf(3, "send", &["-n", "200"], 65536, 200, 1, false);
+}
+
+#[test]
+fn write_bw_over_three_qps_with_a_small_window() {
+    // 200 over 3 QPs does not divide evenly; a depth of 8 with a signal
+    // every 5 keeps the window turning over.
+    let args = [
+        "-n", "200", "-q", "3", "-s", "4000", "-t", "8", "--cq-mod", "5",
+    ];
+    perf(4, "write", &args, 4000, 200, 3, false);
+}
+
+#[test]
+fn send_bw_with_fewer_receives_than_messages() {
+    // 16 receives per QP for 100 messages each: the server re-posts.
+    let args = ["-n", "200", "-q", "2", "-s", "1000", "-r", "16"];
+    perf(5, "send", &args, 1000, 200, 2, false);
+}
+
+#[test]
+fn write_lat() {
+    perf(6, "write", &["--lat", "-n", "200"], 64, 200, 1, true);
+}
+
+#[test]
+fn read_lat() {
+    perf(7, "read", &["--lat", "-n", "200"], 64, 200, 1, true);
+}
+
+#[test]
+fn send_lat() {
+    perf(8, "send", &["--lat", "-n", "200"], 64, 200, 1, true);
+}
+
+#[test]
+fn lat_with_multi_packet_messages_and_a_small_window() {
+    // 10000 B over a 1024 MTU: 10 packets a message; 4 receives and a
+    // send depth of 2 are re-posted and recycled throughout.
+    let args = [
+        "--lat", "-n", "200", "-s", "10000", "-m", "1024", "-t", "2", "-r", "4",
+    ];
+    perf(9, "send", &args, 10000, 200, 1, true);
+    perf(10, "write", &args, 10000, 200, 1, true);
+}
+
+#[test]
+fn human_output_has_the_figures() {
+    let (server, client) = pair(11, &["write", "-n", "100"], &["write", "-n", "100"]);
+    assert!(server.status.success(), "{}", server.stderr);
+    assert!(client.status.success(), "{}", client.stderr);
+    for d in [&server, &client] {
+        assert!(d.stdout.contains("GB/s") && d.stdout.contains("Gbit/s"));
+        assert!(d.stdout.contains("6553600"), "{}", d.stdout);
+    }
+}
+
+#[test]
+fn mismatched_tests_fail_on_both_sides() {
+    let (server, client) = pair(12, &["write", "--json"], &["read", "--json", "-n", "10"]);
+    assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
+    assert_eq!(client.status.code(), Some(1), "{}", client.stderr);
+    assert!(server.stdout.is_empty() && client.stdout.is_empty());
+    assert!(
+        client.stderr.contains("the peer failed"),
+        "{}",
+        client.stderr
+    );
+}
+
+#[test]
+fn a_missing_server_is_a_bounded_failure() {
+    let t = Instant::now();
+    let c = spawn(
+        "127.0.50.200",
+        &[
+            "write",
+            "--timeout",
+            "2",
+            "-p",
+            "18699",
+            "client",
+            "127.0.0.1",
+        ],
+    );
+    let d = finish(c, Instant::now() + LIMIT, "client");
+    assert_eq!(d.status.code(), Some(1), "{}", d.stderr);
+    assert!(d.stderr.contains("cannot reach the server"), "{}", d.stderr);
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn usage_errors() {
+    for args in [
+        &["write", "client"][..],
+        &["write", "--lat", "-q", "2", "client", "127.0.0.1"],
+        &["write", "-s", "0", "client", "127.0.0.1"],
+        &["write", "-m", "1500", "client", "127.0.0.1"],
+        &["write", "server", "127.0.0.1"],
+    ] {
+        let c = spawn("127.0.50.201", args);
+        let d = finish(c, Instant::now() + LIMIT, "roxe perf");
+        assert_eq!(d.status.code(), Some(2), "{args:?}: {}", d.stderr);
+    }
+}
