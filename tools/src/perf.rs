@@ -45,6 +45,19 @@
 //! one-way latency is half the round trip, as perftest reports it. `read`
 //! issues one READ at a time and reports the full time to its completion
 //! (ib_read_lat).
+//!
+//! Both sides print the client's report (`--json`: one object on stdout:
+//! op, mode, size, iters, qps, tx_depth, cq_mod, mtu, seconds, bytes,
+//! gbytes_per_s (1e9 B/s), gbits_per_s, mmsgs_per_s, and for latency lat_us
+//! {min, p50, p99, p999, max, mean}; percentiles are nearest-rank).
+//!
+//! # Waiting for completions
+//!
+//! The device's progress thread needs a core to receive, so a CQ poller
+//! spins briefly and then yields between empty polls; with `-e` it sleeps on
+//! a completion channel instead. Every wait ends at `--timeout`, and the
+//! CQ loops also watch the control connection, so a peer's failure stops
+//! both sides at once.
 
 use clap::ValueEnum;
 use roxe_verbs::{
@@ -298,7 +311,7 @@ fn params_of(args: &Args) -> Res<Params> {
         iters: args.iters.unwrap_or(if args.lat { 10_000 } else { 5000 }),
         qps: args.qps,
         tx_depth: args.tx_depth,
-        cq_mod: args.cq_mod.clamp(1, args.tx_depth.max(1)),
+        cq_mod: args.cq_mod.min(args.tx_depth),
         rx_depth: args.rx_depth,
         mtu: args.mtu,
     };
@@ -311,7 +324,7 @@ fn validate(p: &Params) -> Res<()> {
         return Err(format!("size {}: must be 1 ..= 2^31", p.size));
     }
     if p.iters == 0 || p.iters > SEQ_MASK {
-        return Err(format!("iters {}: must be at least 1", p.iters));
+        return Err(format!("iters {}: must be 1 ..= 2^40 - 1", p.iters));
     }
     if p.qps == 0 || p.qps > 1024 {
         return Err(format!("qps {}: must be 1 ..= 1024", p.qps));
@@ -323,6 +336,9 @@ fn validate(p: &Params) -> Res<()> {
         if d == 0 || d > 0x4000 {
             return Err(format!("{name} {d}: must be 1 ..= 16384"));
         }
+    }
+    if p.cq_mod == 0 || p.cq_mod > p.tx_depth {
+        return Err(format!("cq-mod {}: must be 1 ..= tx-depth", p.cq_mod));
     }
     mtu_of(p.mtu)?;
     let cqe = u64::from(p.qps) * u64::from(p.tx_depth + p.rx_depth) + 16;
@@ -657,7 +673,20 @@ impl<'a> Poller<'a> {
     /// Some completions (never zero), all successful.
     fn poll<'b>(&mut self, buf: &'b mut [WorkCompletion]) -> Res<&'b [WorkCompletion]> {
         loop {
-            let n = self.cq.poll(buf).map_err(|e| e.to_string())?;
+            let mut n = self.cq.poll(buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                if let Some(ch) = self.channel {
+                    // Arm, look once more (a completion may have slipped
+                    // in before arming), then sleep until the event.
+                    self.cq.req_notify(false).map_err(|e| e.to_string())?;
+                    n = self.cq.poll(buf).map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        let left = self.deadline.saturating_duration_since(Instant::now());
+                        ch.get_event_timeout(left.min(Duration::from_millis(5)))
+                            .map_err(ctx("completion channel"))?;
+                    }
+                }
+            }
             if n > 0 {
                 self.idle = 0;
                 if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
@@ -665,31 +694,16 @@ impl<'a> Poller<'a> {
                 }
                 return Ok(&buf[..n]);
             }
-            self.idle += 1;
-            if let Some(ch) = self.channel {
-                // Arm, look once more (a completion may have slipped in
-                // before arming), then sleep until the event.
-                self.cq.req_notify(false).map_err(|e| e.to_string())?;
-                let n = self.cq.poll(buf).map_err(|e| e.to_string())?;
-                if n > 0 {
-                    self.idle = 0;
-                    if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
-                        return Err(wc_error(bad));
-                    }
-                    return Ok(&buf[..n]);
-                }
-                let left = self.deadline.saturating_duration_since(Instant::now());
-                ch.get_event_timeout(left.min(Duration::from_millis(5)))
-                    .map_err(ctx("completion channel"))?;
-                self.idle = 15;
-            } else if self.idle > knob("ROXE_PERF_YIELD", SPIN_POLLS) {
+            self.idle = self.idle.saturating_add(1);
+            let sleeping = self.channel.is_some();
+            if sleeping {
+                // Slept in the channel already.
+            } else if self.idle > SPIN_POLLS {
                 std::thread::yield_now();
             } else {
-                for _ in 0..knob("ROXE_PERF_SPIN", 1) {
-                    std::hint::spin_loop();
-                }
+                std::hint::spin_loop();
             }
-            if self.idle.is_multiple_of(16) {
+            if sleeping || self.idle > SPIN_POLLS || self.idle & 15 == 0 {
                 let now = Instant::now();
                 if now >= self.next_check {
                     self.next_check = now + Duration::from_millis(5);
@@ -707,32 +721,46 @@ fn blank_wcs() -> [WorkCompletion; 64] {
     [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 64]
 }
 
+/// Progress lines on stderr, every second once a run passes two seconds.
 struct Progress {
     start: Instant,
     next: Instant,
     total: u64,
     size: u32,
+    /// Latency runs: the share of a sample that is one-way latency (1 for
+    /// READ, 1/2 for ping-pongs); progress then shows the mean so far.
+    lat_scale: Option<f64>,
 }
 
 impl Progress {
-    fn new(start: Instant, total: u64, size: u32) -> Self {
+    fn new(start: Instant, p: &Params, lat_scale: Option<f64>) -> Self {
         Progress {
             start,
             next: start + PROGRESS_AFTER,
-            total,
-            size,
+            total: p.iters,
+            size: p.size,
+            lat_scale,
         }
     }
     fn tick(&mut self, done: u64) {
         let now = Instant::now();
-        if now >= self.next {
-            self.next = now + Duration::from_secs(1);
-            let secs = (now - self.start).as_secs_f64();
-            eprintln!(
-                "  {done}/{} messages, {:.2} GB/s",
+        if now < self.next || done == 0 {
+            return;
+        }
+        self.next = now + Duration::from_secs(1);
+        let secs = (now - self.start).as_secs_f64();
+        match self.lat_scale {
+            Some(k) => eprintln!(
+                "  {done}/{} messages, {:.2} µs mean latency",
                 self.total,
-                done as f64 * f64::from(self.size) / secs / 1e9
-            );
+                secs / done as f64 * k * 1e6
+            ),
+            None => eprintln!(
+                "  {done}/{} messages, {:.3} GB/s, {:.4} Mmsg/s",
+                self.total,
+                done as f64 * f64::from(self.size) / secs / 1e9,
+                done as f64 / secs / 1e6
+            ),
         }
     }
 }
@@ -852,7 +880,7 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "send completions");
     let start = Instant::now();
-    let mut progress = Progress::new(start, p.iters, p.size);
+    let mut progress = Progress::new(start, p, None);
     let mut done = 0u64;
     while done < p.iters {
         for i in 0..nq {
@@ -894,7 +922,7 @@ fn read_lat(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant
     let mut poller = Poller::new(s, ctrl, deadline, "a READ completion");
     let mut samples = Vec::with_capacity(p.iters as usize);
     let start = Instant::now();
-    let mut progress = Progress::new(start, p.iters, p.size);
+    let mut progress = Progress::new(start, p, Some(1.0));
     for k in 0..p.iters {
         let mut wr = SendWr::new(k, SendOpcode::RdmaRead, vec![s.mr.sge(0, p.size)]);
         wr.remote_addr = rmr.addr;
@@ -964,7 +992,7 @@ fn pingpong(
         wr
     };
     let start = Instant::now();
-    let mut progress = Progress::new(start, iters, p.size);
+    let mut progress = Progress::new(start, p, Some(0.5));
     let mut t0 = start;
     loop {
         // The initiator sends before each receive, the responder after.
@@ -1233,23 +1261,4 @@ fn send_bw_server(
         }
     }
     Ok(())
-}
-
-fn knob(k: &str, d: u32) -> u32 {
-    static K: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
-    let v = K.get_or_init(|| {
-        let g = |k: &str, d: u32| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(d)
-        };
-        (g("ROXE_PERF_YIELD", SPIN_POLLS), g("ROXE_PERF_SPIN", 1))
-    });
-    let _ = d;
-    if k == "ROXE_PERF_YIELD" {
-        v.0
-    } else {
-        v.1
-    }
 }

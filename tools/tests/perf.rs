@@ -204,6 +204,14 @@ fn lat_with_multi_packet_messages_and_a_small_window() {
 }
 
 #[test]
+fn event_mode() {
+    // Both sides sleep on completion channels instead of polling.
+    perf(13, "send", &["-n", "200", "-e"], 65536, 200, 1, false);
+    perf(14, "write", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
+    perf(15, "read", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
+}
+
+#[test]
 fn human_output_has_the_figures() {
     let (server, client) = pair(11, &["write", "-n", "100"], &["write", "-n", "100"]);
     assert!(server.status.success(), "{}", server.stderr);
@@ -256,6 +264,7 @@ fn usage_errors() {
         &["write", "-s", "0", "client", "127.0.0.1"],
         &["write", "-m", "1500", "client", "127.0.0.1"],
         &["write", "server", "127.0.0.1"],
+        &["write", "-t", "8", "--cq-mod", "0", "client", "127.0.0.1"],
     ] {
         let c = spawn("127.0.50.201", args);
         let d = finish(c, Instant::now() + LIMIT, "roxe perf");
