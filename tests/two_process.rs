@@ -293,7 +293,6 @@ struct Setup {
     pairs: Vec<usize>,
     client_mr: usize,
     timeout: u8,
-    retry_cnt: u8,
     client_fault: Option<FaultSpec>,
     peer_fault: Option<String>,
 }
@@ -306,7 +305,6 @@ impl Setup {
             pairs: vec![0],
             client_mr: 8 << 20,
             timeout: 14,
-            retry_cnt: 7,
             client_fault: None,
             peer_fault: None,
         }
@@ -362,7 +360,14 @@ impl Setup {
             ud_qpn: ud.qp_num(),
         });
         for (&pi, q) in self.pairs.iter().zip(&rc) {
-            connect_rc(q, &peer.hello.rc[pi], self.timeout, self.retry_cnt)
+            let r = &peer.hello.rc[pi];
+            let remote = Endpoint {
+                lid: r.lid,
+                qpn: r.qpn,
+                psn: r.psn,
+                gid: r.gid,
+            };
+            q.connect(CLIENT_PSN, &remote, Mtu::Mtu4096, access(), self.timeout)
                 .unwrap_or_else(|e| panic!("{}: connecting: {e}", self.test));
         }
         // The peer answers once its QPs are ready to receive.
@@ -388,8 +393,8 @@ impl Setup {
         let caddr = IpAddr::from([127, 0, net, 1]);
         let paddr = IpAddr::from([127, 0, net, 2]);
         println!(
-            "{}: client {caddr} (fault {:?}), peer {paddr} (ROXE_FAULT {:?}), ack timeout {}, retry_cnt {}",
-            self.test, self.client_fault, self.peer_fault, self.timeout, self.retry_cnt
+            "{}: client {caddr} (fault {:?}), peer {paddr} (ROXE_FAULT {:?}), ack timeout {}, retry_cnt 7",
+            self.test, self.client_fault, self.peer_fault, self.timeout
         );
         let ctx = match device_with(
             format!("two-process-{}", self.test),
@@ -419,61 +424,6 @@ impl Setup {
             }
         }
     }
-}
-
-/// RESET → INIT → RTR → RTS towards `remote`, with the ACK timeout and
-/// retry count given (what `Qp::connect` does, with retry_cnt 7).
-fn connect_rc(qp: &Qp, remote: &Ep, timeout: u8, retry_cnt: u8) -> roxe_verbs::Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: access(),
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = remote.qpn;
-    a.rq_psn = remote.psn;
-    a.av = AddressVector {
-        dgid: remote.gid,
-        is_global: true,
-        hop_limit: 64,
-        dlid: remote.lid,
-        port_num: 1,
-        ..AddressVector::default()
-    };
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 12;
-    qp.modify(
-        &a,
-        AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    a.sq_psn = CLIENT_PSN;
-    a.timeout = timeout;
-    a.retry_cnt = retry_cnt;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    qp.modify(
-        &a,
-        AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
 }
 
 /// Wait for exactly `n` completions on `cq` (polling, then napping), at
@@ -1144,11 +1094,11 @@ fn bad_rkey_gives_rem_access_err() {
 #[test]
 fn killed_peer_gives_retry_exc_err() {
     const TIMEOUT: u8 = 10;
+    // Qp::connect sets retry_cnt 7.
     const RETRY: u8 = 7;
     let t0 = Instant::now();
     let mut setup = Setup::new("killed_peer_gives_retry_exc_err", 76);
     setup.timeout = TIMEOUT;
-    setup.retry_cnt = RETRY;
     let (mut peer, c) = setup.start();
     let qp = &c.rc[0];
     let (raddr, rkey) = (peer.hello.mr_addr, peer.hello.rkey);
