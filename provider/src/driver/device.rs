@@ -390,12 +390,14 @@ impl Shared {
         let mut rx = vec![0u8; 65536];
         while !self.stop.load(Ordering::Acquire) {
             let mut guard: Option<MutexGuard<'_, Core>> = None;
+            let mut burst_now: Option<Nanos> = None;
             let mut burst = 0;
             loop {
                 match self.socket.recv_from(&mut rx) {
                     Ok((len, from)) => {
+                        // One clock read per burst (per lock), not per datagram.
                         let core = guard.get_or_insert_with(|| self.core.lock());
-                        let now = self.now();
+                        let now = *burst_now.get_or_insert_with(|| self.now());
                         core.stats.rx_datagrams += 1;
                         if let Some(t) = core.tap.as_mut() {
                             t.write(from.ip(), from.port(), self.addr, ROCEV2_PORT, &rx[..len]);
@@ -408,6 +410,7 @@ impl Shared {
                                 self.after_work(&mut g);
                                 MutexGuard::unlock_fair(g);
                             }
+                            burst_now = None;
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -467,12 +470,14 @@ fn earliest(a: Option<Nanos>, b: Option<Nanos>) -> Option<Nanos> {
 /// Send one datagram to `dst`:4791, waiting a bounded time for buffer space.
 fn send(sock: &UdpSocket, p: &[u8], dst: IpAddr) -> bool {
     let to = SocketAddr::new(dst, ROCEV2_PORT);
-    let deadline = Instant::now() + SEND_WAIT;
+    // The deadline is only needed once the socket pushes back.
+    let mut deadline = None;
     loop {
         match sock.send_to(p, to) {
             Ok(_) => return true,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let deadline = *deadline.get_or_insert_with(|| Instant::now() + SEND_WAIT);
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return false;
