@@ -1,0 +1,573 @@
+//! The structs of rdma-core 44's `<infiniband/verbs.h>` that cross the C
+//! boundary, with the header's names. C enums are `u32` (programs pass
+//! values an enum would not know), `pthread_*` come from `libc` so the
+//! per-architecture sizes follow, and every layout is pinned by the
+//! assertions at the bottom (x86_64 and aarch64 values measured in
+//! ../shared/docs/libibverbs-abi.md §4) and by a test that compiles a C
+//! probe against the installed header.
+
+#![allow(non_camel_case_types, missing_docs)]
+
+use libc::{pthread_cond_t, pthread_mutex_t};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::{offset_of, size_of};
+
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryDeviceExFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const c_void,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: [*const c_void; 2],
+    pub node_type: u32,
+    pub transport_type: u32,
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+/// `struct ibv_context_ops`: 32 slots; the five the inline data-path
+/// wrappers call are typed, the rest stay NULL (`_compat_*`, memory
+/// windows: `ibv_alloc_mw` then fails with EOPNOTSUPP).
+#[repr(C)]
+pub struct ibv_context_ops {
+    pub _compat_slots0: [*const c_void; 7],
+    pub alloc_mw: *const c_void,
+    pub bind_mw: *const c_void,
+    pub dealloc_mw: *const c_void,
+    pub _compat_create_cq: *const c_void,
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
+    pub _compat_slots1: [*const c_void; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub _compat_slots2: [*const c_void; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub _compat_slots3: [*const c_void; 5],
+}
+
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context`: the extended ops sit in front of the
+/// `ibv_context` at fixed negative offsets ("grows up").
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    /// advise_mr .. query_rt_values: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0: [*const c_void; 24],
+    pub create_cq_ex: *const c_void,
+    pub priv_: *mut c_void,
+    pub query_device_ex: Option<QueryDeviceExFn>,
+    /// ibv_destroy_flow, ABI_placeholder2, ibv_create_flow,
+    /// ABI_placeholder1, open_qp.
+    pub _unsupported1: [*const c_void; 5],
+    pub create_qp_ex: *const c_void,
+    /// get_srq_num, create_srq_ex, open_xrcd, close_xrcd, placeholder3.
+    pub _unsupported2: [*const c_void; 5],
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: u32,
+    pub qp_type: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+/// `union ibv_gid`: 16 bytes, 8-aligned (its `global` view holds two
+/// `__be64`), which shifts the structs that embed it.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_qp_attr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_send_wr_rdma,
+    pub atomic: ibv_send_wr_atomic,
+    pub ud: ibv_send_wr_ud,
+}
+
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: u32,
+    pub send_flags: c_uint,
+    /// `imm_data` (big-endian as on the wire) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// `bind_mw` / `tso` (not supported).
+    pub _bind_mw_or_tso: [u64; 6],
+}
+
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_port_attr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// What the exported `ibv_query_port@IBVERBS_1.1` writes: the port
+/// attributes without `port_cap_flags2` (48 bytes).
+pub const COMPAT_PORT_ATTR_SIZE: usize = 48;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: u32,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_device_attr_ex`: the legacy attributes, then extended
+/// capabilities roxe reports as absent (zero), except the port count.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    /// odp_caps .. max_dm_size, then `phys_port_cnt_ex` in the last word.
+    pub _ext: [u32; 40],
+    pub phys_port_cnt_ex: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+#[repr(C)]
+pub struct ibv_async_event {
+    /// `element`: a union of `cq`/`qp`/`srq`/`wq` pointers and `port_num`.
+    pub element: *mut c_void,
+    pub event_type: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ibv_grh {
+    pub version_tclass_flow: u32,
+    pub paylen: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+}
+
+// Constants of verbs.h this library acts on.
+pub const IBV_NODE_CA: u32 = 1;
+pub const IBV_TRANSPORT_IB: u32 = 0;
+pub const IBV_QPT_RC: u32 = 2;
+pub const IBV_QPT_UC: u32 = 3;
+pub const IBV_QPT_UD: u32 = 4;
+pub const IBV_ATOMIC_HCA: u32 = 1;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+pub const IBV_PORT_ACTIVE: u32 = 4;
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// The private `ibv_query_gid_type` speaks `enum ibv_gid_type_sysfs`.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+pub const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+pub const IBV_QP_STATE: c_int = 1;
+pub const IBV_QP_CUR_STATE: c_int = 1 << 1;
+pub const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_QKEY: c_int = 1 << 6;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+pub const IBV_QP_CAP: c_int = 1 << 19;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_SRQ_MAX_WR: c_int = 1;
+pub const IBV_SRQ_LIMIT: c_int = 2;
+pub const IBV_WC_GRH: u32 = 1;
+
+#[cfg(target_arch = "x86_64")]
+const MUTEX: usize = 40;
+#[cfg(target_arch = "aarch64")]
+const MUTEX: usize = 48;
+
+// The layouts the C side sees (../shared/docs/libibverbs-abi.md §4.1,
+// §4.3: only the mutex size differs between x86_64 and aarch64).
+const _: () = {
+    assert!(size_of::<pthread_mutex_t>() == MUTEX);
+    assert!(size_of::<pthread_cond_t>() == 48);
+    assert!(size_of::<ibv_device>() == 664);
+    assert!(offset_of!(ibv_device, name) == 24);
+    assert!(offset_of!(ibv_device, ibdev_path) == 408);
+    assert!(size_of::<ibv_context_ops>() == 256);
+    assert!(offset_of!(ibv_context_ops, alloc_mw) == 56);
+    assert!(offset_of!(ibv_context_ops, poll_cq) == 88);
+    assert!(offset_of!(ibv_context_ops, req_notify_cq) == 96);
+    assert!(offset_of!(ibv_context_ops, post_srq_recv) == 160);
+    assert!(offset_of!(ibv_context_ops, post_send) == 200);
+    assert!(offset_of!(ibv_context_ops, post_recv) == 208);
+    assert!(offset_of!(ibv_context, cmd_fd) == 264);
+    assert!(offset_of!(ibv_context, mutex) == 280);
+    assert!(offset_of!(ibv_context, abi_compat) == 280 + MUTEX);
+    assert!(size_of::<ibv_context>() == 288 + MUTEX);
+    assert!(offset_of!(verbs_context, context) == 320);
+    assert!(size_of::<verbs_context>() == 320 + 288 + MUTEX);
+    assert!(320 - offset_of!(verbs_context, create_cq_ex) == 120);
+    assert!(320 - offset_of!(verbs_context, priv_) == 112);
+    assert!(320 - offset_of!(verbs_context, query_device_ex) == 104);
+    assert!(320 - offset_of!(verbs_context, create_qp_ex) == 56);
+    assert!(320 - offset_of!(verbs_context, sz) == 8);
+    assert!(size_of::<ibv_pd>() == 16);
+    assert!(size_of::<ibv_mr>() == 48 && offset_of!(ibv_mr, rkey) == 40);
+    assert!(size_of::<ibv_comp_channel>() == 16);
+    assert!(offset_of!(ibv_cq, cqe) == 28 && offset_of!(ibv_cq, mutex) == 32);
+    assert!(size_of::<ibv_cq>() == 88 + MUTEX);
+    assert!(offset_of!(ibv_srq, mutex) == 32 && size_of::<ibv_srq>() == 88 + MUTEX);
+    assert!(offset_of!(ibv_qp, qp_num) == 52 && offset_of!(ibv_qp, mutex) == 64);
+    assert!(size_of::<ibv_qp>() == 120 + MUTEX);
+    assert!(size_of::<ibv_ah>() == 24);
+    assert!(size_of::<ibv_gid>() == 16 && std::mem::align_of::<ibv_gid>() == 8);
+    assert!(size_of::<ibv_global_route>() == 24);
+    assert!(size_of::<ibv_ah_attr>() == 32 && offset_of!(ibv_ah_attr, port_num) == 30);
+    assert!(size_of::<ibv_qp_cap>() == 20);
+    assert!(size_of::<ibv_qp_attr>() == 144);
+    assert!(offset_of!(ibv_qp_attr, ah_attr) == 56 && offset_of!(ibv_qp_attr, pkey_index) == 120);
+    assert!(offset_of!(ibv_qp_attr, min_rnr_timer) == 128);
+    assert!(offset_of!(ibv_qp_attr, rate_limit) == 136);
+    assert!(size_of::<ibv_qp_init_attr>() == 64 && offset_of!(ibv_qp_init_attr, qp_type) == 52);
+    assert!(size_of::<ibv_srq_init_attr>() == 24);
+    assert!(size_of::<ibv_sge>() == 16);
+    assert!(size_of::<ibv_send_wr>() == 128);
+    assert!(offset_of!(ibv_send_wr, imm_data) == 36 && offset_of!(ibv_send_wr, wr) == 40);
+    assert!(offset_of!(ibv_send_wr, remote_srqn) == 72);
+    assert!(offset_of!(ibv_send_wr, _bind_mw_or_tso) == 80);
+    assert!(size_of::<ibv_recv_wr>() == 32);
+    assert!(size_of::<ibv_wc>() == 48 && offset_of!(ibv_wc, pkey_index) == 40);
+    assert!(offset_of!(ibv_wc, sl) == 44);
+    assert!(size_of::<ibv_port_attr>() == 52 && offset_of!(ibv_port_attr, port_cap_flags2) == 48);
+    assert!(offset_of!(ibv_port_attr, link_layer) == 46);
+    assert!(size_of::<ibv_device_attr>() == 232);
+    assert!(offset_of!(ibv_device_attr, max_qp_init_rd_atom) == 156);
+    assert!(offset_of!(ibv_device_attr, atomic_cap) == 164);
+    assert!(offset_of!(ibv_device_attr, max_srq) == 212);
+    assert!(offset_of!(ibv_device_attr, phys_port_cnt) == 227);
+    assert!(size_of::<ibv_device_attr_ex>() == 400);
+    assert!(offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) == 396);
+    assert!(size_of::<ibv_gid_entry>() == 32);
+    assert!(size_of::<ibv_async_event>() == 16);
+    assert!(size_of::<ibv_grh>() == 40);
+};

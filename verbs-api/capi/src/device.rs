@@ -1,0 +1,612 @@
+//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, the
+//! `verbs_context` whose ops table the inline data-path wrappers of
+//! `<infiniband/verbs.h>` jump through, and the device/port/GID queries.
+
+use crate::abi::*;
+use crate::{guard, set_errno};
+use roxe_verbs::{Context, DeviceInfo};
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::{offset_of, size_of, zeroed};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::{self, null_mut};
+use std::sync::OnceLock;
+
+/// One device of the list: the C view and what opens it. Devices are
+/// created once per process and never freed, so an `ibv_device*` stays
+/// valid for as long as any context opened from it (libibverbs' contract).
+struct DeviceEntry {
+    dev: *mut ibv_device,
+    info: DeviceInfo,
+}
+
+// SAFETY: `dev` points to a leaked, never-mutated-after-init ibv_device;
+// sharing the pointer between threads is what C callers do anyway.
+unsafe impl Send for DeviceEntry {}
+// SAFETY: as above; the entry is read-only after creation.
+unsafe impl Sync for DeviceEntry {}
+
+static DEVICES: OnceLock<Result<Vec<DeviceEntry>, i32>> = OnceLock::new();
+
+fn devices() -> Result<&'static [DeviceEntry], i32> {
+    DEVICES
+        .get_or_init(|| {
+            let infos = roxe_verbs::devices().map_err(|e| {
+                eprintln!("roxe: {e}");
+                e.errno()
+            })?;
+            Ok(infos
+                .into_iter()
+                .map(|info| {
+                    // SAFETY: ibv_device is plain data; all-zero is a valid
+                    // (empty-named) value.
+                    let mut dev: Box<ibv_device> = Box::new(unsafe { zeroed() });
+                    dev.node_type = IBV_NODE_CA;
+                    dev.transport_type = IBV_TRANSPORT_IB;
+                    copy_cstr(&mut dev.name, info.name());
+                    copy_cstr(&mut dev.dev_name, &format!("u{}", info.name()));
+                    copy_cstr(
+                        &mut dev.dev_path,
+                        &format!("/sys/class/infiniband_verbs/u{}", info.name()),
+                    );
+                    copy_cstr(
+                        &mut dev.ibdev_path,
+                        &format!("/sys/class/infiniband/{}", info.name()),
+                    );
+                    DeviceEntry {
+                        dev: Box::into_raw(dev),
+                        info,
+                    }
+                })
+                .collect())
+        })
+        .as_ref()
+        .map(|v| v.as_slice())
+        .map_err(|e| *e)
+}
+
+fn entry_of(dev: *mut ibv_device) -> Option<&'static DeviceEntry> {
+    devices().ok()?.iter().find(|e| e.dev == dev)
+}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+    dst[n] = 0;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    guard(null_mut(), || {
+        let devs = match devices() {
+            Ok(d) => d,
+            Err(e) => {
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        // SAFETY: calloc of n+1 pointers; checked for NULL below.
+        let list =
+            unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // SAFETY: `list` has devs.len() + 1 slots.
+            unsafe { *list.add(i) = d.dev };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a valid int* or NULL.
+            unsafe { *num_devices = devs.len() as c_int };
+        }
+        list
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from ibv_get_device_list (calloc) or is NULL.
+    unsafe { libc::free(list.cast()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    if device.is_null() {
+        set_errno(libc::EINVAL);
+        return ptr::null();
+    }
+    // SAFETY: a non-NULL device pointer comes from our list.
+    unsafe { (*device).name.as_ptr() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    // Network byte order, as the real library returns it.
+    entry_of(device).map(|e| e.info.guid().to_be()).unwrap_or(0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    match devices() {
+        Ok(d) => d
+            .iter()
+            .position(|e| e.dev == device)
+            .map_or(-1, |i| i as c_int),
+        Err(_) => -1,
+    }
+}
+
+/// The context roxe allocates: the `verbs_context` the C side sees (its
+/// `context` member is what `ibv_open_device` returns), then roxe's state.
+#[repr(C)]
+pub(crate) struct RoxeContext {
+    pub vctx: verbs_context,
+    pub ctx: Context,
+    /// Both ends of the async event pipe; `context.async_fd` is the read end.
+    async_read: OwnedFd,
+    _async_write: OwnedFd,
+}
+
+const CONTEXT_OFFSET: usize = offset_of!(RoxeContext, vctx) + offset_of!(verbs_context, context);
+
+/// The roxe context behind an `ibv_context*` this library returned.
+///
+/// # Safety
+/// `ctx` must be NULL or a pointer `ibv_open_device` returned and that has
+/// not been closed.
+pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a RoxeContext> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract, ctx is the `context` member of a live
+    // RoxeContext, CONTEXT_OFFSET bytes into it.
+    Some(unsafe { &*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<RoxeContext>() })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard(null_mut(), || {
+        let Some(entry) = entry_of(device) else {
+            set_errno(libc::ENODEV);
+            return null_mut();
+        };
+        let ctx = match entry.info.open() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("roxe: {e}");
+                set_errno(e.errno());
+                return null_mut();
+            }
+        };
+        let (async_read, async_write) = match rustix_pipe() {
+            Ok(p) => p,
+            Err(e) => {
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        // SAFETY: verbs_context is pointers, ints and a pthread mutex, for
+        // all of which all-zero is valid (NULL ops, unlocked mutex).
+        let mut vctx: verbs_context = unsafe { zeroed() };
+        vctx.sz = size_of::<verbs_context>();
+        vctx.query_port = Some(query_port_ex);
+        vctx.query_device_ex = Some(query_device_ex);
+        let c = &mut vctx.context;
+        c.device = device;
+        c.cmd_fd = -1;
+        c.async_fd = async_read.as_raw_fd();
+        c.num_comp_vectors = 1;
+        c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
+        // Extended verbs present: the inline `_ex` wrappers look at vctx.
+        c.abi_compat = usize::MAX as *mut c_void;
+        crate::verbs::fill_ops(&mut c.ops);
+        let rc = Box::new(RoxeContext {
+            vctx,
+            ctx,
+            async_read,
+            _async_write: async_write,
+        });
+        let raw = Box::into_raw(rc);
+        // SAFETY: raw is a live, uniquely owned allocation.
+        unsafe { ptr::addr_of_mut!((*raw).vctx.context) }
+    })
+}
+
+fn rustix_pipe() -> Result<(OwnedFd, OwnedFd), i32> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: pipe2 writes two fds into the 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: pipe2 just returned these two fds, owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    guard(libc::EIO, || {
+        if ctx.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ctx was returned by ibv_open_device (the C contract), so
+        // it sits CONTEXT_OFFSET bytes into a Box<RoxeContext>.
+        drop(unsafe { Box::from_raw(ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<RoxeContext>()) });
+        0
+    })
+}
+
+fn device_attr(c: &RoxeContext) -> ibv_device_attr {
+    let a = c.ctx.query_device();
+    // SAFETY: plain data, all-zero valid.
+    let mut d: ibv_device_attr = unsafe { zeroed() };
+    copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
+    d.node_guid = a.node_guid.to_be();
+    d.sys_image_guid = a.node_guid.to_be();
+    d.max_mr_size = a.max_mr_size;
+    d.page_size_cap = a.page_size_cap;
+    // rxe's vendor id, and part id 0: perftest then treats the device as
+    // generic (plain ibv_post_send, no mlx5dv/efadv calls).
+    d.vendor_id = a.vendor_id;
+    d.vendor_part_id = 0;
+    d.hw_ver = 0;
+    let clamp = |v: u32| v.min(i32::MAX as u32) as c_int;
+    d.max_qp = clamp(a.max_qp);
+    d.max_qp_wr = clamp(a.max_qp_wr);
+    d.max_sge = clamp(a.max_sge);
+    d.max_sge_rd = clamp(a.max_sge);
+    d.max_cq = clamp(a.max_cq);
+    d.max_cqe = clamp(a.max_cqe);
+    d.max_mr = clamp(a.max_mr);
+    d.max_pd = clamp(a.max_pd);
+    d.max_qp_rd_atom = clamp(a.max_qp_rd_atom);
+    d.max_res_rd_atom = clamp(a.max_qp_rd_atom.saturating_mul(a.max_qp.min(1024)));
+    d.max_qp_init_rd_atom = clamp(a.max_qp_init_rd_atom);
+    d.atomic_cap = IBV_ATOMIC_HCA;
+    d.max_ah = clamp(a.max_qp);
+    d.max_srq = clamp(a.max_srq);
+    d.max_srq_wr = clamp(a.max_srq_wr);
+    d.max_srq_sge = clamp(a.max_srq_sge);
+    d.max_pkeys = a.max_pkeys;
+    d.local_ca_ack_delay = 15;
+    d.phys_port_cnt = a.phys_port_cnt;
+    d
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is NULL or an open context (C contract).
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: attr points to a caller's ibv_device_attr.
+        unsafe { attr.write(device_attr(c)) };
+        0
+    })
+}
+
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    _input: *const c_void,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is an open context (the inline wrapper passes its own).
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: plain data, all-zero valid.
+        let mut ex: ibv_device_attr_ex = unsafe { zeroed() };
+        ex.orig_attr = device_attr(c);
+        ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
+        let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+        // SAFETY: the caller's buffer holds attr_size bytes; zero all of
+        // them, then copy what we know (a newer, larger struct keeps zeros).
+        unsafe {
+            ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+            ptr::copy_nonoverlapping(ptr::addr_of!(ex).cast::<u8>(), attr.cast::<u8>(), n);
+        }
+        0
+    })
+}
+
+fn port_attr(c: &RoxeContext, port: u8) -> Result<ibv_port_attr, c_int> {
+    let p = c.ctx.query_port(port).map_err(|e| e.errno())?;
+    Ok(ibv_port_attr {
+        state: u32::from(p.state),
+        max_mtu: p.max_mtu as u32,
+        active_mtu: p.active_mtu as u32,
+        gid_tbl_len: p.gid_tbl_len as c_int,
+        // IBV_PORT_CM_SUP, as rxe: connection management over the GID.
+        port_cap_flags: 1 << 16,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        active_width: 1,
+        active_speed: 1,
+        // LinkUp.
+        phys_state: 5,
+        link_layer: p.link_layer,
+        flags: 0,
+        port_cap_flags2: 0,
+    })
+}
+
+/// `vctx->query_port`: writes `len` bytes (the inline `ibv_query_port`
+/// passes the caller's `sizeof(struct ibv_port_attr)`).
+unsafe extern "C" fn query_port_ex(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        match port_attr(c, port) {
+            Ok(a) => {
+                let n = len.min(size_of::<ibv_port_attr>());
+                // SAFETY: the caller's buffer holds `len` bytes.
+                unsafe {
+                    ptr::write_bytes(attr.cast::<u8>(), 0, len);
+                    ptr::copy_nonoverlapping(ptr::addr_of!(a).cast::<u8>(), attr.cast::<u8>(), n);
+                }
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// The exported `ibv_query_port@IBVERBS_1.1`: the 48-byte compat layout
+/// (programs built against old headers, and the inline wrapper's
+/// fallback).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwarded contract; 48 bytes is the compat struct's size.
+    unsafe { query_port_ex(ctx, port, attr, COMPAT_PORT_ATTR_SIZE) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if gid.is_null() || index < 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        match c.ctx.query_gid(port, index as u32) {
+            Ok(raw) => {
+                // SAFETY: gid points to a caller's ibv_gid.
+                unsafe { gid.write(ibv_gid { raw }) };
+                0
+            }
+            Err(e) => {
+                set_errno(e.errno());
+                -1
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return libc::EINVAL;
+        };
+        if flags != 0 || entry.is_null() {
+            return libc::EINVAL;
+        }
+        let Ok(port) = u8::try_from(port_num) else {
+            return libc::EINVAL;
+        };
+        if port_attr(c, port).is_err() {
+            return libc::EINVAL;
+        }
+        let Ok(raw) = c.ctx.query_gid(port, gid_index) else {
+            // An index past the table or an empty slot.
+            return libc::ENODATA;
+        };
+        let e = gid_entry(raw, gid_index, port_num);
+        // SAFETY: the caller's entry holds entry_size bytes.
+        unsafe { copy_out(&e, entry.cast(), entry_size) };
+        0
+    })
+}
+
+fn gid_entry(raw: [u8; 16], index: u32, port: u32) -> ibv_gid_entry {
+    ibv_gid_entry {
+        gid: ibv_gid { raw },
+        gid_index: index,
+        port_num: port,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: 1,
+    }
+}
+
+/// Copy at most `size` bytes of `v` to `dst`, zero-filling the rest.
+unsafe fn copy_out<T>(v: &T, dst: *mut u8, size: usize) {
+    let n = size.min(size_of::<T>());
+    // SAFETY: the caller guarantees `dst` holds `size` bytes.
+    unsafe {
+        ptr::write_bytes(dst, 0, size);
+        ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), dst, n);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    guard(-(libc::EIO as isize), || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if flags != 0 || (entries.is_null() && max_entries > 0) {
+            return -(libc::EINVAL as isize);
+        }
+        let mut n = 0usize;
+        let Ok(p) = c.ctx.query_port(1) else {
+            return -(libc::EINVAL as isize);
+        };
+        for i in 0..p.gid_tbl_len {
+            if let Ok(raw) = c.ctx.query_gid(1, i) {
+                if n == max_entries {
+                    return -(libc::EINVAL as isize);
+                }
+                // SAFETY: entries holds max_entries entries of entry_size.
+                unsafe { copy_out(&gid_entry(raw, i, 1), entries.cast::<u8>().add(n * entry_size), entry_size) };
+                n += 1;
+            }
+        }
+        n as isize
+    })
+}
+
+/// The private `ibv_query_gid_type` (`enum ibv_gid_type_sysfs`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if gid_type.is_null() || c.ctx.query_gid(port_num, index).is_err() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: gid_type points to the caller's enum.
+        unsafe { *gid_type = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return -1;
+        };
+        let Ok(p) = c.ctx.query_port(port) else {
+            return -1;
+        };
+        if pkey.is_null() || index < 0 || index as u32 >= u32::from(p.pkey_tbl_len) {
+            return -1;
+        }
+        // The default partition, full membership (big-endian 0xffff).
+        // SAFETY: pkey points to the caller's __be16.
+        unsafe { *pkey = 0xffff };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    let mut p = 0u16;
+    // SAFETY: forwarded; &mut p is valid.
+    if unsafe { ibv_query_pkey(ctx, port, 0, &mut p) } == 0 && p == pkey {
+        return 0;
+    }
+    set_errno(libc::ENOENT);
+    -1
+}
+
+/// `ibv_get_async_event`: blocks on the context's async fd (or fails with
+/// EAGAIN when the program made it non-blocking). roxe raises no async
+/// events yet, so this waits as the real library waits on a quiet device.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if event.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let mut rec = [0u8; 16];
+        // SAFETY: reading into a 16-byte stack buffer from our own pipe.
+        let n = unsafe { libc::read(c.async_read.as_raw_fd(), rec.as_mut_ptr().cast(), 16) };
+        if n != 16 {
+            return -1;
+        }
+        // SAFETY: the pipe carries whole ibv_async_event records.
+        unsafe { event.write(ptr::read_unaligned(rec.as_ptr().cast())) };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}

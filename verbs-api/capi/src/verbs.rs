@@ -1,0 +1,1192 @@
+//! PD, MR, completion channels, CQ, SRQ, QP and AH over roxe's verbs API,
+//! and the data path the inline wrappers reach through the ops table.
+//!
+//! Each object is a `#[repr(C)]` container whose first member is the
+//! public struct the program reads (`ibv_pd`, `ibv_cq`, ...), followed by
+//! roxe's handle; the pointer handed out is the container's, so a cast
+//! recovers it. A `users` count refuses to destroy an object others still
+//! use (EBUSY), as the kernel does.
+
+use crate::abi::*;
+use crate::device::context;
+use crate::{guard, set_errno};
+use parking_lot::Mutex;
+use roxe_verbs::{
+    AccessFlags, AddressVector, AttrMask, CompChannel, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpInit,
+    QpState, QpType, RecvWr, SendFlags, SendOpcode, SendWr, Sge, Srq, WorkCompletion,
+};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::mem::zeroed;
+use std::os::fd::AsRawFd;
+use std::ptr::{self, null_mut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Fill the ops the inline data-path wrappers call.
+pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
+    ops.poll_cq = Some(poll_cq);
+    ops.req_notify_cq = Some(req_notify_cq);
+    ops.post_send = Some(post_send);
+    ops.post_recv = Some(post_recv);
+    ops.post_srq_recv = Some(post_srq_recv);
+}
+
+/// Hand a container to C: its address is the public struct's.
+fn leak<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
+}
+
+/// Recover a container from the public pointer this library handed out.
+///
+/// # Safety
+/// `p` must be NULL or a pointer this module returned for a `T` that has
+/// not been destroyed.
+unsafe fn obj<'a, T, C>(p: *mut C) -> Option<&'a T> {
+    // SAFETY: per the contract, p is the first member of a live T.
+    unsafe { p.cast::<T>().as_ref() }
+}
+
+fn fail_null<T>(errno: i32) -> *mut T {
+    set_errno(errno);
+    null_mut()
+}
+
+// ---------------------------------------------------------------- PD, MR
+
+#[repr(C)]
+struct RoxePd {
+    c: ibv_pd,
+    pd: Pd,
+    users: AtomicUsize,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    guard(null_mut(), || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        match c.ctx.alloc_pd() {
+            Ok(pd) => leak(RoxePd {
+                c: ibv_pd {
+                    context: ctx,
+                    handle: 0,
+                },
+                pd,
+                users: AtomicUsize::new(0),
+            })
+            .cast(),
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: pd is NULL or from ibv_alloc_pd.
+        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+            return libc::EINVAL;
+        };
+        if p.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: pd came from leak(RoxePd) and is destroyed once.
+        drop(unsafe { Box::from_raw(pd.cast::<RoxePd>()) });
+        0
+    })
+}
+
+#[repr(C)]
+struct RoxeMr {
+    c: ibv_mr,
+    mr: Mr,
+    pd: *const RoxePd,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract; the iova of ibv_reg_mr is the address.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    guard(null_mut(), || {
+        // SAFETY: pd is NULL or from ibv_alloc_pd.
+        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if addr.is_null() && length > 0 {
+            return fail_null(libc::EINVAL);
+        }
+        // Optional access bits a provider may ignore (verbs.h).
+        let access = AccessFlags(access & !IBV_ACCESS_OPTIONAL_RANGE);
+        // SAFETY: the C contract of ibv_reg_mr: the memory stays allocated
+        // until ibv_dereg_mr, and the program only reads what completions
+        // announce, which is register_raw's contract.
+        let r = unsafe { p.pd.reg_mr_raw(addr.cast(), length, iova, access) };
+        match r {
+            Ok(mr) => {
+                p.users.fetch_add(1, Ordering::AcqRel);
+                leak(RoxeMr {
+                    c: ibv_mr {
+                        context: p.c.context,
+                        pd,
+                        addr,
+                        length,
+                        handle: mr.lkey(),
+                        lkey: mr.lkey(),
+                        rkey: mr.rkey(),
+                    },
+                    mr,
+                    pd: p,
+                })
+                .cast()
+            }
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+/// Re-registration is not supported: the program keeps its MR and
+/// registers anew (what rdma-core reports for a provider without it).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    _flags: c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    set_errno(libc::EOPNOTSUPP);
+    // IBV_REREG_MR_ERR_INPUT
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard(libc::EIO, || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: mr came from leak(RoxeMr) and is destroyed once; its PD
+        // outlives it (dealloc_pd refuses while users > 0).
+        let m = unsafe { Box::from_raw(mr.cast::<RoxeMr>()) };
+        let pd = m.pd;
+        // Dropping the Mr deregisters it under the engine lock: no remote
+        // access reaches the memory after this returns.
+        drop(m);
+        // SAFETY: see above, the PD is still alive.
+        unsafe { (*pd).users.fetch_sub(1, Ordering::AcqRel) };
+        0
+    })
+}
+
+// ------------------------------------------------- completion channels, CQ
+
+#[repr(C)]
+struct RoxeChannel {
+    c: ibv_comp_channel,
+    ch: CompChannel,
+    /// Engine CQ id → the `ibv_cq*` its events name.
+    cqs: Mutex<HashMap<u32, usize>>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard(null_mut(), || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        match c.ctx.create_comp_channel() {
+            Ok(ch) => leak(RoxeChannel {
+                c: ibv_comp_channel {
+                    context: ctx,
+                    fd: ch.as_raw_fd(),
+                    refcnt: 0,
+                },
+                ch,
+                cqs: Mutex::new(HashMap::new()),
+            })
+            .cast(),
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: channel is NULL or from ibv_create_comp_channel.
+        let Some(ch) = (unsafe { obj::<RoxeChannel, _>(channel) }) else {
+            return libc::EINVAL;
+        };
+        if !ch.cqs.lock().is_empty() {
+            return libc::EBUSY;
+        }
+        // SAFETY: created by leak(RoxeChannel), destroyed once.
+        drop(unsafe { Box::from_raw(channel.cast::<RoxeChannel>()) });
+        0
+    })
+}
+
+#[repr(C)]
+struct RoxeCq {
+    c: ibv_cq,
+    cq: Cq,
+    users: AtomicUsize,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard(null_mut(), || {
+        // SAFETY: ctx is NULL or an open context.
+        let Some(c) = (unsafe { context(ctx) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if cqe < 1 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
+            return fail_null(libc::EINVAL);
+        }
+        // SAFETY: channel is NULL or from ibv_create_comp_channel.
+        let ch = unsafe { obj::<RoxeChannel, _>(channel) };
+        let cq = match c.ctx.create_cq(cqe as u32, ch.map(|h| &h.ch)) {
+            Ok(cq) => cq,
+            Err(e) => return fail_null(e.errno()),
+        };
+        let id = cq.id().0;
+        let raw = leak(RoxeCq {
+            c: ibv_cq {
+                context: ctx,
+                channel,
+                cq_context,
+                handle: id,
+                cqe,
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                comp_events_completed: 0,
+                async_events_completed: 0,
+            },
+            cq,
+            users: AtomicUsize::new(0),
+        });
+        if let Some(ch) = ch {
+            let mut cqs = ch.cqs.lock();
+            cqs.insert(id, raw as usize);
+            // SAFETY: refcnt is read by programs only; we update it under
+            // the channel's lock.
+            unsafe { (*channel).refcnt = cqs.len() as c_int };
+        }
+        raw.cast()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq is NULL or from ibv_create_cq.
+        let Some(q) = (unsafe { obj::<RoxeCq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        if q.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: the channel outlives its CQs (destroy_comp_channel
+        // refuses while any is attached).
+        if let Some(ch) = unsafe { obj::<RoxeChannel, _>(q.c.channel) } {
+            let mut cqs = ch.cqs.lock();
+            cqs.remove(&q.cq.id().0);
+            // SAFETY: as in ibv_create_cq.
+            unsafe { (*q.c.channel).refcnt = cqs.len() as c_int };
+        }
+        // SAFETY: created by leak(RoxeCq), destroyed once.
+        drop(unsafe { Box::from_raw(cq.cast::<RoxeCq>()) });
+        0
+    })
+}
+
+/// `ibv_get_cq_event`: the next event of the channel. Blocking or not as
+/// the program set `channel->fd`; -1 with errno (EAGAIN) when nothing is
+/// pending on a non-blocking channel.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: channel is NULL or from ibv_create_comp_channel.
+        let Some(ch) = (unsafe { obj::<RoxeChannel, _>(channel) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if cq.is_null() || cq_context.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        loop {
+            let id = match ch.ch.get_event() {
+                Ok(id) => id,
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    return -1;
+                }
+            };
+            // An event for a CQ destroyed meanwhile is stale: skip it.
+            let Some(&p) = ch.cqs.lock().get(&id.0) else {
+                continue;
+            };
+            let p = p as *mut ibv_cq;
+            // SAFETY: p is a live CQ of this channel; the out-pointers are
+            // the caller's.
+            unsafe {
+                *cq = p;
+                *cq_context = (*p).cq_context;
+            }
+            return 0;
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: cq is a live CQ; its mutex/cond were initialised at create.
+    unsafe {
+        libc::pthread_mutex_lock(ptr::addr_of_mut!((*cq).mutex));
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
+        libc::pthread_cond_signal(ptr::addr_of_mut!((*cq).cond));
+        libc::pthread_mutex_unlock(ptr::addr_of_mut!((*cq).mutex));
+    }
+}
+
+fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
+    let with_imm = w.wc_flags & roxe_verbs::wc_flags::WITH_IMM != 0;
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as u32,
+        opcode: w.opcode as u32,
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        // imm_data is __be32: the bytes as on the wire.
+        imm_data: if with_imm {
+            w.imm_data.to_be()
+        } else {
+            w.invalidated_rkey
+        },
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        wc_flags: w.wc_flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    guard(-1, || {
+        // SAFETY: cq is a CQ of this library (the inline wrapper found our
+        // ops through cq->context).
+        let Some(q) = (unsafe { obj::<RoxeCq, _>(cq) }) else {
+            return -1;
+        };
+        if num_entries <= 0 {
+            return 0;
+        }
+        if wc.is_null() {
+            return -1;
+        }
+        let want = num_entries as usize;
+        let mut buf = [WorkCompletion::new(
+            0,
+            roxe_verbs::WcStatus::Success,
+            roxe_verbs::WcOpcode::Send,
+            0,
+        ); 32];
+        let mut done = 0usize;
+        while done < want {
+            let k = match q.cq.poll(&mut buf[..(want - done).min(32)]) {
+                Ok(k) => k,
+                Err(_) => return if done > 0 { done as c_int } else { -1 },
+            };
+            for (i, w) in buf[..k].iter().enumerate() {
+                // SAFETY: the caller's array holds num_entries entries.
+                unsafe { wc.add(done + i).write(wc_to_c(w)) };
+            }
+            done += k;
+            if k < 32 {
+                break;
+            }
+        }
+        done as c_int
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq is a CQ of this library.
+        let Some(q) = (unsafe { obj::<RoxeCq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        match q.cq.req_notify(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+// ------------------------------------------------------------------- SRQ
+
+#[repr(C)]
+struct RoxeSrq {
+    c: ibv_srq,
+    srq: Srq,
+    attr: ibv_srq_attr,
+    pd: *const RoxePd,
+    users: AtomicUsize,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard(null_mut(), || {
+        // SAFETY: pd is NULL or from ibv_alloc_pd; init is the caller's.
+        let (Some(p), Some(init)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { init.as_mut() })
+        else {
+            return fail_null(libc::EINVAL);
+        };
+        let a = init.attr;
+        match p.pd.create_srq(a.max_wr, a.max_sge) {
+            Ok(srq) => {
+                p.users.fetch_add(1, Ordering::AcqRel);
+                leak(RoxeSrq {
+                    c: ibv_srq {
+                        context: p.c.context,
+                        srq_context: init.srq_context,
+                        pd,
+                        handle: 0,
+                        mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                        cond: libc::PTHREAD_COND_INITIALIZER,
+                        events_completed: 0,
+                    },
+                    srq,
+                    attr: ibv_srq_attr {
+                        max_wr: a.max_wr,
+                        max_sge: a.max_sge,
+                        srq_limit: 0,
+                    },
+                    pd: p,
+                    users: AtomicUsize::new(0),
+                })
+                .cast()
+            }
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+/// Resizing an SRQ and its limit event are not supported.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    _attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+        return libc::EINVAL;
+    }
+    if mask == 0 {
+        0
+    } else {
+        libc::EOPNOTSUPP
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: srq is NULL or from ibv_create_srq.
+    let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: attr is the caller's.
+    unsafe { attr.write(s.attr) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is NULL or from ibv_create_srq.
+        let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        if s.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
+        let pd = s.pd;
+        // SAFETY: created by leak(RoxeSrq), destroyed once; the PD
+        // outlives it.
+        unsafe {
+            drop(Box::from_raw(srq.cast::<RoxeSrq>()));
+            (*pd).users.fetch_sub(1, Ordering::AcqRel);
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is one of ours (found through its context's ops).
+        let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: wr is the caller's list.
+        unsafe { post_recv_list(wr, bad_wr, |r| s.srq.post_recv(r).map_err(|e| e.errno())) }
+    })
+}
+
+/// Walk a receive WR list, posting each; on failure name the first WR
+/// not posted in `bad_wr`.
+unsafe fn post_recv_list(
+    mut wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
+) -> c_int {
+    while !wr.is_null() {
+        // SAFETY: wr is a node of the caller's list.
+        let w = unsafe { &*wr };
+        let r = match unsafe { sges(w.sg_list, w.num_sge) } {
+            Some(sg_list) => post(RecvWr {
+                wr_id: w.wr_id,
+                sg_list,
+            }),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out-pointer.
+                unsafe { *bad_wr = wr };
+            }
+            return e;
+        }
+        wr = w.next;
+    }
+    0
+}
+
+/// The caller's scatter/gather list (`num_sge` entries at `sg`).
+unsafe fn sges(sg: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
+    if num_sge < 0 || (num_sge > 0 && sg.is_null()) {
+        return None;
+    }
+    let mut v = Vec::with_capacity(num_sge as usize);
+    for i in 0..num_sge as usize {
+        // SAFETY: the caller's array has num_sge entries.
+        let s = unsafe { &*sg.add(i) };
+        v.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        });
+    }
+    Some(v)
+}
+
+// -------------------------------------------------------------------- QP
+
+#[repr(C)]
+struct RoxeQp {
+    c: ibv_qp,
+    qp: Qp,
+    cap: ibv_qp_cap,
+    sq_sig_all: c_int,
+    pd: *const RoxePd,
+    send_cq: *const RoxeCq,
+    recv_cq: *const RoxeCq,
+    srq: *const RoxeSrq,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard(null_mut(), || {
+        // SAFETY: pd NULL or ours; init is the caller's.
+        let (Some(p), Some(init)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { init.as_mut() })
+        else {
+            return fail_null(libc::EINVAL);
+        };
+        // SAFETY: CQs and SRQ are NULL or ours.
+        let (scq, rcq, srq) = unsafe {
+            (
+                obj::<RoxeCq, _>(init.send_cq),
+                obj::<RoxeCq, _>(init.recv_cq),
+                obj::<RoxeSrq, _>(init.srq),
+            )
+        };
+        let (Some(scq), Some(rcq)) = (scq, rcq) else {
+            return fail_null(libc::EINVAL);
+        };
+        let qp_type = match QpType::try_from(init.qp_type) {
+            Ok(t) => t,
+            // XRC and raw packet QPs are types roxe does not implement.
+            Err(_) if matches!(init.qp_type, 8..=10) => return fail_null(libc::EOPNOTSUPP),
+            Err(_) => return fail_null(libc::EINVAL),
+        };
+        let mut qi = QpInit::new(qp_type, &scq.cq, &rcq.cq);
+        qi.srq = srq.map(|s| &s.srq);
+        let cap = init.cap;
+        qi.cap.max_send_wr = cap.max_send_wr;
+        qi.cap.max_recv_wr = cap.max_recv_wr;
+        qi.cap.max_send_sge = cap.max_send_sge;
+        qi.cap.max_recv_sge = cap.max_recv_sge;
+        qi.cap.max_inline_data = cap.max_inline_data;
+        qi.sq_sig_all = init.sq_sig_all != 0;
+        let qp = match p.pd.create_qp(&qi) {
+            Ok(q) => q,
+            Err(e) => return fail_null(e.errno()),
+        };
+        p.users.fetch_add(1, Ordering::AcqRel);
+        scq.users.fetch_add(1, Ordering::AcqRel);
+        rcq.users.fetch_add(1, Ordering::AcqRel);
+        if let Some(s) = srq {
+            s.users.fetch_add(1, Ordering::AcqRel);
+        }
+        let granted = cap;
+        init.cap = granted;
+        leak(RoxeQp {
+            c: ibv_qp {
+                context: p.c.context,
+                qp_context: init.qp_context,
+                pd,
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq,
+                handle: qp.qp_num(),
+                qp_num: qp.qp_num(),
+                state: QpState::Reset as u32,
+                qp_type: init.qp_type,
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            },
+            qp,
+            cap: granted,
+            sq_sig_all: init.sq_sig_all,
+            pd: p,
+            send_cq: scq,
+            recv_cq: rcq,
+            srq: srq.map_or(ptr::null(), |s| s as *const RoxeSrq),
+        })
+        .cast()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: created by leak(RoxeQp), destroyed once; the objects it
+        // counted itself a user of are still alive (they refuse to go
+        // while users > 0).
+        unsafe {
+            let q = Box::from_raw(qp.cast::<RoxeQp>());
+            let (pd, scq, rcq, srq) = (q.pd, q.send_cq, q.recv_cq, q.srq);
+            drop(q);
+            (*pd).users.fetch_sub(1, Ordering::AcqRel);
+            (*scq).users.fetch_sub(1, Ordering::AcqRel);
+            (*rcq).users.fetch_sub(1, Ordering::AcqRel);
+            if !srq.is_null() {
+                (*srq).users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        0
+    })
+}
+
+fn av_from_c(a: &ibv_ah_attr) -> AddressVector {
+    AddressVector {
+        dgid: a.grh.dgid.raw,
+        sgid_index: a.grh.sgid_index,
+        is_global: a.is_global != 0,
+        dlid: a.dlid,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        sl: a.sl,
+        port_num: a.port_num,
+    }
+}
+
+fn av_to_c(a: &AddressVector) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
+
+/// The attributes `mask` names, converted; values outside the mask are
+/// never looked at (programs leave them uninitialised).
+fn qp_attr_from_c(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
+    let has = |bit: c_int| mask & bit != 0;
+    let mut q = QpAttr::default();
+    if has(IBV_QP_STATE) {
+        q.qp_state = QpState::try_from(a.qp_state).map_err(|_| libc::EINVAL)?;
+    }
+    if has(IBV_QP_CUR_STATE) {
+        q.cur_qp_state = QpState::try_from(a.cur_qp_state).map_err(|_| libc::EINVAL)?;
+    }
+    if has(IBV_QP_PATH_MTU) {
+        q.path_mtu = Mtu::try_from(a.path_mtu).map_err(|_| libc::EINVAL)?;
+    }
+    q.qkey = a.qkey;
+    q.rq_psn = a.rq_psn;
+    q.sq_psn = a.sq_psn;
+    q.dest_qp_num = a.dest_qp_num;
+    q.qp_access_flags = AccessFlags(a.qp_access_flags);
+    q.pkey_index = a.pkey_index;
+    q.port_num = a.port_num;
+    if has(IBV_QP_AV) {
+        q.av = av_from_c(&a.ah_attr);
+    }
+    q.timeout = a.timeout;
+    q.retry_cnt = a.retry_cnt;
+    q.rnr_retry = a.rnr_retry;
+    q.min_rnr_timer = a.min_rnr_timer;
+    q.max_rd_atomic = a.max_rd_atomic;
+    q.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    q.en_sqd_async_notify = has(IBV_QP_EN_SQD_ASYNC_NOTIFY) && a.en_sqd_async_notify != 0;
+    Ok(q)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp NULL or ours; attr is the caller's.
+        let (Some(q), Some(a)) = (unsafe { obj::<RoxeQp, _>(qp) }, unsafe { attr.as_ref() })
+        else {
+            return libc::EINVAL;
+        };
+        let attr_r = match qp_attr_from_c(a, mask) {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        match q.qp.modify(&attr_r, AttrMask(mask as u32)) {
+            Ok(()) => {
+                if mask & IBV_QP_STATE != 0 {
+                    // SAFETY: the public state field programs read.
+                    unsafe { (*qp).state = a.qp_state };
+                }
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp NULL or ours.
+        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || init.is_null() {
+            return libc::EINVAL;
+        }
+        let a = match q.qp.query() {
+            Ok(a) => a,
+            Err(e) => return e.errno(),
+        };
+        let out = ibv_qp_attr {
+            qp_state: a.qp_state as u32,
+            cur_qp_state: a.qp_state as u32,
+            path_mtu: a.path_mtu as u32,
+            path_mig_state: 0,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags.0,
+            cap: q.cap,
+            ah_attr: av_to_c(&a.av),
+            alt_ah_attr: ibv_ah_attr::default(),
+            pkey_index: a.pkey_index,
+            alt_pkey_index: 0,
+            en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+            sq_draining: u8::from(a.sq_draining),
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            alt_port_num: 0,
+            alt_timeout: 0,
+            rate_limit: 0,
+        };
+        // SAFETY: attr and init are the caller's.
+        unsafe {
+            attr.write(out);
+            init.write(ibv_qp_init_attr {
+                qp_context: q.c.qp_context,
+                send_cq: q.c.send_cq,
+                recv_cq: q.c.recv_cq,
+                srq: q.c.srq,
+                cap: q.cap,
+                qp_type: q.c.qp_type,
+                sq_sig_all: q.sq_sig_all,
+            });
+            (*qp).state = out.qp_state;
+        }
+        0
+    })
+}
+
+/// roxe creates no extended QPs (`create_qp_ex` is not offered), so no QP
+/// has the `ibv_qp_ex` layout.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
+    null_mut()
+}
+
+/// One C send WR as roxe's.
+///
+/// # Safety
+/// `w` is a node of the caller's WR list; its SGEs, inline data and AH
+/// are valid as `ibv_post_send` requires.
+unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
+    let opcode = match w.opcode {
+        0 => SendOpcode::RdmaWrite,
+        1 => SendOpcode::RdmaWriteWithImm,
+        2 => SendOpcode::Send,
+        3 => SendOpcode::SendWithImm,
+        4 => SendOpcode::RdmaRead,
+        5 => SendOpcode::AtomicCmpAndSwp,
+        6 => SendOpcode::AtomicFetchAndAdd,
+        9 => SendOpcode::SendWithInv,
+        // LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, driver opcodes.
+        _ => return Err(libc::EINVAL),
+    };
+    // SAFETY: per the contract.
+    let sg_list = unsafe { sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
+    let flags = SendFlags(w.send_flags);
+    let mut wr = SendWr::new(w.wr_id, opcode, Vec::new());
+    wr.flags = flags;
+    match opcode {
+        SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm => {
+            wr.imm_data = u32::from_be(w.imm_data)
+        }
+        SendOpcode::SendWithInv => wr.invalidate_rkey = w.imm_data,
+        _ => {}
+    }
+    if qp_type == IBV_QPT_UD {
+        // SAFETY: the union's ud member for a UD QP.
+        let ud = unsafe { w.wr.ud };
+        // SAFETY: ah is NULL or from ibv_create_ah.
+        let Some(ah) = (unsafe { obj::<RoxeAh, _>(ud.ah) }) else {
+            return Err(libc::EINVAL);
+        };
+        wr.ud = Some(ah.ah.dest(ud.remote_qpn, ud.remote_qkey));
+    } else if opcode.is_atomic() {
+        // SAFETY: the union's atomic member for an atomic opcode.
+        let a = unsafe { w.wr.atomic };
+        wr.remote_addr = a.remote_addr;
+        wr.rkey = a.rkey;
+        wr.compare_add = a.compare_add;
+        wr.swap = a.swap;
+    } else {
+        // SAFETY: the union's rdma member (ignored by SENDs).
+        let r = unsafe { w.wr.rdma };
+        wr.remote_addr = r.remote_addr;
+        wr.rkey = r.rkey;
+    }
+    if flags.contains(SendFlags::INLINE) && !opcode.is_read_or_atomic() {
+        // The data is copied now: the program may reuse its buffer as
+        // soon as ibv_post_send returns, and lkeys are not checked.
+        let total: u64 = sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let mut data = Vec::with_capacity(total as usize);
+        for s in &sg_list {
+            if s.length > 0 {
+                // SAFETY: an inline SGE names program memory readable for
+                // its length (the ibv_post_send contract).
+                data.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                });
+            }
+        }
+        wr.inline_data = Some(data);
+    }
+    wr.sg_list = sg_list;
+    Ok(wr)
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours (found through its context's ops).
+        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        while !wr.is_null() {
+            // SAFETY: wr is a node of the caller's list.
+            let w = unsafe { &*wr };
+            // SAFETY: per post_send's contract.
+            let r = unsafe { send_wr_from_c(w, q.c.qp_type) }
+                .and_then(|sw| q.qp.post_send(sw).map_err(|e| e.errno()));
+            if let Err(e) = r {
+                if !bad_wr.is_null() {
+                    // SAFETY: bad_wr is the caller's out-pointer.
+                    unsafe { *bad_wr = wr };
+                }
+                return e;
+            }
+            wr = w.next;
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours.
+        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: wr is the caller's list.
+        unsafe { post_recv_list(wr, bad_wr, |r| q.qp.post_recv(r).map_err(|e| e.errno())) }
+    })
+}
+
+// -------------------------------------------------------------------- AH
+
+#[repr(C)]
+struct RoxeAh {
+    c: ibv_ah,
+    ah: roxe_verbs::Ah,
+    pd: *const RoxePd,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard(null_mut(), || {
+        // SAFETY: pd NULL or ours; attr the caller's.
+        let (Some(p), Some(a)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { attr.as_ref() })
+        else {
+            return fail_null(libc::EINVAL);
+        };
+        match p.pd.create_ah(&av_from_c(a)) {
+            Ok(ah) => {
+                p.users.fetch_add(1, Ordering::AcqRel);
+                leak(RoxeAh {
+                    c: ibv_ah {
+                        context: p.c.context,
+                        pd,
+                        handle: 0,
+                    },
+                    ah,
+                    pd: p,
+                })
+                .cast()
+            }
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    guard(libc::EIO, || {
+        if ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: created by leak(RoxeAh), destroyed once; its PD lives.
+        unsafe {
+            let a = Box::from_raw(ah.cast::<RoxeAh>());
+            let pd = a.pd;
+            drop(a);
+            (*pd).users.fetch_sub(1, Ordering::AcqRel);
+        }
+        0
+    })
+}
+
+/// The sender's GID from the GRH area of a UD receive: an IPv4 header in
+/// bytes 20..40 (RoCEv2 over IPv4, recognised by its valid checksum), or
+/// an IPv6 header.
+fn sgid_of_grh(g: &[u8; 40]) -> Option<[u8; 16]> {
+    let v4 = &g[20..40];
+    if v4[0] == 0x45 && ipv4_checksum_ok(v4) {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&v4[12..16]);
+        return Some(gid);
+    }
+    if g[0] >> 4 == 6 {
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&g[8..24]);
+        return Some(gid);
+    }
+    None
+}
+
+fn ipv4_checksum_ok(h: &[u8]) -> bool {
+    let mut sum = 0u32;
+    for c in h.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum == 0xffff
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: all three are the caller's (or NULL).
+        let (Some(_), Some(wc), Some(out)) =
+            (unsafe { context(ctx) }, unsafe { wc.as_ref() }, unsafe { ah_attr.as_mut() })
+        else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let mut a = ibv_ah_attr {
+            dlid: wc.slid,
+            sl: wc.sl,
+            src_path_bits: wc.dlid_path_bits,
+            port_num,
+            ..ibv_ah_attr::default()
+        };
+        if wc.wc_flags & IBV_WC_GRH != 0 {
+            if grh.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: with IBV_WC_GRH the first 40 bytes of the receive
+            // buffer, which grh points to, hold the GRH area.
+            let g = unsafe { &*grh.cast::<[u8; 40]>() };
+            let Some(sgid) = sgid_of_grh(g) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            a.is_global = 1;
+            a.grh.dgid = ibv_gid { raw: sgid };
+            a.grh.sgid_index = 0;
+            a.grh.hop_limit = 0xff;
+        }
+        *out = a;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    // SAFETY: pd NULL or ours.
+    let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+        return fail_null(libc::EINVAL);
+    };
+    // SAFETY: plain data.
+    let mut a: ibv_ah_attr = unsafe { zeroed() };
+    // SAFETY: forwarded contract.
+    if unsafe { ibv_init_ah_from_wc(p.c.context, port_num, wc, grh, &mut a) } != 0 {
+        return null_mut();
+    }
+    // SAFETY: forwarded contract.
+    unsafe { ibv_create_ah(pd, &mut a) }
+}

@@ -1,0 +1,464 @@
+//! Running unmodified programs over the drop-in `libibverbs.so.1`: where
+//! the library is, a directory holding it under its SONAME, per-test
+//! loopback addresses and TCP ports, and a server/client pair of child
+//! processes with a deadline (killed on every exit path).
+
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long one program (or one server/client pair) may run before it is
+/// killed; `ROXE_PROGRAMS_DEADLINE=<secs>` overrides it.
+pub fn deadline() -> Duration {
+    static D: OnceLock<Duration> = OnceLock::new();
+    *D.get_or_init(|| {
+        let secs = std::env::var("ROXE_PROGRAMS_DEADLINE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(45);
+        Duration::from_secs(secs)
+    })
+}
+
+/// Once one side of a pair has failed, how long the other may still run.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// `target/<profile>/libibverbs.so`, next to `deps/` that holds this
+/// test binary.
+pub fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("{} has no target/<profile>/deps parent", exe.display()));
+    let lib = profile_dir.join("libibverbs.so");
+    assert!(
+        lib.is_file(),
+        "{} does not exist: build it with `cargo build -p roxe-ibverbs` \
+         (cargo test -p roxe-ibverbs builds it too)",
+        lib.display()
+    );
+    lib
+}
+
+/// This test process's scratch directory: it holds `libibverbs.so.1`
+/// (a symlink to [`library`]) for `LD_LIBRARY_PATH`, and per-test
+/// subdirectories. Directories of earlier runs whose process is gone are
+/// removed.
+pub fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        const PREFIX: &str = "roxe-ibverbs-programs-";
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(pid) = name.strip_prefix(PREFIX) {
+                    if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
+        let dir = tmp.join(format!("{PREFIX}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the scratch directory");
+        let lib = library().canonicalize().expect("canonicalize the library path");
+        std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1"))
+            .expect("symlink libibverbs.so.1");
+        eprintln!(
+            "programs: LD_LIBRARY_PATH={} (libibverbs.so.1 -> {})",
+            dir.display(),
+            lib.display()
+        );
+        dir
+    })
+}
+
+/// A fresh, empty directory for one test's files.
+pub fn scratch(test: &str) -> PathBuf {
+    let d = lib_dir().join(test);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create a test directory");
+    d
+}
+
+/// The full path of a program on `PATH`; a clear failure when missing.
+pub fn program(name: &str) -> PathBuf {
+    if name.contains('/') {
+        return PathBuf::from(name);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "{name} is not installed (apt-get install ibverbs-utils perftest \
+         libibverbs-dev)"
+    )
+}
+
+/// The addresses and TCP ports of test number `k`: run `i` of that test
+/// puts its server on 127.0.(130+k).(2i+1) and its client on
+/// 127.0.(130+k).(2i+2), and its TCP exchange on port 21000 + 10k + i.
+/// No other test suite of the workspace uses 127.0.130.x .. 127.0.189.x.
+#[derive(Clone, Copy, Debug)]
+pub struct Net(pub u16);
+
+impl Net {
+    pub fn third(self) -> u16 {
+        assert!(self.0 < 60, "test number {} out of range", self.0);
+        130 + self.0
+    }
+    pub fn server(self, i: u16) -> String {
+        assert!(i < 10);
+        format!("127.0.{}.{}", self.third(), 2 * i + 1)
+    }
+    pub fn client(self, i: u16) -> String {
+        assert!(i < 10);
+        format!("127.0.{}.{}", self.third(), 2 * i + 2)
+    }
+    pub fn port(self, i: u16) -> u16 {
+        assert!(i < 10);
+        21000 + 10 * self.0 + i
+    }
+    /// The LID roxe gives the server's / client's device of run `i`
+    /// (127.0.x.y -> x * 256 + y).
+    pub fn server_lid(self, i: u16) -> u16 {
+        self.third() * 256 + 2 * i + 1
+    }
+    pub fn client_lid(self, i: u16) -> u16 {
+        self.third() * 256 + 2 * i + 2
+    }
+}
+
+/// One program invocation: the program, its arguments, its device address
+/// (`ROXE_ADDR`) and extra environment.
+#[derive(Clone, Debug)]
+pub struct Side {
+    pub prog: PathBuf,
+    pub args: Vec<String>,
+    pub addr: String,
+    pub env: Vec<(String, OsString)>,
+}
+
+impl Side {
+    pub fn new(prog: &str, addr: &str, args: &[&str]) -> Side {
+        Side {
+            prog: program(prog),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            addr: addr.to_string(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, a: impl Into<String>) -> Side {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl Into<OsString>) -> Side {
+        self.env.push((k.to_string(), v.into()));
+        self
+    }
+
+    /// The command line as a shell would take it (for messages).
+    pub fn shell(&self) -> String {
+        let mut s = format!(
+            "LD_LIBRARY_PATH={} ROXE_ADDR={}",
+            lib_dir().display(),
+            self.addr
+        );
+        for (k, v) in &self.env {
+            s += &format!(" {k}={}", v.to_string_lossy());
+        }
+        s += &format!(" {}", self.prog.display());
+        for a in &self.args {
+            s += &format!(" {a}");
+        }
+        s
+    }
+
+    fn spawn(&self, who: &str) -> Proc {
+        eprintln!("{who}: {}", self.shell());
+        let mut cmd = Command::new(&self.prog);
+        cmd.args(&self.args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("ROXE_ADDR", &self.addr)
+            .env_remove("ROXE_PCAP")
+            .env_remove("ROXE_FAULT")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{who}: spawning {}: {e}", self.prog.display()));
+        let out = reader(child.stdout.take().expect("piped stdout"));
+        let err = reader(child.stderr.take().expect("piped stderr"));
+        Proc {
+            child,
+            out: Some(out),
+            err: Some(err),
+            cmdline: self.shell(),
+            started: Instant::now(),
+        }
+    }
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    })
+}
+
+/// A running child; killed and reaped if dropped before it finished (a
+/// panicking test leaves no process behind).
+struct Proc {
+    child: Child,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+    cmdline: String,
+    started: Instant,
+}
+
+impl Proc {
+    fn poll(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
+    /// Kill it if it still runs, and collect its output.
+    fn collect(mut self, status: Option<ExitStatus>) -> Run {
+        let killed = status.is_none();
+        let status = match status {
+            Some(s) => Some(s),
+            None => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                None
+            }
+        };
+        Run {
+            cmdline: std::mem::take(&mut self.cmdline),
+            status,
+            killed,
+            secs: self.started.elapsed().as_secs_f64(),
+            stdout: self.out.take().unwrap().join().unwrap_or_default(),
+            stderr: self.err.take().unwrap().join().unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What one program did.
+pub struct Run {
+    pub cmdline: String,
+    pub status: Option<ExitStatus>,
+    /// Killed at the deadline (or because the other side had failed).
+    pub killed: bool,
+    pub secs: f64,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    fn not_started(why: &str) -> Run {
+        Run {
+            cmdline: String::from("(not started)"),
+            status: None,
+            killed: false,
+            secs: 0.0,
+            stdout: String::new(),
+            stderr: why.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = match (self.status, self.killed) {
+            (_, true) => "killed (deadline or the other side failed)".to_string(),
+            (Some(s), _) => s.to_string(),
+            (None, _) => "not run".to_string(),
+        };
+        write!(
+            f,
+            "$ {}\n{status} after {:.2} s\n--- stdout\n{}--- stderr\n{}---",
+            self.cmdline, self.secs, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Run one program to its end (bounded by [`deadline`]).
+pub fn run_one(side: &Side) -> Run {
+    let mut p = side.spawn("run");
+    let end = Instant::now() + deadline();
+    loop {
+        if let Some(s) = p.poll() {
+            return p.collect(Some(s));
+        }
+        if Instant::now() >= end {
+            return p.collect(None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether something listens on TCP `port` (any address, v4 or v6).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut cols = l.split_whitespace();
+                let local = cols.nth(1).unwrap_or("");
+                let state = cols.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// What a server/client pair did.
+pub struct Pair {
+    pub server: Run,
+    pub client: Run,
+}
+
+impl std::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "=== server\n{:?}\n=== client\n{:?}",
+            self.server, self.client
+        )
+    }
+}
+
+impl Pair {
+    /// Both exited 0; otherwise fail with both outputs.
+    pub fn assert_ok(&self) {
+        assert!(
+            self.server.ok() && self.client.ok(),
+            "server or client failed:\n{self:?}"
+        );
+    }
+
+    /// Both stdouts contain `s`.
+    pub fn assert_both_contain(&self, s: &str) {
+        for r in [&self.server, &self.client] {
+            assert!(r.stdout.contains(s), "no {s:?} in stdout of\n{r:?}\n\n{self:?}");
+        }
+    }
+}
+
+/// Start `server`, wait until it listens on TCP `port` (the port its
+/// arguments name), start `client`, and wait for both, all within
+/// [`deadline`]. When one side fails the other gets [`GRACE`] to finish,
+/// then it is killed.
+pub fn run_pair(server: &Side, client: &Side, port: u16) -> Pair {
+    let start = Instant::now();
+    let end = start + deadline();
+    assert!(
+        !listening(port),
+        "TCP port {port} is already in use: another process listens on it"
+    );
+    let mut s = server.spawn("server");
+    // The pingpongs and perftest do not retry a refused connection: wait
+    // for the server's listening socket (without connecting to it).
+    loop {
+        if listening(port) {
+            break;
+        }
+        if let Some(st) = s.poll() {
+            let server = s.collect(Some(st));
+            return Pair {
+                server,
+                client: Run::not_started("the server exited before it listened"),
+            };
+        }
+        if Instant::now() >= end {
+            let server = s.collect(None);
+            return Pair {
+                server,
+                client: Run::not_started(&format!(
+                    "the server did not listen on TCP port {port} within {:?}",
+                    deadline()
+                )),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = client.spawn("client");
+    let (mut s_st, mut c_st) = (None, None);
+    let mut end_s = end;
+    let mut end_c = end;
+    loop {
+        let now = Instant::now();
+        if s_st.is_none() {
+            s_st = s.poll();
+            if s_st.is_some_and(|x: ExitStatus| !x.success()) {
+                end_c = end_c.min(now + GRACE);
+            }
+        }
+        if c_st.is_none() {
+            c_st = c.poll();
+            if c_st.is_some_and(|x: ExitStatus| !x.success()) {
+                end_s = end_s.min(now + GRACE);
+            }
+        }
+        let s_done = s_st.is_some() || now >= end_s;
+        let c_done = c_st.is_some() || now >= end_c;
+        if s_done && c_done {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pair = Pair {
+        server: s.collect(s_st),
+        client: c.collect(c_st),
+    };
+    eprintln!(
+        "pair: server {:?} ({:.2} s), client {:?} ({:.2} s), {:.2} s in all",
+        pair.server.status,
+        pair.server.secs,
+        pair.client.status,
+        pair.client.secs,
+        start.elapsed().as_secs_f64()
+    );
+    pair
+}
+
+/// `cc` on PATH, if there is one.
+pub fn c_compiler() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("cc"))
+        .find(|p| p.is_file())
+}
