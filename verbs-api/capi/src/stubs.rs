@@ -19,7 +19,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::ptr;
 
-use libc::{EOPNOTSUPP, ENOENT};
+use libc::{ENOENT, EOPNOTSUPP};
 
 use crate::{guard, set_errno};
 
@@ -209,7 +209,10 @@ fn lookup(table: &[(c_int, c_int)], key: c_int, miss: c_int) -> c_int {
 }
 
 fn rlookup(table: &[(c_int, c_int)], value: c_int) -> c_int {
-    table.iter().find(|e| e.1 == value).map_or(rate::MAX, |e| e.0)
+    table
+        .iter()
+        .find(|e| e.1 == value)
+        .map_or(rate::MAX, |e| e.0)
 }
 
 /// `ibv_rate_to_mult`: multiple of 2.5 Gb/s, or -1 for rates that are not one.
@@ -841,7 +844,10 @@ pub extern "C" fn verbs_uninit_context(_context: *mut c_void) {}
 
 /// `verbs_open_device`: kernel providers cannot open devices here: NULL, EOPNOTSUPP.
 #[no_mangle]
-pub extern "C" fn verbs_open_device(_device: *mut c_void, _private_data: *mut c_void) -> *mut c_void {
+pub extern "C" fn verbs_open_device(
+    _device: *mut c_void,
+    _private_data: *mut c_void,
+) -> *mut c_void {
     null_eopnotsupp()
 }
 
@@ -1083,14 +1089,23 @@ mod tests {
         assert!(ibv_import_device(3).is_null());
         // SAFETY: reading this thread's errno.
         assert_eq!(unsafe { *libc::__errno_location() }, EOPNOTSUPP);
-        assert_eq!(ibv_attach_mcast(ptr::null_mut(), ptr::null(), 0), EOPNOTSUPP);
+        assert_eq!(
+            ibv_attach_mcast(ptr::null_mut(), ptr::null(), 0),
+            EOPNOTSUPP
+        );
         assert_eq!(ibv_cmd_poll_cq(ptr::null_mut(), 1, ptr::null_mut()), -1);
         let wr = 0x1000 as *mut c_void;
         let mut bad = ptr::null_mut();
         // SAFETY: `bad` is a valid slot.
-        assert_eq!(unsafe { ibv_cmd_post_send(ptr::null_mut(), wr, &mut bad) }, EOPNOTSUPP);
+        assert_eq!(
+            unsafe { ibv_cmd_post_send(ptr::null_mut(), wr, &mut bad) },
+            EOPNOTSUPP
+        );
         assert_eq!(bad, wr);
-        assert_eq!(ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0), -1);
+        assert_eq!(
+            ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0),
+            -1
+        );
         assert_eq!(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
     }
 
@@ -1112,14 +1127,26 @@ mod tests {
         let mut back: UserPathRec = unsafe { std::mem::zeroed() };
         // SAFETY: valid, distinct structs of the documented types.
         unsafe {
-            ibv_copy_path_rec_from_kern((&mut u as *mut IbvSaPathRec).cast(), (&k as *const UserPathRec).cast());
-            ibv_copy_path_rec_to_kern((&mut back as *mut UserPathRec).cast(), (&u as *const IbvSaPathRec).cast());
+            ibv_copy_path_rec_from_kern(
+                (&mut u as *mut IbvSaPathRec).cast(),
+                (&k as *const UserPathRec).cast(),
+            );
+            ibv_copy_path_rec_to_kern(
+                (&mut back as *mut UserPathRec).cast(),
+                (&u as *const IbvSaPathRec).cast(),
+            );
         }
         assert_eq!(u.dgid.0, [7; 16]);
-        assert_eq!((u.mtu, u.pkey, u.reversible, u.preference), (5, 0xffff, 1, 9));
+        assert_eq!(
+            (u.mtu, u.pkey, u.reversible, u.preference),
+            (5, 0xffff, 1, 9)
+        );
         assert_eq!(back.dgid, k.dgid);
         assert_eq!(back.sgid, k.sgid);
-        assert_eq!((back.dlid, back.flow_label, back.mtu), (0x1234, 0xabcdef, 5));
+        assert_eq!(
+            (back.dlid, back.flow_label, back.mtu),
+            (0x1234, 0xabcdef, 5)
+        );
         assert_eq!(back.packet_life_time_selector, 2);
         // NULL arguments are ignored, not dereferenced.
         // SAFETY: NULL is handled by the function.
@@ -1142,7 +1169,10 @@ mod tests {
         let mut a: IbvQpAttr = unsafe { std::mem::zeroed() };
         // SAFETY: valid, distinct structs of the documented types.
         unsafe {
-            ibv_copy_qp_attr_from_kern((&mut a as *mut IbvQpAttr).cast(), (&k as *const UverbsQpAttr).cast())
+            ibv_copy_qp_attr_from_kern(
+                (&mut a as *mut IbvQpAttr).cast(),
+                (&k as *const UverbsQpAttr).cast(),
+            )
         };
         assert_eq!(a.qp_state, 0, "rdma-core does not copy qp_state");
         assert_eq!(a.cur_qp_state, 2);
@@ -1156,17 +1186,18 @@ mod tests {
 
     #[test]
     fn final_num_attrs_walks_links() {
-        // Two linked buffers with 2 and 3 filled attrs.
-        let mut b2 = [0u64; 16];
+        // Two linked command-buffer heads with 2 and 3 filled attrs; words
+        // 0 and 1 are `next` and `next_attr`.
         let mut b1 = [0u64; 16];
-        let base2 = b2.as_mut_ptr() as usize;
-        b2[0] = 0;
-        b2[1] = (base2 + ATTRS_OFFSET + 3 * UVERBS_ATTR_SIZE) as u64;
-        let base1 = b1.as_mut_ptr() as usize;
+        let mut b2 = [0u64; 16];
+        let base1 = b1.as_ptr() as usize;
+        let base2 = b2.as_ptr() as usize;
         b1[0] = base2 as u64;
         b1[1] = (base1 + ATTRS_OFFSET + 2 * UVERBS_ATTR_SIZE) as u64;
+        b2[1] = (base2 + ATTRS_OFFSET + 3 * UVERBS_ATTR_SIZE) as u64;
         // SAFETY: both buffers are live and laid out as command buffer heads.
         let n = unsafe { __ioctl_final_num_attrs(4, b1.as_ptr().cast()) };
+        std::hint::black_box(&b2);
         assert_eq!(n, 9);
         // SAFETY: NULL link is the common case.
         assert_eq!(unsafe { __ioctl_final_num_attrs(4, ptr::null()) }, 4);
