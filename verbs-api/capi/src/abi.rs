@@ -22,12 +22,8 @@ pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
-pub type QueryDeviceExFn = unsafe extern "C" fn(
-    *mut ibv_context,
-    *const c_void,
-    *mut ibv_device_attr_ex,
-    usize,
-) -> c_int;
+pub type QueryDeviceExFn =
+    unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
 
 pub const IBV_SYSFS_NAME_MAX: usize = 64;
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
@@ -87,7 +83,7 @@ pub struct verbs_context {
     /// ibv_destroy_flow, ABI_placeholder2, ibv_create_flow,
     /// ABI_placeholder1, open_qp.
     pub _unsupported1: [*const c_void; 5],
-    pub create_qp_ex: *const c_void,
+    pub create_qp_ex: Option<CreateQpExFn>,
     /// get_srq_num, create_srq_ex, open_xrcd, close_xrcd, placeholder3.
     pub _unsupported2: [*const c_void; 5],
     pub sz: usize,
@@ -246,6 +242,71 @@ pub struct ibv_qp_init_attr {
     pub cap: ibv_qp_cap,
     pub qp_type: u32,
     pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_qp_init_attr_ex`: the `ibv_qp_init_attr` prefix, then the
+/// extended members (`comp_mask` says which are valid).
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf` (RSS, not supported).
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+pub type CreateQpExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// `struct ibv_data_buf` (inline data lists of the `ibv_wr_*` API).
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+/// `struct ibv_qp_ex`: an `ibv_qp` followed by the new post-send API's
+/// function pointers (`ibv_wr_*` are inline calls through them).
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw: *const c_void,
+    pub wr_local_inv: *const c_void,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: *const c_void,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: *const c_void,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_atomic_write: *const c_void,
 }
 
 #[repr(C)]
@@ -499,6 +560,17 @@ pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 pub const IBV_SRQ_MAX_WR: c_int = 1;
 pub const IBV_SRQ_LIMIT: c_int = 2;
 pub const IBV_WC_GRH: u32 = 1;
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+pub const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1;
+pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+pub const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
 #[cfg(target_arch = "x86_64")]
 const MUTEX: usize = 40;
@@ -550,6 +622,18 @@ const _: () = {
     assert!(offset_of!(ibv_qp_attr, rate_limit) == 136);
     assert!(size_of::<ibv_qp_init_attr>() == 64 && offset_of!(ibv_qp_init_attr, qp_type) == 52);
     assert!(size_of::<ibv_srq_init_attr>() == 24);
+    assert!(size_of::<ibv_qp_init_attr_ex>() == 136);
+    assert!(offset_of!(ibv_qp_init_attr_ex, comp_mask) == 60);
+    assert!(offset_of!(ibv_qp_init_attr_ex, pd) == 64);
+    assert!(offset_of!(ibv_qp_init_attr_ex, rx_hash_conf) == 96);
+    assert!(offset_of!(ibv_qp_init_attr_ex, source_qpn) == 120);
+    assert!(offset_of!(ibv_qp_init_attr_ex, send_ops_flags) == 128);
+    assert!(size_of::<ibv_qp_ex>() == 312 + MUTEX);
+    assert!(offset_of!(ibv_qp_ex, comp_mask) == 120 + MUTEX);
+    assert!(offset_of!(ibv_qp_ex, wr_send) == 200 + MUTEX);
+    assert!(offset_of!(ibv_qp_ex, wr_set_sge) == 264 + MUTEX);
+    assert!(offset_of!(ibv_qp_ex, wr_start) == 280 + MUTEX);
+    assert!(offset_of!(ibv_qp_ex, wr_atomic_write) == 304 + MUTEX);
     assert!(size_of::<ibv_sge>() == 16);
     assert!(size_of::<ibv_send_wr>() == 128);
     assert!(offset_of!(ibv_send_wr, imm_data) == 36 && offset_of!(ibv_send_wr, wr) == 40);

@@ -87,8 +87,8 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             }
         };
         // SAFETY: calloc of n+1 pointers; checked for NULL below.
-        let list =
-            unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+        let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }
+            .cast::<*mut ibv_device>();
         if list.is_null() {
             set_errno(libc::ENOMEM);
             return null_mut();
@@ -193,6 +193,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vctx.sz = size_of::<verbs_context>();
         vctx.query_port = Some(query_port_ex);
         vctx.query_device_ex = Some(query_device_ex);
+        vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
         let c = &mut vctx.context;
         c.device = device;
         c.cmd_fd = -1;
@@ -510,7 +511,13 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
                     return -(libc::EINVAL as isize);
                 }
                 // SAFETY: entries holds max_entries entries of entry_size.
-                unsafe { copy_out(&gid_entry(raw, i, 1), entries.cast::<u8>().add(n * entry_size), entry_size) };
+                unsafe {
+                    copy_out(
+                        &gid_entry(raw, i, 1),
+                        entries.cast::<u8>().add(n * entry_size),
+                        entry_size,
+                    )
+                };
                 n += 1;
             }
         }

@@ -9,6 +9,7 @@
 //!   table (the inline `ibv_post_send`/`ibv_poll_cq`/... jump through it),
 //!   queries, async events;
 //! - `verbs`: PD, MR, CQ, completion channels, SRQ, QP, AH and the data path;
+//! - `qp_ex`: the `ibv_wr_*` post-send API of QPs from `ibv_create_qp_ex`;
 //! - `stubs`: the rest of the 146 exported symbols (helpers, strings,
 //!   kernel-only and private entry points) with a real provider's answer
 //!   for what roxe does not support;
@@ -20,7 +21,10 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod abi;
+#[cfg(test)]
+mod abi_probe;
 mod device;
+mod qp_ex;
 mod stubs;
 mod symbols;
 mod verbs;

@@ -41,7 +41,7 @@ fn leak<T>(v: T) -> *mut T {
 /// # Safety
 /// `p` must be NULL or a pointer this module returned for a `T` that has
 /// not been destroyed.
-unsafe fn obj<'a, T, C>(p: *mut C) -> Option<&'a T> {
+pub(crate) unsafe fn obj<'a, T, C>(p: *mut C) -> Option<&'a T> {
     // SAFETY: per the contract, p is the first member of a live T.
     unsafe { p.cast::<T>().as_ref() }
 }
@@ -646,10 +646,18 @@ unsafe fn sges(sg: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
 
 // -------------------------------------------------------------------- QP
 
+/// Every QP carries the `ibv_qp_ex` layout (its `qp_base` first, so it is
+/// also an `ibv_qp`); `ibv_qp_to_qp_ex` hands it out only for QPs created
+/// through `ibv_create_qp_ex` with send-ops flags, as libibverbs does.
 #[repr(C)]
-struct RoxeQp {
-    c: ibv_qp,
-    qp: Qp,
+pub(crate) struct RoxeQp {
+    pub(crate) c: ibv_qp_ex,
+    pub(crate) qp: Qp,
+    /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: the flags.
+    pub(crate) send_ops: Option<u64>,
+    /// The `ibv_wr_*` batch between `wr_start` and `wr_complete`, and the
+    /// first error a void `ibv_wr_*` call hit (reported by `wr_complete`).
+    pub(crate) batch: Mutex<(Vec<SendWr>, c_int)>,
     cap: ibv_qp_cap,
     sq_sig_all: c_int,
     pd: *const RoxePd,
@@ -663,7 +671,61 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: pd NULL or ours; init is the caller's.
+    guard(null_mut(), || unsafe { create_qp(pd, init, None) })
+}
+
+/// `vctx->create_qp_ex`: the PD and send-ops flags of the extended
+/// attributes; XRC, RSS, TSO, source QPN and creation flags are not
+/// supported (EOPNOTSUPP).
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
     guard(null_mut(), || {
+        // SAFETY: attr is the caller's.
+        let Some(a) = (unsafe { attr.as_mut() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return fail_null(libc::EINVAL);
+        }
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        let send_ops = if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            if a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
+                return fail_null(libc::EOPNOTSUPP);
+            }
+            Some(a.send_ops_flags)
+        } else {
+            None
+        };
+        // SAFETY: ibv_qp_init_attr_ex starts with the ibv_qp_init_attr
+        // layout (asserted in abi.rs), and the PD is NULL or ours.
+        unsafe { create_qp(a.pd, attr.cast(), send_ops) }
+    })
+}
+
+const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
+
+unsafe fn create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+    send_ops: Option<u64>,
+) -> *mut ibv_qp {
+    {
         // SAFETY: pd NULL or ours; init is the caller's.
         let (Some(p), Some(init)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { init.as_mut() })
         else {
@@ -707,23 +769,32 @@ pub unsafe extern "C" fn ibv_create_qp(
         }
         let granted = cap;
         init.cap = granted;
+        // SAFETY: ibv_qp_ex is pointers, integers and pthread objects: all
+        // zero is valid (NULL function pointers are filled below).
+        let mut c: ibv_qp_ex = unsafe { zeroed() };
+        c.qp_base = ibv_qp {
+            context: p.c.context,
+            qp_context: init.qp_context,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            handle: qp.qp_num(),
+            qp_num: qp.qp_num(),
+            state: QpState::Reset as u32,
+            qp_type: init.qp_type,
+            mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+            cond: libc::PTHREAD_COND_INITIALIZER,
+            events_completed: 0,
+        };
+        if send_ops.is_some() {
+            crate::qp_ex::fill_wr_ops(&mut c);
+        }
         leak(RoxeQp {
-            c: ibv_qp {
-                context: p.c.context,
-                qp_context: init.qp_context,
-                pd,
-                send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
-                srq: init.srq,
-                handle: qp.qp_num(),
-                qp_num: qp.qp_num(),
-                state: QpState::Reset as u32,
-                qp_type: init.qp_type,
-                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
-                cond: libc::PTHREAD_COND_INITIALIZER,
-                events_completed: 0,
-            },
+            c,
             qp,
+            send_ops,
+            batch: Mutex::new((Vec::new(), 0)),
             cap: granted,
             sq_sig_all: init.sq_sig_all,
             pd: p,
@@ -732,7 +803,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             srq: srq.map_or(ptr::null(), |s| s as *const RoxeSrq),
         })
         .cast()
-    })
+    }
 }
 
 #[no_mangle]
@@ -833,8 +904,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp NULL or ours; attr is the caller's.
-        let (Some(q), Some(a)) = (unsafe { obj::<RoxeQp, _>(qp) }, unsafe { attr.as_ref() })
-        else {
+        let (Some(q), Some(a)) = (unsafe { obj::<RoxeQp, _>(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
         let attr_r = match qp_attr_from_c(a, mask) {
@@ -905,12 +975,12 @@ pub unsafe extern "C" fn ibv_query_qp(
         unsafe {
             attr.write(out);
             init.write(ibv_qp_init_attr {
-                qp_context: q.c.qp_context,
-                send_cq: q.c.send_cq,
-                recv_cq: q.c.recv_cq,
-                srq: q.c.srq,
+                qp_context: q.c.qp_base.qp_context,
+                send_cq: q.c.qp_base.send_cq,
+                recv_cq: q.c.qp_base.recv_cq,
+                srq: q.c.qp_base.srq,
                 cap: q.cap,
-                qp_type: q.c.qp_type,
+                qp_type: q.c.qp_base.qp_type,
                 sq_sig_all: q.sq_sig_all,
             });
             (*qp).state = out.qp_state;
@@ -919,11 +989,14 @@ pub unsafe extern "C" fn ibv_query_qp(
     })
 }
 
-/// roxe creates no extended QPs (`create_qp_ex` is not offered), so no QP
-/// has the `ibv_qp_ex` layout.
+/// The `ibv_qp_ex` of a QP created with send-ops flags, else NULL.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: qp NULL or ours.
+    match unsafe { obj::<RoxeQp, _>(qp) } {
+        Some(q) if q.send_ops.is_some() => qp.cast(),
+        _ => null_mut(),
+    }
 }
 
 /// One C send WR as roxe's.
@@ -931,7 +1004,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
 /// # Safety
 /// `w` is a node of the caller's WR list; its SGEs, inline data and AH
 /// are valid as `ibv_post_send` requires.
-unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
+pub(crate) unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
     let opcode = match w.opcode {
         0 => SendOpcode::RdmaWrite,
         1 => SendOpcode::RdmaWriteWithImm,
@@ -1011,7 +1084,7 @@ unsafe extern "C" fn post_send(
             // SAFETY: wr is a node of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: per post_send's contract.
-            let r = unsafe { send_wr_from_c(w, q.c.qp_type) }
+            let r = unsafe { send_wr_from_c(w, q.c.qp_base.qp_type) }
                 .and_then(|sw| q.qp.post_send(sw).map_err(|e| e.errno()));
             if let Err(e) = r {
                 if !bad_wr.is_null() {
@@ -1044,9 +1117,9 @@ unsafe extern "C" fn post_recv(
 // -------------------------------------------------------------------- AH
 
 #[repr(C)]
-struct RoxeAh {
+pub(crate) struct RoxeAh {
     c: ibv_ah,
-    ah: roxe_verbs::Ah,
+    pub(crate) ah: roxe_verbs::Ah,
     pd: *const RoxePd,
 }
 
@@ -1054,8 +1127,7 @@ struct RoxeAh {
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(null_mut(), || {
         // SAFETY: pd NULL or ours; attr the caller's.
-        let (Some(p), Some(a)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { attr.as_ref() })
-        else {
+        let (Some(p), Some(a)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { attr.as_ref() }) else {
             return fail_null(libc::EINVAL);
         };
         match p.pd.create_ah(&av_from_c(a)) {
@@ -1136,7 +1208,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     guard(-1, || {
         // SAFETY: all three are the caller's (or NULL).
         let (Some(_), Some(wc), Some(out)) =
-            (unsafe { context(ctx) }, unsafe { wc.as_ref() }, unsafe { ah_attr.as_mut() })
+            (unsafe { context(ctx) }, unsafe { wc.as_ref() }, unsafe {
+                ah_attr.as_mut()
+            })
         else {
             set_errno(libc::EINVAL);
             return -1;

@@ -1,0 +1,263 @@
+//! The new post-send API (`ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_sge`,
+//! ..., `ibv_wr_complete`): inline calls through the function pointers of
+//! `struct ibv_qp_ex`. Between `wr_start` and `wr_complete` the WRs are
+//! collected; each opcode call starts one (taking `qpx->wr_id` and
+//! `qpx->wr_flags`), the setters complete the last one, and `wr_complete`
+//! posts them in order. The calls returning `void` record their first
+//! error, which `wr_complete` returns (as rdma-core's providers do).
+
+use crate::abi::*;
+use crate::guard;
+use crate::verbs::{obj, RoxeAh, RoxeQp};
+use roxe_verbs::{SendFlags, SendOpcode, SendWr, Sge};
+use std::ffi::{c_int, c_void};
+
+/// Point every `wr_*` slot roxe implements at its function.
+pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_send_inv = Some(wr_send_inv);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+}
+
+/// Run `f` on the QP's batch; a NULL or foreign pointer is ignored (the
+/// void `ibv_wr_*` calls have no way to report it).
+fn with_batch(qpx: *mut ibv_qp_ex, f: impl FnOnce(&RoxeQp, &mut Vec<SendWr>, &mut c_int)) {
+    guard((), || {
+        // SAFETY: qpx is NULL or the ibv_qp_ex of one of our QPs (its
+        // qp_base is the RoxeQp's first member).
+        let Some(q) = (unsafe { obj::<RoxeQp, _>(qpx) }) else {
+            return;
+        };
+        let mut b = q.batch.lock();
+        let (wrs, err) = &mut *b;
+        f(q, wrs, err);
+    })
+}
+
+/// Start a WR of `opcode` from `qpx->wr_id` / `qpx->wr_flags`.
+fn start(qpx: *mut ibv_qp_ex, opcode: SendOpcode, fill: impl FnOnce(&mut SendWr)) {
+    with_batch(qpx, |q, wrs, _| {
+        let mut wr = SendWr::new(q.c.wr_id, opcode, Vec::new());
+        wr.flags = SendFlags(q.c.wr_flags);
+        fill(&mut wr);
+        wrs.push(wr);
+    });
+}
+
+/// Change the WR the last opcode call started (EINVAL without one).
+fn last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWr) -> Result<(), c_int>) {
+    with_batch(qpx, |_, wrs, err| {
+        let r = match wrs.last_mut() {
+            Some(w) => f(w),
+            None => Err(libc::EINVAL),
+        };
+        if let (Err(e), 0) = (r, *err) {
+            *err = e;
+        }
+    });
+}
+
+unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    with_batch(qpx, |_, wrs, err| {
+        wrs.clear();
+        *err = 0;
+    });
+}
+
+unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    with_batch(qpx, |_, wrs, err| {
+        wrs.clear();
+        *err = 0;
+    });
+}
+
+unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    let mut rc = libc::EINVAL;
+    with_batch(qpx, |q, wrs, err| {
+        let batch = std::mem::take(wrs);
+        rc = std::mem::take(err);
+        if rc != 0 {
+            return;
+        }
+        for wr in batch {
+            if let Err(e) = q.qp.post_send(wr) {
+                rc = e.errno();
+                return;
+            }
+        }
+    });
+    rc
+}
+
+unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
+    start(qpx, SendOpcode::Send, |_| {});
+}
+
+unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm_data: u32) {
+    // imm_data is __be32: the wire value is its big-endian reading.
+    start(qpx, SendOpcode::SendWithImm, |w| {
+        w.imm_data = u32::from_be(imm_data)
+    });
+}
+
+unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    start(qpx, SendOpcode::SendWithInv, |w| {
+        w.invalidate_rkey = invalidate_rkey
+    });
+}
+
+unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    start(qpx, SendOpcode::RdmaWrite, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+    });
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm_data: u32,
+) {
+    start(qpx, SendOpcode::RdmaWriteWithImm, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+        w.imm_data = u32::from_be(imm_data);
+    });
+}
+
+unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    start(qpx, SendOpcode::RdmaRead, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+    });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    start(qpx, SendOpcode::AtomicCmpAndSwp, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+        w.compare_add = compare;
+        w.swap = swap;
+    });
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    start(qpx, SendOpcode::AtomicFetchAndAdd, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+        w.compare_add = add;
+    });
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qpx: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    last(qpx, |w| {
+        // SAFETY: ah is NULL or from ibv_create_ah.
+        let a = unsafe { obj::<RoxeAh, _>(ah) }.ok_or(libc::EINVAL)?;
+        w.ud = Some(a.ah.dest(remote_qpn, remote_qkey));
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    last(qpx, |w| {
+        w.sg_list = vec![Sge { addr, length, lkey }];
+        w.inline_data = None;
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    last(qpx, |w| {
+        if num_sge > 0 && sg_list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's array holds num_sge entries.
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge) };
+        w.sg_list = list
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        w.inline_data = None;
+        Ok(())
+    });
+}
+
+/// Copy inline data now: the buffers may be reused once the call returns.
+fn set_inline(w: &mut SendWr, bufs: &[(*const c_void, usize)]) -> Result<(), c_int> {
+    let mut data = Vec::new();
+    for &(addr, len) in bufs {
+        if len == 0 {
+            continue;
+        }
+        if addr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller passes `len` readable bytes at `addr`.
+        data.extend_from_slice(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) });
+    }
+    w.sg_list = vec![Sge {
+        addr: 0,
+        length: data.len() as u32,
+        lkey: 0,
+    }];
+    w.flags = w.flags | SendFlags::INLINE;
+    w.inline_data = Some(data);
+    Ok(())
+}
+
+unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    last(qpx, |w| set_inline(w, &[(addr.cast_const(), length)]));
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qpx: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    last(qpx, |w| {
+        if num_buf > 0 && buf_list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's array holds num_buf entries.
+        let list = unsafe { std::slice::from_raw_parts(buf_list, num_buf) };
+        let bufs: Vec<_> = list
+            .iter()
+            .map(|b| (b.addr.cast_const(), b.length))
+            .collect();
+        set_inline(w, &bufs)
+    });
+}
