@@ -167,6 +167,19 @@ fn layouts() -> Vec<Layout> {
             alt_port_num, alt_timeout, rate_limit,
         }
         ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+        ibv_qp_init_attr_ex {
+            qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd,
+            xrcd, create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn,
+            send_ops_flags,
+        }
+        ibv_data_buf { addr, length }
+        ibv_qp_ex {
+            qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add,
+            wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm,
+            wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
+            wr_set_xrc_srqn, wr_set_inline_data, wr_set_inline_data_list, wr_set_sge,
+            wr_set_sge_list, wr_start, wr_complete, wr_abort, wr_atomic_write,
+        }
         ibv_srq_attr { max_wr, max_sge, srq_limit }
         ibv_srq_init_attr { srq_context, attr }
         ibv_sge { addr, length, lkey }
@@ -271,6 +284,17 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_SRQ_MAX_WR,
         IBV_SRQ_LIMIT,
         IBV_WC_GRH,
+        IBV_QP_INIT_ATTR_PD,
+        IBV_QP_INIT_ATTR_CREATE_FLAGS,
+        IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        IBV_QP_EX_WITH_RDMA_WRITE,
+        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+        IBV_QP_EX_WITH_SEND,
+        IBV_QP_EX_WITH_SEND_WITH_IMM,
+        IBV_QP_EX_WITH_RDMA_READ,
+        IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+        IBV_QP_EX_WITH_SEND_WITH_INV,
     ]
 }
 
