@@ -1,0 +1,993 @@
+/*
+ * verbs_contract.c -- checks the libibverbs contract of the drop-in
+ * libibverbs.so.1 (return conventions, errnos, completion channels, GIDs,
+ * the ibv_wr_* API, immediate data) in ONE process on one device: two RC
+ * QPs on the same device talk to each other over loopback.
+ *
+ * Written against the system <infiniband/verbs.h> only; what it expects is
+ * what rdma-core's libibverbs with the rxe provider does (see
+ * /work/shared/docs/libibverbs-abi.md sections 6 and 7).
+ *
+ * Prints "ok <name>" or "FAIL <name>: detail" per check and exits 1 if any
+ * check failed (2 if the setup itself failed). Every wait is bounded: CQ
+ * polls and poll(2) give up after 5 s, a watchdog ends the run after 25 s.
+ *
+ * A check where the drop-in is known to differ from real libibverbs/rxe
+ * gets a "DEVIATION" comment (none at the time of writing).
+ *
+ *   build: cc -Wall -Werror -O2 -o verbs_contract verbs_contract.c -libverbs -pthread
+ *   run:   LD_LIBRARY_PATH=target/debug/ibverbs ROXE_ADDR=127.0.201.1 ./verbs_contract
+ *
+ * Options: -d DEV (default: the first device), -a A.B.C.D (the device's
+ * IPv4 address, for the GID check; default $ROXE_ADDR; without either the
+ * GID is only checked to be IPv4-mapped).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TIMEOUT_MS 5000
+#define BUF_SIZE 4096
+#define CQ_SIZE 64
+
+static int failures;
+
+static void ok(const char *name)
+{
+	printf("ok %s\n", name);
+	fflush(stdout);
+}
+
+static void fail(const char *name, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("FAIL %s: ", name);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	failures++;
+}
+
+/* ok/FAIL by a condition; returns the condition. */
+static int check(int cond, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (cond) {
+		ok(name);
+		return 1;
+	}
+	printf("FAIL %s: ", name);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	failures++;
+	return 0;
+}
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("FAIL setup: ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	exit(2);
+}
+
+static void watchdog(int sig)
+{
+	static const char msg[] = "FAIL watchdog: the run took longer than 25 s\n";
+	ssize_t r;
+
+	(void)sig;
+	r = write(STDOUT_FILENO, msg, sizeof(msg) - 1);
+	(void)r;
+	_exit(1);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *gid_str(const union ibv_gid *g, char *buf, size_t len)
+{
+	if (!inet_ntop(AF_INET6, g->raw, buf, len))
+		snprintf(buf, len, "?");
+	return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* Completions */
+
+/*
+ * Poll `cq` until `n` completions have been collected into `wc` or 5 s
+ * passed. Returns the number collected (negative: ibv_poll_cq failed).
+ */
+static int poll_n_ms(struct ibv_cq *cq, struct ibv_wc *wc, int n, int timeout_ms)
+{
+	int64_t deadline = now_ms() + timeout_ms;
+	int got = 0;
+
+	while (got < n) {
+		int k = ibv_poll_cq(cq, n - got, wc + got);
+
+		if (k < 0)
+			return k;
+		got += k;
+		if (got >= n)
+			break;
+		if (now_ms() > deadline)
+			break;
+		if (k == 0)
+			usleep(100);
+	}
+	return got;
+}
+
+static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
+{
+	return poll_n_ms(cq, wc, n, TIMEOUT_MS);
+}
+
+/* The completion with `wr_id` among `n`, or NULL. */
+static struct ibv_wc *find_wc(struct ibv_wc *wc, int n, uint64_t wr_id)
+{
+	for (int i = 0; i < n; i++)
+		if (wc[i].wr_id == wr_id)
+			return &wc[i];
+	return NULL;
+}
+
+/*
+ * Check one completion: present, successful, opcode, byte_len (if >= 0),
+ * qp_num. Prints ok/FAIL under `name`.
+ */
+static int check_wc(const char *name, struct ibv_wc *wc, int n, uint64_t wr_id,
+		    enum ibv_wc_opcode opcode, int byte_len, uint32_t qp_num)
+{
+	struct ibv_wc *w = find_wc(wc, n, wr_id);
+
+	if (!w) {
+		fail(name, "no completion with wr_id %" PRIu64 " (%d completions polled)",
+		     wr_id, n);
+		return 0;
+	}
+	if (w->status != IBV_WC_SUCCESS) {
+		fail(name, "wr_id %" PRIu64 ": status %d (%s)", wr_id, w->status,
+		     ibv_wc_status_str(w->status));
+		return 0;
+	}
+	if (w->opcode != opcode) {
+		fail(name, "wr_id %" PRIu64 ": opcode %d, expected %d", wr_id, w->opcode, opcode);
+		return 0;
+	}
+	if (byte_len >= 0 && w->byte_len != (uint32_t)byte_len) {
+		fail(name, "wr_id %" PRIu64 ": byte_len %u, expected %d", wr_id, w->byte_len,
+		     byte_len);
+		return 0;
+	}
+	if (w->qp_num != qp_num) {
+		fail(name, "wr_id %" PRIu64 ": qp_num %u, expected %u", wr_id, w->qp_num, qp_num);
+		return 0;
+	}
+	ok(name);
+	return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Objects */
+
+struct ctx {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	union ibv_gid gid;
+	struct ibv_port_attr port;
+};
+
+struct buf {
+	char *p;
+	struct ibv_mr *mr;
+};
+
+static void buf_init(struct ctx *c, struct buf *b)
+{
+	b->p = calloc(1, BUF_SIZE);
+	if (!b->p)
+		die("calloc");
+	b->mr = ibv_reg_mr(c->pd, b->p, BUF_SIZE,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				   IBV_ACCESS_REMOTE_READ);
+	if (!b->mr)
+		die("ibv_reg_mr: %s", strerror(errno));
+}
+
+static struct ibv_qp *make_qp(struct ctx *c, struct ibv_cq *scq, struct ibv_cq *rcq,
+			      struct ibv_qp_cap *granted)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = scq,
+		.recv_cq = rcq,
+		.cap = { .max_send_wr = 32, .max_recv_wr = 32, .max_send_sge = 1,
+			 .max_recv_sge = 1, .max_inline_data = 64 },
+		.qp_type = IBV_QPT_RC,
+		.sq_sig_all = 0,
+	};
+	struct ibv_qp *qp = ibv_create_qp(c->pd, &ia);
+
+	if (!qp)
+		die("ibv_create_qp: %s", strerror(errno));
+	if (granted)
+		*granted = ia.cap;
+	return qp;
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.pkey_index = 0,
+		.port_num = 1,
+		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				   IBV_ACCESS_REMOTE_READ,
+	};
+
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static const int RTR_MASK = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+
+static struct ibv_qp_attr rtr_attr(struct ctx *c, uint32_t dest_qpn, uint32_t psn)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = IBV_MTU_1024,
+		.dest_qp_num = dest_qpn,
+		.rq_psn = psn,
+		.max_dest_rd_atomic = 1,
+		.min_rnr_timer = 12,
+		.ah_attr = {
+			.is_global = 1,
+			.grh = { .dgid = c->gid, .sgid_index = 0, .hop_limit = 64 },
+			.dlid = c->port.lid,
+			.sl = 0,
+			.src_path_bits = 0,
+			.port_num = 1,
+		},
+	};
+
+	return a;
+}
+
+static int to_rtr(struct ctx *c, struct ibv_qp *qp, uint32_t dest_qpn, uint32_t psn)
+{
+	struct ibv_qp_attr a = rtr_attr(c, dest_qpn, psn);
+
+	return ibv_modify_qp(qp, &a, RTR_MASK);
+}
+
+static int to_rts(struct ibv_qp *qp, uint32_t psn)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTS,
+		.timeout = 14,
+		.retry_cnt = 7,
+		.rnr_retry = 7,
+		.sq_psn = psn,
+		.max_rd_atomic = 1,
+	};
+
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/*
+ * RESET -> INIT -> RTR -> RTS for both QPs, each pointing at the other.
+ * `tag` names the pair; with `check_state`, qp->state is checked after
+ * each transition.
+ */
+static void connect_pair(struct ctx *c, struct ibv_qp *a, struct ibv_qp *b, const char *tag,
+			 int check_state)
+{
+	struct ibv_qp *qps[2] = { a, b };
+	char name[96];
+	int rc;
+
+	for (int i = 0; i < 2; i++) {
+		if ((rc = to_init(qps[i])))
+			die("%s: modify_qp INIT: %s", tag, strerror(rc));
+		if (check_state && i == 0) {
+			snprintf(name, sizeof(name), "%s.qp_state_field_init", tag);
+			check(qps[i]->state == IBV_QPS_INIT, name, "qp->state %d, expected %d",
+			      qps[i]->state, IBV_QPS_INIT);
+		}
+	}
+	for (int i = 0; i < 2; i++) {
+		if ((rc = to_rtr(c, qps[i], qps[1 - i]->qp_num, 100 + 1000 * (1 - i))))
+			die("%s: modify_qp RTR: %s", tag, strerror(rc));
+		if (check_state && i == 0) {
+			snprintf(name, sizeof(name), "%s.qp_state_field_rtr", tag);
+			check(qps[i]->state == IBV_QPS_RTR, name, "qp->state %d, expected %d",
+			      qps[i]->state, IBV_QPS_RTR);
+		}
+	}
+	for (int i = 0; i < 2; i++) {
+		if ((rc = to_rts(qps[i], 100 + 1000 * i)))
+			die("%s: modify_qp RTS: %s", tag, strerror(rc));
+		if (check_state && i == 0) {
+			/* Checked before any ibv_query_qp: ibv_modify_qp itself
+			 * must update the public field. */
+			snprintf(name, sizeof(name), "%s.qp_state_field_rts", tag);
+			check(qps[i]->state == IBV_QPS_RTS, name, "qp->state %d, expected %d",
+			      qps[i]->state, IBV_QPS_RTS);
+		}
+	}
+}
+
+static int post_recv(struct ibv_qp *qp, uint64_t wr_id, struct buf *b, uint32_t off, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)(b->p + off), .length = len, .lkey = b->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 };
+	struct ibv_recv_wr *bad = NULL;
+
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+static int post_send(struct ibv_qp *qp, uint64_t wr_id, struct buf *b, uint32_t off, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)(b->p + off), .length = len, .lkey = b->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	struct ibv_send_wr *bad = NULL;
+
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void fill(char *p, size_t len, unsigned seed)
+{
+	for (size_t i = 0; i < len; i++)
+		p[i] = (char)(seed + i * 7);
+}
+
+/* The first offset where a and b differ, or -1. */
+static long diff_at(const char *a, const char *b, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if (a[i] != b[i])
+			return (long)i;
+	return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Blocking ibv_get_cq_event in a thread */
+
+struct waiter {
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *cq;
+	void *cq_context;
+	int rc;
+	int err;
+};
+
+static void *wait_event(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->rc = ibv_get_cq_event(w->ch, &w->cq, &w->cq_context);
+	w->err = errno;
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+	const char *dev_name = NULL;
+	const char *addr = getenv("ROXE_ADDR");
+	struct ibv_device **list;
+	struct ctx c = { 0 };
+	int opt, num, rc;
+	char gs[INET6_ADDRSTRLEN];
+
+	while ((opt = getopt(argc, argv, "d:a:")) != -1) {
+		switch (opt) {
+		case 'd':
+			dev_name = optarg;
+			break;
+		case 'a':
+			addr = optarg;
+			break;
+		default:
+			fprintf(stderr, "usage: %s [-d dev] [-a ipv4]\n", argv[0]);
+			return 2;
+		}
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGALRM, watchdog);
+	alarm(25);
+
+	list = ibv_get_device_list(&num);
+	if (!list)
+		die("ibv_get_device_list: %s", strerror(errno));
+	for (int i = 0; i < num; i++) {
+		if (!dev_name || !strcmp(ibv_get_device_name(list[i]), dev_name)) {
+			c.ctx = ibv_open_device(list[i]);
+			if (!c.ctx)
+				die("ibv_open_device(%s): %s", ibv_get_device_name(list[i]),
+				    strerror(errno));
+			break;
+		}
+	}
+	if (!c.ctx)
+		die("device %s not found (%d devices)", dev_name ? dev_name : "(any)", num);
+	printf("# device %s\n", ibv_get_device_name(c.ctx->device));
+	c.pd = ibv_alloc_pd(c.ctx);
+	if (!c.pd)
+		die("ibv_alloc_pd: %s", strerror(errno));
+
+	/* ---------------------------------------------------- port, GIDs */
+	rc = ibv_query_port(c.ctx, 1, &c.port);
+	if (rc)
+		die("ibv_query_port: %s", strerror(rc));
+	check(c.port.link_layer == IBV_LINK_LAYER_ETHERNET, "query_port.link_layer_ethernet",
+	      "link_layer %d, expected %d", c.port.link_layer, IBV_LINK_LAYER_ETHERNET);
+	check(c.port.state == IBV_PORT_ACTIVE, "query_port.state_active", "state %d, expected %d",
+	      c.port.state, IBV_PORT_ACTIVE);
+	check(c.port.gid_tbl_len >= 1, "query_port.gid_tbl_len", "gid_tbl_len %d",
+	      c.port.gid_tbl_len);
+
+	if (ibv_query_gid(c.ctx, 1, 0, &c.gid))
+		die("ibv_query_gid(0): %s", strerror(errno));
+	{
+		static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+		struct in_addr want;
+
+		if (memcmp(c.gid.raw, mapped, 12)) {
+			fail("query_gid.index0", "%s is not IPv4-mapped",
+			     gid_str(&c.gid, gs, sizeof(gs)));
+		} else if (addr && inet_pton(AF_INET, addr, &want) == 1) {
+			check(!memcmp(c.gid.raw + 12, &want, 4), "query_gid.index0",
+			      "%s, expected ::ffff:%s", gid_str(&c.gid, gs, sizeof(gs)), addr);
+		} else {
+			ok("query_gid.index0");
+			printf("# no ROXE_ADDR/-a: only checked that %s is IPv4-mapped\n",
+			       gid_str(&c.gid, gs, sizeof(gs)));
+		}
+	}
+	{
+		/* Every index < gid_tbl_len answers (an empty slot: a zero GID);
+		 * the first index past the table fails with -1. */
+		int bad = -1;
+		union ibv_gid g;
+
+		for (int i = 0; i < c.port.gid_tbl_len && i < 1024; i++)
+			if (ibv_query_gid(c.ctx, 1, i, &g)) {
+				bad = i;
+				break;
+			}
+		check(bad < 0, "query_gid.all_below_tbl_len", "ibv_query_gid(%d) failed: %s", bad,
+		      strerror(errno));
+		rc = ibv_query_gid(c.ctx, 1, c.port.gid_tbl_len, &g);
+		check(rc == -1, "query_gid.past_tbl_len", "ibv_query_gid(gid_tbl_len=%d) returned %d",
+		      c.port.gid_tbl_len, rc);
+	}
+	{
+		struct ibv_gid_entry e;
+
+		memset(&e, 0xa5, sizeof(e));
+		rc = ibv_query_gid_ex(c.ctx, 1, 0, &e, 0);
+		if (rc)
+			fail("query_gid_ex.index0", "returned %d (%s)", rc, strerror(rc));
+		else
+			check(!memcmp(e.gid.raw, c.gid.raw, 16) && e.gid_index == 0 &&
+				      e.port_num == 1 && e.gid_type == IBV_GID_TYPE_ROCE_V2,
+			      "query_gid_ex.index0",
+			      "gid %s index %u port %u type %u, expected %s index 0 port 1 type %d",
+			      gid_str(&e.gid, gs, sizeof(gs)), e.gid_index, e.port_num, e.gid_type,
+			      gid_str(&c.gid, (char[INET6_ADDRSTRLEN]){ 0 }, INET6_ADDRSTRLEN),
+			      IBV_GID_TYPE_ROCE_V2);
+	}
+	{
+		int n = c.port.gid_tbl_len > 0 ? c.port.gid_tbl_len : 1;
+		struct ibv_gid_entry *t = calloc(n, sizeof(*t));
+		ssize_t got;
+
+		if (!t)
+			die("calloc");
+		got = ibv_query_gid_table(c.ctx, t, n, 0);
+		if (got < 1 || got > n) {
+			fail("query_gid_table", "returned %zd (gid_tbl_len %d)", got, n);
+		} else {
+			int bad = -1;
+
+			for (ssize_t i = 0; i < got && bad < 0; i++) {
+				union ibv_gid g;
+				struct ibv_gid_entry e;
+
+				if (t[i].port_num != 1 || t[i].gid_type != IBV_GID_TYPE_ROCE_V2 ||
+				    (int)t[i].gid_index >= c.port.gid_tbl_len ||
+				    ibv_query_gid(c.ctx, 1, t[i].gid_index, &g) ||
+				    memcmp(g.raw, t[i].gid.raw, 16) ||
+				    ibv_query_gid_ex(c.ctx, 1, t[i].gid_index, &e, 0) ||
+				    memcmp(e.gid.raw, t[i].gid.raw, 16) || e.gid_type != t[i].gid_type)
+					bad = (int)i;
+			}
+			if (bad >= 0)
+				fail("query_gid_table", "entry %d (index %u, port %u, type %u, %s) "
+				     "disagrees with ibv_query_gid/ibv_query_gid_ex or is not RoCE v2",
+				     bad, t[bad].gid_index, t[bad].port_num, t[bad].gid_type,
+				     gid_str(&t[bad].gid, gs, sizeof(gs)));
+			else
+				check(t[0].gid_index == 0 && !memcmp(t[0].gid.raw, c.gid.raw, 16),
+				      "query_gid_table",
+				      "first entry is index %u %s, expected index 0 %s",
+				      t[0].gid_index, gid_str(&t[0].gid, gs, sizeof(gs)),
+				      gid_str(&c.gid, (char[INET6_ADDRSTRLEN]){ 0 },
+					      INET6_ADDRSTRLEN));
+		}
+		/* Too small a buffer: a negative errno, not a truncated table. */
+		if (got > 1) {
+			ssize_t r = ibv_query_gid_table(c.ctx, t, (size_t)got - 1, 0);
+
+			check(r < 0, "query_gid_table.too_small", "returned %zd for max_entries %zd",
+			      r, got - 1);
+		}
+		free(t);
+	}
+
+	/* ------------------------------------------- completion channel */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(c.ctx);
+	static int cq_marker;
+	struct ibv_cq *cq, *cq2;
+	struct ibv_qp *qa, *qb;
+	struct ibv_qp_cap cap_a;
+	struct buf ba, bb;
+	struct ibv_wc wc[16];
+	int n, flags;
+
+	if (!ch)
+		die("ibv_create_comp_channel: %s", strerror(errno));
+	cq = ibv_create_cq(c.ctx, CQ_SIZE, &cq_marker, ch, 0);
+	if (!cq)
+		die("ibv_create_cq (channel): %s", strerror(errno));
+	cq2 = ibv_create_cq(c.ctx, CQ_SIZE, NULL, NULL, 0);
+	if (!cq2)
+		die("ibv_create_cq: %s", strerror(errno));
+	check(ch->refcnt == 1, "channel.refcnt", "refcnt %d with one CQ, expected 1", ch->refcnt);
+
+	flags = fcntl(ch->fd, F_GETFL);
+	if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+		die("fcntl O_NONBLOCK on channel->fd %d: %s", ch->fd, strerror(errno));
+	{
+		struct ibv_cq *ev_cq = NULL;
+		void *ev_ctx = NULL;
+
+		errno = 0;
+		rc = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+		check(rc == -1 && errno == EAGAIN, "channel.nonblock_eagain",
+		      "ibv_get_cq_event returned %d errno %d (%s), expected -1 EAGAIN", rc, errno,
+		      strerror(errno));
+	}
+
+	buf_init(&c, &ba);
+	buf_init(&c, &bb);
+	qa = make_qp(&c, cq, cq, &cap_a);
+	qb = make_qp(&c, cq, cq, NULL);
+	connect_pair(&c, qa, qb, "rc", 1);
+
+	{
+		struct ibv_qp_attr qa_attr;
+		struct ibv_qp_init_attr qa_init;
+
+		rc = ibv_query_qp(qa, &qa_attr, IBV_QP_STATE | IBV_QP_CAP, &qa_init);
+		if (rc)
+			fail("query_qp.rts", "ibv_query_qp returned %d (%s)", rc, strerror(rc));
+		else
+			check(qa_attr.qp_state == IBV_QPS_RTS && qa->state == IBV_QPS_RTS,
+			      "query_qp.rts", "attr.qp_state %d, qp->state %d, expected %d",
+			      qa_attr.qp_state, qa->state, IBV_QPS_RTS);
+	}
+
+	rc = ibv_req_notify_cq(cq, 0);
+	check(rc == 0, "channel.req_notify", "ibv_req_notify_cq returned %d", rc);
+	fill(ba.p, 256, 1);
+	if ((rc = post_recv(qb, 1, &bb, 0, BUF_SIZE)))
+		die("post_recv: %s", strerror(rc));
+	if ((rc = post_send(qa, 2, &ba, 0, 256)))
+		die("post_send: %s", strerror(rc));
+	{
+		struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+		struct ibv_cq *ev_cq = NULL;
+		void *ev_ctx = NULL;
+
+		rc = poll(&pfd, 1, TIMEOUT_MS);
+		if (check(rc == 1 && (pfd.revents & POLLIN), "channel.poll_pollin",
+			  "poll returned %d revents 0x%x after 5 s", rc, pfd.revents)) {
+			rc = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+			if (check(rc == 0 && ev_cq == cq && ev_ctx == &cq_marker,
+				  "channel.get_cq_event",
+				  "returned %d (errno %d) cq %p ctx %p, expected 0 cq %p ctx %p", rc,
+				  errno, (void *)ev_cq, ev_ctx, (void *)cq, (void *)&cq_marker))
+				ibv_ack_cq_events(cq, 1);
+			check(cq->comp_events_completed == 1, "channel.ack_cq_events",
+			      "comp_events_completed %u after one ack", cq->comp_events_completed);
+		}
+		n = poll_n(cq, wc, 2);
+		check(n == 2, "channel.poll_cq_count", "%d completions after 5 s, expected 2", n);
+		check_wc("channel.wc_send", wc, n, 2, IBV_WC_SEND, -1, qa->qp_num);
+		check_wc("channel.wc_recv", wc, n, 1, IBV_WC_RECV, 256, qb->qp_num);
+		check(diff_at(ba.p, bb.p, 256) < 0, "channel.recv_data", "byte %ld differs",
+		      diff_at(ba.p, bb.p, 256));
+		/* Nothing more pending: the notification was one-shot. */
+		rc = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+		check(rc == -1 && errno == EAGAIN, "channel.one_shot",
+		      "second ibv_get_cq_event returned %d errno %d, expected -1 EAGAIN", rc, errno);
+	}
+
+	/* Blocking ibv_get_cq_event in a second thread, woken by a completion. */
+	if (fcntl(ch->fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
+		die("fcntl clear O_NONBLOCK: %s", strerror(errno));
+	{
+		struct waiter w = { .ch = ch, .rc = -2 };
+		pthread_t th;
+		struct timespec until;
+
+		rc = ibv_req_notify_cq(cq, 0);
+		if (rc)
+			die("ibv_req_notify_cq: %s", strerror(rc));
+		if (pthread_create(&th, NULL, wait_event, &w))
+			die("pthread_create");
+		usleep(100 * 1000); /* let it block in ibv_get_cq_event */
+		fill(ba.p, 300, 2);
+		if ((rc = post_recv(qb, 3, &bb, 0, BUF_SIZE)))
+			die("post_recv: %s", strerror(rc));
+		if ((rc = post_send(qa, 4, &ba, 0, 300)))
+			die("post_send: %s", strerror(rc));
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += TIMEOUT_MS / 1000;
+		rc = pthread_timedjoin_np(th, NULL, &until);
+		if (rc) {
+			/* The thread is stuck in a blocking read: nothing can
+			 * wake it; report and end the process. */
+			fail("channel.blocking_thread", "not woken within 5 s (%s)", strerror(rc));
+			printf("# giving up: %d failure(s)\n", failures);
+			_exit(1);
+		}
+		if (check(w.rc == 0 && w.cq == cq && w.cq_context == &cq_marker,
+			  "channel.blocking_thread",
+			  "returned %d (errno %d) cq %p ctx %p, expected 0 cq %p ctx %p", w.rc, w.err,
+			  (void *)w.cq, w.cq_context, (void *)cq, (void *)&cq_marker))
+			ibv_ack_cq_events(cq, 1);
+		n = poll_n(cq, wc, 2);
+		check_wc("channel.blocking_wc_send", wc, n, 4, IBV_WC_SEND, -1, qa->qp_num);
+		check_wc("channel.blocking_wc_recv", wc, n, 3, IBV_WC_RECV, 300, qb->qp_num);
+	}
+
+	/* --------------------------------------------------------- EBUSY */
+	rc = ibv_destroy_comp_channel(ch);
+	check(rc == EBUSY, "ebusy.destroy_comp_channel_with_cq", "returned %d (%s), expected EBUSY",
+	      rc, strerror(rc));
+	rc = ibv_dealloc_pd(c.pd);
+	check(rc == EBUSY, "ebusy.dealloc_pd_with_mr", "returned %d (%s), expected EBUSY", rc,
+	      strerror(rc));
+	rc = ibv_destroy_cq(cq);
+	check(rc == EBUSY, "ebusy.destroy_cq_with_qp", "returned %d (%s), expected EBUSY", rc,
+	      strerror(rc));
+
+	/* -------------------------------------------------------- errnos */
+	{
+		struct ibv_qp *qr = make_qp(&c, cq2, cq2, NULL);
+		struct ibv_qp_attr a = rtr_attr(&c, qa->qp_num, 0);
+		struct ibv_sge sge = { .addr = (uintptr_t)ba.p, .length = 8, .lkey = ba.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 50, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+		struct ibv_send_wr *bad = NULL;
+
+		rc = ibv_modify_qp(qr, &a, RTR_MASK);
+		check(rc == EINVAL, "errno.modify_qp_reset_to_rtr",
+		      "returned %d (%s), expected EINVAL", rc, strerror(rc));
+		check(qr->state == IBV_QPS_RESET, "errno.modify_qp_reset_to_rtr_state_kept",
+		      "qp->state %d after the failed modify, expected RESET", qr->state);
+
+		rc = ibv_post_send(qr, &wr, &bad);
+		check(rc == EINVAL && bad == &wr, "errno.post_send_reset_qp",
+		      "returned %d (%s) bad_wr %p, expected EINVAL bad_wr %p", rc, strerror(rc),
+		      (void *)bad, (void *)&wr);
+		n = ibv_poll_cq(cq2, 16, wc);
+		check(n == 0, "errno.post_send_reset_qp_no_cqe", "%d completions, expected 0", n);
+		rc = ibv_destroy_qp(qr);
+		check(rc == 0, "destroy_qp.reset", "returned %d", rc);
+	}
+	{
+		/* num_sge > max_send_sge (the granted cap) on an RTS QP; the
+		 * first WR of the list is good and must be posted. */
+		int ns = (int)cap_a.max_send_sge + 1;
+		struct ibv_sge *sges = calloc(ns, sizeof(*sges));
+		struct ibv_sge one = { .addr = (uintptr_t)ba.p, .length = 16, .lkey = ba.mr->lkey };
+		struct ibv_send_wr wr2, wr1;
+		struct ibv_send_wr *bad = NULL;
+
+		if (!sges)
+			die("calloc");
+		for (int i = 0; i < ns; i++)
+			sges[i] = (struct ibv_sge){ .addr = (uintptr_t)(ba.p + 8 * i), .length = 8,
+						    .lkey = ba.mr->lkey };
+		memset(&wr1, 0, sizeof(wr1));
+		memset(&wr2, 0, sizeof(wr2));
+		wr2 = (struct ibv_send_wr){ .wr_id = 61, .sg_list = sges, .num_sge = ns,
+					    .opcode = IBV_WR_RDMA_WRITE,
+					    .send_flags = IBV_SEND_SIGNALED };
+		wr2.wr.rdma.remote_addr = (uintptr_t)bb.p;
+		wr2.wr.rdma.rkey = bb.mr->rkey;
+		wr1 = (struct ibv_send_wr){ .wr_id = 60, .sg_list = &one, .num_sge = 1,
+					    .opcode = IBV_WR_RDMA_WRITE,
+					    .send_flags = IBV_SEND_SIGNALED, .next = &wr2 };
+		wr1.wr.rdma.remote_addr = (uintptr_t)bb.p + 2048;
+		wr1.wr.rdma.rkey = bb.mr->rkey;
+		rc = ibv_post_send(qa, &wr1, &bad);
+		check(rc == EINVAL && bad == &wr2, "errno.post_send_too_many_sge",
+		      "num_sge %d > max_send_sge %u: returned %d (%s) bad_wr %p, expected EINVAL "
+		      "bad_wr %p (the second WR)",
+		      ns, cap_a.max_send_sge, rc, strerror(rc), (void *)bad, (void *)&wr2);
+		n = poll_n(cq, wc, 1);
+		if (n == 1) {
+			/* Anything else (the bad WR) would show up by now. */
+			int k = poll_n_ms(cq, wc + 1, 1, 200);
+
+			n += k > 0 ? k : 0;
+		}
+		check(n == 1 && wc[0].wr_id == 60 && wc[0].status == IBV_WC_SUCCESS &&
+			      wc[0].opcode == IBV_WC_RDMA_WRITE,
+		      "errno.post_send_too_many_sge_first_posted",
+		      "%d completions (first wr_id %" PRIu64 " status %d opcode %d), expected "
+		      "exactly wr_id 60 RDMA_WRITE",
+		      n, n > 0 ? wc[0].wr_id : 0, n > 0 ? wc[0].status : -1,
+		      n > 0 ? wc[0].opcode : -1);
+		free(sges);
+	}
+	{
+		char tmp[64];
+		struct ibv_mr *mr;
+
+		errno = 0;
+		mr = ibv_reg_mr(c.pd, tmp, sizeof(tmp), IBV_ACCESS_REMOTE_WRITE);
+		check(!mr && errno == EINVAL, "errno.reg_mr_remote_write_without_local_write",
+		      "returned %p errno %d (%s), expected NULL EINVAL", (void *)mr, errno,
+		      strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		errno = 0;
+		mr = ibv_reg_mr(c.pd, tmp, sizeof(tmp), IBV_ACCESS_REMOTE_ATOMIC);
+		check(!mr && errno == EINVAL, "errno.reg_mr_remote_atomic_without_local_write",
+		      "returned %p errno %d (%s), expected NULL EINVAL", (void *)mr, errno,
+		      strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+	}
+	{
+		struct ibv_mw *mw;
+
+		/* The inline ibv_alloc_mw sets EOPNOTSUPP itself when the
+		 * provider leaves ops.alloc_mw NULL. */
+		errno = 0;
+		mw = ibv_alloc_mw(c.pd, IBV_MW_TYPE_1);
+		check(!mw && errno == EOPNOTSUPP, "errno.alloc_mw",
+		      "returned %p errno %d (%s), expected NULL EOPNOTSUPP", (void *)mw, errno,
+		      strerror(errno));
+	}
+	{
+		struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
+		struct ibv_cq_ex *cqx;
+
+		errno = 0;
+		cqx = ibv_create_cq_ex(c.ctx, &ca);
+		check(!cqx && errno == EOPNOTSUPP, "errno.create_cq_ex",
+		      "returned %p errno %d (%s), expected NULL EOPNOTSUPP", (void *)cqx, errno,
+		      strerror(errno));
+	}
+
+	/* ------------------------------------------ RDMA WRITE with IMM */
+	{
+		const uint32_t imm = htonl(0x12345678);
+		struct ibv_sge sge = { .addr = (uintptr_t)ba.p, .length = 512, .lkey = ba.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 70, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+					  .send_flags = IBV_SEND_SIGNALED, .imm_data = imm };
+		struct ibv_send_wr *bad = NULL;
+		struct ibv_wc *w;
+
+		fill(ba.p, 512, 3);
+		memset(bb.p, 0, BUF_SIZE);
+		wr.wr.rdma.remote_addr = (uintptr_t)bb.p + 1024;
+		wr.wr.rdma.rkey = bb.mr->rkey;
+		/* The receive WR's buffer is not written: RDMA WRITE with IMM
+		 * only consumes it. */
+		if ((rc = post_recv(qb, 71, &bb, 0, 16)))
+			die("post_recv: %s", strerror(rc));
+		if ((rc = ibv_post_send(qa, &wr, &bad)))
+			die("post_send RDMA_WRITE_WITH_IMM: %s", strerror(rc));
+		n = poll_n(cq, wc, 2);
+		check_wc("write_imm.wc_send_side", wc, n, 70, IBV_WC_RDMA_WRITE, -1, qa->qp_num);
+		if (check_wc("write_imm.wc_recv_opcode", wc, n, 71, IBV_WC_RECV_RDMA_WITH_IMM, 512,
+			     qb->qp_num)) {
+			w = find_wc(wc, n, 71);
+			check(w->wc_flags & IBV_WC_WITH_IMM, "write_imm.wc_flags_with_imm",
+			      "wc_flags 0x%x", w->wc_flags);
+			check(w->imm_data == imm, "write_imm.imm_data_byte_order",
+			      "imm_data 0x%08x (ntohl 0x%08x), expected 0x%08x (htonl(0x12345678))",
+			      w->imm_data, ntohl(w->imm_data), imm);
+		}
+		check(diff_at(ba.p, bb.p + 1024, 512) < 0, "write_imm.data", "byte %ld differs",
+		      diff_at(ba.p, bb.p + 1024, 512));
+	}
+	{
+		/* SEND with IMM: IBV_WC_RECV with the flag and the same bytes. */
+		const uint32_t imm = htonl(0xa1b2c3d4);
+		struct ibv_sge sge = { .addr = (uintptr_t)ba.p, .length = 64, .lkey = ba.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 72, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND_WITH_IMM,
+					  .send_flags = IBV_SEND_SIGNALED, .imm_data = imm };
+		struct ibv_send_wr *bad = NULL;
+		struct ibv_wc *w;
+
+		if ((rc = post_recv(qb, 73, &bb, 0, BUF_SIZE)))
+			die("post_recv: %s", strerror(rc));
+		if ((rc = ibv_post_send(qa, &wr, &bad)))
+			die("post_send SEND_WITH_IMM: %s", strerror(rc));
+		n = poll_n(cq, wc, 2);
+		check_wc("send_imm.wc_send_side", wc, n, 72, IBV_WC_SEND, -1, qa->qp_num);
+		if (check_wc("send_imm.wc_recv_opcode", wc, n, 73, IBV_WC_RECV, 64, qb->qp_num)) {
+			w = find_wc(wc, n, 73);
+			check((w->wc_flags & IBV_WC_WITH_IMM) && w->imm_data == imm,
+			      "send_imm.imm_data", "wc_flags 0x%x imm_data 0x%08x, expected 0x%08x",
+			      w->wc_flags, w->imm_data, imm);
+		}
+	}
+
+	/* ----------------------------------------------------- ibv_qp_ex */
+	check(ibv_qp_to_qp_ex(qa) == NULL, "qp_ex.to_qp_ex_null_for_create_qp",
+	      "ibv_qp_to_qp_ex returned %p for an ibv_create_qp QP", (void *)ibv_qp_to_qp_ex(qa));
+	{
+		struct ibv_qp_init_attr_ex ia = {
+			.send_cq = cq2,
+			.recv_cq = cq2,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+				 .max_recv_sge = 1, .max_inline_data = 64 },
+			.qp_type = IBV_QPT_RC,
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			.pd = c.pd,
+			.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE,
+		};
+		struct ibv_qp *qx, *qd;
+		struct ibv_qp_ex *x;
+		struct buf bx, bd;
+		char inl[48];
+
+		qx = ibv_create_qp_ex(c.ctx, &ia);
+		if (!qx) {
+			fail("qp_ex.create", "ibv_create_qp_ex returned NULL errno %d (%s)", errno,
+			     strerror(errno));
+			goto qp_ex_done;
+		}
+		ok("qp_ex.create");
+		x = ibv_qp_to_qp_ex(qx);
+		if (!check(x != NULL && &x->qp_base == qx, "qp_ex.to_qp_ex",
+			   "ibv_qp_to_qp_ex returned %p for qp %p", (void *)x, (void *)qx)) {
+			ibv_destroy_qp(qx);
+			goto qp_ex_done;
+		}
+		qd = make_qp(&c, cq2, cq2, NULL);
+		buf_init(&c, &bx);
+		buf_init(&c, &bd);
+		connect_pair(&c, qx, qd, "qp_ex", 0);
+		fill(bx.p, 1000, 4);
+		fill(inl, sizeof(inl), 5);
+		if ((rc = post_recv(qd, 80, &bd, 2048, 1024)))
+			die("post_recv: %s", strerror(rc));
+
+		ibv_wr_start(x);
+		x->wr_id = 81;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(x, bd.mr->rkey, (uintptr_t)bd.p);
+		ibv_wr_set_sge(x, bx.mr->lkey, (uintptr_t)bx.p, 1000);
+		x->wr_id = 82;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(x);
+		ibv_wr_set_inline_data(x, inl, sizeof(inl));
+		memset(inl, 0, sizeof(inl)); /* inline: copied by set_inline_data */
+		rc = ibv_wr_complete(x);
+		if (check(rc == 0, "qp_ex.wr_complete", "returned %d (%s)", rc, strerror(rc))) {
+			char want[48];
+
+			n = poll_n(cq2, wc, 3);
+			check_wc("qp_ex.wc_rdma_write", wc, n, 81, IBV_WC_RDMA_WRITE, -1, qx->qp_num);
+			check_wc("qp_ex.wc_send", wc, n, 82, IBV_WC_SEND, -1, qx->qp_num);
+			check_wc("qp_ex.wc_recv", wc, n, 80, IBV_WC_RECV, (int)sizeof(want),
+				 qd->qp_num);
+			check(diff_at(bx.p, bd.p, 1000) < 0, "qp_ex.rdma_write_data",
+			      "byte %ld differs", diff_at(bx.p, bd.p, 1000));
+			fill(want, sizeof(want), 5);
+			check(diff_at(want, bd.p + 2048, sizeof(want)) < 0,
+			      "qp_ex.inline_send_data", "byte %ld differs",
+			      diff_at(want, bd.p + 2048, sizeof(want)));
+		}
+		rc = ibv_destroy_qp(qx);
+		rc |= ibv_destroy_qp(qd);
+		rc |= ibv_dereg_mr(bx.mr);
+		rc |= ibv_dereg_mr(bd.mr);
+		check(rc == 0, "qp_ex.teardown", "a destroy returned nonzero");
+		free(bx.p);
+		free(bd.p);
+	}
+qp_ex_done:
+
+	/* ------------------------------------------------------ teardown */
+	rc = ibv_destroy_qp(qa);
+	check(rc == 0, "teardown.destroy_qp", "returned %d (%s)", rc, strerror(rc));
+	rc = ibv_destroy_cq(cq);
+	check(rc == EBUSY, "ebusy.destroy_cq_with_one_of_two_qps",
+	      "returned %d (%s) while qp b still uses it, expected EBUSY", rc, strerror(rc));
+	rc = ibv_destroy_qp(qb);
+	check(rc == 0, "teardown.destroy_qp2", "returned %d (%s)", rc, strerror(rc));
+	rc = ibv_destroy_comp_channel(ch);
+	check(rc == EBUSY, "ebusy.destroy_comp_channel_after_qps",
+	      "returned %d (%s) while the CQ still exists, expected EBUSY", rc, strerror(rc));
+	rc = ibv_destroy_cq(cq);
+	check(rc == 0, "teardown.destroy_cq", "returned %d (%s)", rc, strerror(rc));
+	check(ch->refcnt == 0, "teardown.channel_refcnt", "refcnt %d after its CQ went",
+	      ch->refcnt);
+	rc = ibv_destroy_comp_channel(ch);
+	check(rc == 0, "teardown.destroy_comp_channel", "returned %d (%s)", rc, strerror(rc));
+	rc = ibv_destroy_cq(cq2);
+	check(rc == 0, "teardown.destroy_cq2", "returned %d (%s)", rc, strerror(rc));
+	rc = ibv_dereg_mr(ba.mr);
+	rc |= ibv_dereg_mr(bb.mr);
+	check(rc == 0, "teardown.dereg_mr", "a dereg returned nonzero");
+	rc = ibv_dealloc_pd(c.pd);
+	check(rc == 0, "teardown.dealloc_pd", "returned %d (%s)", rc, strerror(rc));
+	rc = ibv_close_device(c.ctx);
+	check(rc == 0, "teardown.close_device", "returned %d (%s)", rc, strerror(rc));
+	ibv_free_device_list(list);
+	free(ba.p);
+	free(bb.p);
+
+	if (failures) {
+		printf("# %d check(s) FAILED\n", failures);
+		return 1;
+	}
+	printf("# all checks passed\n");
+	return 0;
+}
