@@ -2,15 +2,17 @@
 //! C: `tests/c/verbs_contract.c` (completion channels, EBUSY on destroy,
 //! errnos and return conventions, GID queries, `ibv_wr_*`, immediate
 //! data, QP state) is compiled with the system `<infiniband/verbs.h>` and
-//! run in one process over `target/<profile>/ibverbs/libibverbs.so.1`.
+//! run in one process over the library (`common::lib_dir`).
 //!
 //! The library is built first (`cargo build -p roxe-ibverbs`, same profile
 //! and target directory as this test): `cargo test` does not build a
 //! cdylib for integration tests. Skipped, with a message, when `cc` or
 //! `/usr/include/infiniband/verbs.h` is missing.
 
+mod common;
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,43 +25,6 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const ADDR: &str = "127.0.201.1";
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
-
-/// `target/<profile>`: this test binary is `target/<profile>/deps/contract-<hash>`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap_or_else(|| panic!("{} has no target/<profile>/deps parent", exe.display()))
-        .to_path_buf()
-}
-
-/// `cargo build -p roxe-ibverbs` into the same target directory and
-/// profile as this test binary.
-fn build_library(profile_dir: &Path) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("profile directory name");
-    let target_dir = profile_dir.parent().expect("target directory");
-    let mut cmd = Command::new(&cargo);
-    cmd.arg("build")
-        .arg("-p")
-        .arg("roxe-ibverbs")
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(target_dir);
-    // `debug` is the dev profile's directory; any other is its own name.
-    if profile != "debug" {
-        cmd.arg("--profile").arg(profile);
-    }
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("run {cargo} build -p roxe-ibverbs: {e}"));
-    assert!(status.success(), "{cmd:?} failed: {status}");
-}
 
 fn have_cc() -> bool {
     Command::new("cc")
@@ -106,14 +71,7 @@ fn verbs_contract_c() {
         eprintln!("SKIPPED verbs_contract_c: {HEADER} missing (install libibverbs-dev)");
         return;
     }
-    let profile_dir = profile_dir();
-    build_library(&profile_dir);
-    let lib_dir = profile_dir.join("ibverbs");
-    assert!(
-        lib_dir.join("libibverbs.so.1").exists(),
-        "{}/libibverbs.so.1 missing after the build",
-        lib_dir.display()
-    );
+    let lib_dir = common::lib_dir();
 
     let tmp = std::env::temp_dir().join(format!("roxe-verbs-contract-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -137,7 +95,7 @@ fn verbs_contract_c() {
     );
 
     let mut child = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env("LD_LIBRARY_PATH", lib_dir)
         .env("ROXE_ADDR", ADDR)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

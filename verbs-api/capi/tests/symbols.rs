@@ -8,10 +8,11 @@
 //! Checked with binutils' `readelf` on the built cdylib; skipped (with a
 //! message) where readelf is absent.
 
+mod common;
+
+use common::library;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// The version definitions of the real library (`readelf -V`, Debian
 /// libibverbs1 44.0): node and parent.
@@ -33,55 +34,6 @@ const NODES: [(&str, Option<&str>); 13] = [
 
 /// `target/<profile>/libibverbs.so`, from `target/<profile>/deps/<this test>`.
 ///
-/// `cargo test` does not build a cdylib-only library for integration tests
-/// (it is not linkable), so the first call runs `cargo build` for this
-/// package into the same target directory and profile; that also keeps a
-/// stale library from being checked. Cargo releases its build lock before
-/// it runs the test binaries, so the nested build does not block.
-fn library() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(build_library).clone()
-}
-
-fn build_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("target/<profile>");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => panic!("bad profile directory {}", profile_dir.display()),
-    };
-    let cargo = option_env!("CARGO").unwrap_or("cargo");
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--lib",
-            "--profile",
-            profile,
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target_dir)
-        .status()
-        .expect("run cargo build");
-    assert!(
-        status.success(),
-        "cargo build of the cdylib failed: {status}"
-    );
-    let lib = profile_dir.join("libibverbs.so");
-    assert!(
-        lib.is_file(),
-        "{} not found after cargo build",
-        lib.display()
-    );
-    lib
-}
-
 /// `readelf <args> <library>`'s stdout, or None if readelf is not installed.
 fn readelf(args: &[&str]) -> Option<String> {
     let lib = library();

@@ -7,6 +7,7 @@
 
 use std::ffi::OsString;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
@@ -29,19 +30,50 @@ pub fn deadline() -> Duration {
 /// Once one side of a pair has failed, how long the other may still run.
 const GRACE: Duration = Duration::from_secs(3);
 
-/// `target/<profile>/libibverbs.so`, next to `deps/` that holds this
-/// test binary.
+/// `cargo test` does not build a cdylib-only library for integration tests
+/// (it is not linkable), so the first call runs `cargo build` for this
+/// package into the same target directory and profile; that also keeps a
+/// stale library from being checked. Cargo releases its build lock before
+/// it runs the test binaries, so the nested build does not block.
 pub fn library() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(build_library).clone()
+}
+
+fn build_library() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe
         .parent()
-        .and_then(Path::parent)
-        .unwrap_or_else(|| panic!("{} has no target/<profile>/deps parent", exe.display()));
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("target/<profile>");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(other) => other,
+        None => panic!("bad profile directory {}", profile_dir.display()),
+    };
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--lib",
+            "--profile",
+            profile,
+            "--manifest-path",
+        ])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status()
+        .expect("run cargo build");
+    assert!(
+        status.success(),
+        "cargo build of the cdylib failed: {status}"
+    );
     let lib = profile_dir.join("libibverbs.so");
     assert!(
         lib.is_file(),
-        "{} does not exist: build it with `cargo build -p roxe-ibverbs` \
-         (cargo test -p roxe-ibverbs builds it too)",
+        "{} not found after cargo build",
         lib.display()
     );
     lib
@@ -69,7 +101,9 @@ pub fn lib_dir() -> &'static Path {
         let dir = tmp.join(format!("{PREFIX}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the scratch directory");
-        let lib = library().canonicalize().expect("canonicalize the library path");
+        let lib = library()
+            .canonicalize()
+            .expect("canonicalize the library path");
         std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1"))
             .expect("symlink libibverbs.so.1");
         eprintln!(
@@ -199,7 +233,9 @@ impl Side {
             .env_remove("LD_PRELOAD")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // Its own process group, so a kill reaches whatever it started.
+            .process_group(0);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -214,6 +250,7 @@ impl Side {
             err: Some(err),
             cmdline: self.shell(),
             started: Instant::now(),
+            ended: None,
         }
     }
 }
@@ -234,29 +271,58 @@ struct Proc {
     err: Option<JoinHandle<String>>,
     cmdline: String,
     started: Instant,
+    ended: Option<Instant>,
 }
 
 impl Proc {
     fn poll(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().expect("try_wait")
+        let st = self.child.try_wait().expect("try_wait");
+        if st.is_some() && self.ended.is_none() {
+            self.ended = Some(Instant::now());
+        }
+        st
+    }
+
+    /// SIGKILL the child's process group (the child and anything it
+    /// started), then reap the child.
+    fn kill_group(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals that process
+            // group, which the child leads (process_group(0)).
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Kill it if it still runs, and collect its output.
     fn collect(mut self, status: Option<ExitStatus>) -> Run {
         let killed = status.is_none();
-        let status = match status {
-            Some(s) => Some(s),
-            None => {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                None
+        if killed {
+            self.kill_group();
+        }
+        let secs = self
+            .ended
+            .unwrap_or_else(Instant::now)
+            .duration_since(self.started)
+            .as_secs_f64();
+        // Something it started may still hold its stdout/stderr open: wait
+        // a little, then kill its process group.
+        let until = Instant::now() + GRACE;
+        while !(self.out.as_ref().unwrap().is_finished()
+            && self.err.as_ref().unwrap().is_finished())
+        {
+            if Instant::now() >= until {
+                self.kill_group();
+                break;
             }
-        };
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Run {
             cmdline: std::mem::take(&mut self.cmdline),
-            status,
+            status: if killed { None } else { status },
             killed,
-            secs: self.started.elapsed().as_secs_f64(),
+            secs,
             stdout: self.out.take().unwrap().join().unwrap_or_default(),
             stderr: self.err.take().unwrap().join().unwrap_or_default(),
         }
@@ -266,8 +332,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            self.kill_group();
         }
     }
 }
@@ -373,7 +438,10 @@ impl Pair {
     /// Both stdouts contain `s`.
     pub fn assert_both_contain(&self, s: &str) {
         for r in [&self.server, &self.client] {
-            assert!(r.stdout.contains(s), "no {s:?} in stdout of\n{r:?}\n\n{self:?}");
+            assert!(
+                r.stdout.contains(s),
+                "no {s:?} in stdout of\n{r:?}\n\n{self:?}"
+            );
         }
     }
 }
@@ -383,8 +451,14 @@ impl Pair {
 /// [`deadline`]. When one side fails the other gets [`GRACE`] to finish,
 /// then it is killed.
 pub fn run_pair(server: &Side, client: &Side, port: u16) -> Pair {
+    run_pair_within(server, client, port, deadline())
+}
+
+/// [`run_pair`] with its own deadline (at least [`deadline`]).
+pub fn run_pair_within(server: &Side, client: &Side, port: u16, limit: Duration) -> Pair {
+    let limit = limit.max(deadline());
     let start = Instant::now();
-    let end = start + deadline();
+    let end = start + limit;
     assert!(
         !listening(port),
         "TCP port {port} is already in use: another process listens on it"
@@ -408,8 +482,7 @@ pub fn run_pair(server: &Side, client: &Side, port: u16) -> Pair {
             return Pair {
                 server,
                 client: Run::not_started(&format!(
-                    "the server did not listen on TCP port {port} within {:?}",
-                    deadline()
+                    "the server did not listen on TCP port {port} within {limit:?}"
                 )),
             };
         }

@@ -1,0 +1,813 @@
+//! Unmodified RDMA programs over the drop-in `libibverbs.so.1`, as two
+//! processes on loopback: `ibv_devices`, `ibv_devinfo`, the rdma-core
+//! `ibv_*_pingpong` examples, perftest's `ib_*_bw` / `ib_*_lat`, and the
+//! tutorial program of `tests/c/tutorial.c` (compiled here with `cc`); one
+//! test captures the RoCE traffic with `ROXE_PCAP` and checks it with
+//! `roce-check --strict`.
+//!
+//! Each program runs with `LD_LIBRARY_PATH` = a scratch directory holding
+//! `libibverbs.so.1 -> target/<profile>/libibverbs.so` and its own device
+//! address (`ROXE_ADDR`). Test number k uses 127.0.(130+k).x and TCP ports
+//! 21000+10k.. (see [`common::Net`]), so the tests run in parallel. Every
+//! run is bounded ([`common::deadline`], 45 s, `ROXE_PROGRAMS_DEADLINE`);
+//! when one side fails the other is killed shortly after, and the failure
+//! message holds both command lines, exit statuses and outputs.
+//!
+//! The programs need `ibverbs-utils`, `perftest` and, for the tutorial,
+//! `libibverbs-dev` and a C compiler. `cargo test` does not build the
+//! cdylib: run `cargo build -p roxe-ibverbs` (same profile) first.
+
+mod common;
+
+use common::{lib_dir, run_one, run_pair, run_pair_within, scratch, Net, Pair, Side};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------
+// ibv_devices, ibv_devinfo
+
+/// The output with every run of whitespace turned into one space, so
+/// checks do not depend on the tools' tab alignment.
+fn squash(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn ibv_devices_lists_roxe0() {
+    let net = Net(0);
+    let r = run_one(&Side::new("ibv_devices", &net.server(0), &[]));
+    assert!(r.ok(), "{r:?}");
+    // "    device          \t   node GUID" / "    roxe0  \t<16 hex digits>"
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("roxe0"))
+        .unwrap_or_else(|| panic!("no roxe0 line:\n{r:?}"));
+    let guid = line.split_whitespace().nth(1).unwrap_or("");
+    assert!(
+        guid.len() == 16 && guid.bytes().all(|b| b.is_ascii_hexdigit()),
+        "node GUID {guid:?} in {line:?}\n{r:?}"
+    );
+    assert!(
+        squash(&r.stdout).starts_with("device node GUID ------"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn ibv_devinfo_verbose_shows_roxe0() {
+    let net = Net(1);
+    let addr = net.server(0);
+    for args in [&["-v"][..], &["-v", "-d", "roxe0"][..], &[][..]] {
+        let r = run_one(&Side::new("ibv_devinfo", &addr, args));
+        assert!(r.ok(), "{r:?}");
+        let out = squash(&r.stdout);
+        for want in [
+            "hca_id: roxe0",
+            "transport: InfiniBand (0)",
+            "phys_port_cnt: 1",
+            "port: 1",
+            "state: PORT_ACTIVE (4)",
+            "link_layer: Ethernet",
+        ] {
+            assert!(out.contains(want), "no {want:?} in\n{r:?}");
+        }
+        if args.contains(&"-v") {
+            // GID index 0 is the device address as an IPv4-mapped GID.
+            let gid = format!("GID[ 0]: ::ffff:{addr}");
+            assert!(out.contains(&gid), "no {gid:?} in\n{r:?}");
+            for want in ["max_qp:", "max_cqe:", "max_mr_size:", "atomic_cap:"] {
+                assert!(out.contains(want), "no {want:?} in\n{r:?}");
+            }
+        }
+    }
+    // A device that does not exist.
+    let r = run_one(&Side::new("ibv_devinfo", &addr, &["-d", "nosuchdev0"]));
+    assert!(!r.ok(), "{r:?}");
+}
+
+// ---------------------------------------------------------------------------
+// ibv_*_pingpong
+
+/// `prog` as server and client (run `i` of test `net`), both with
+/// `-d roxe0 -p PORT` and `flags`; the client connects to the server's
+/// address.
+fn pingpong(net: Net, i: u16, prog: &str, flags: &[&str]) -> Pair {
+    let port = net.port(i).to_string();
+    let mut args = vec!["-d", "roxe0", "-p", &port];
+    args.extend_from_slice(flags);
+    let server = Side::new(prog, &net.server(i), &args);
+    let client = Side::new(prog, &net.client(i), &args).arg(net.server(i));
+    run_pair(&server, &client, net.port(i))
+}
+
+/// The part after the label of every `  <label> ...` line (UD's local
+/// line has ": GID" where the others have ", GID").
+fn addresses(out: &str, label: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(label))
+        .map(|rest| rest.trim().replace(": GID", ", GID"))
+        .collect()
+}
+
+/// Both sides exit 0, report `iters` exchanges of `size` bytes and no
+/// invalid data, and each side's remote addresses are the other's local
+/// ones.
+fn check_pingpong(p: &Pair, iters: u64, size: u64) {
+    p.assert_ok();
+    p.assert_both_contain(&format!("\n{iters} iters in "));
+    p.assert_both_contain(&format!("{} bytes in ", size * iters * 2));
+    for r in [&p.server, &p.client] {
+        assert!(!r.stdout.contains("invalid data"), "invalid data:\n{p:?}");
+    }
+    let (s, c) = (&p.server.stdout, &p.client.stdout);
+    let s_local = addresses(s, "local address:");
+    assert!(!s_local.is_empty(), "no local address line:\n{p:?}");
+    assert_eq!(s_local, addresses(c, "remote address:"), "\n{p:?}");
+    assert_eq!(
+        addresses(c, "local address:"),
+        addresses(s, "remote address:"),
+        "\n{p:?}"
+    );
+}
+
+/// The server's first local address line.
+fn server_local(p: &Pair) -> String {
+    addresses(&p.server.stdout, "local address:")
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+}
+
+#[test]
+fn rc_pingpong_gid() {
+    let net = Net(2);
+    let p = pingpong(net, 0, "ibv_rc_pingpong", &["-g", "0", "-n", "100"]);
+    check_pingpong(&p, 100, 4096);
+    let local = server_local(&p);
+    assert!(
+        local.ends_with(&format!(", GID ::ffff:{}", net.server(0))),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn rc_pingpong_lid_only() {
+    let net = Net(3);
+    let p = pingpong(net, 0, "ibv_rc_pingpong", &["-n", "100"]);
+    check_pingpong(&p, 100, 4096);
+    let local = server_local(&p);
+    assert!(
+        local.starts_with(&format!("LID {:#06x}, ", net.server_lid(0))),
+        "{local:?}\n{p:?}"
+    );
+    assert!(local.ends_with(", GID ::"), "{local:?}\n{p:?}");
+}
+
+#[test]
+fn rc_pingpong_events() {
+    let p = pingpong(
+        Net(4),
+        0,
+        "ibv_rc_pingpong",
+        &["-g", "0", "-e", "-n", "100"],
+    );
+    check_pingpong(&p, 100, 4096);
+}
+
+#[test]
+fn rc_pingpong_validate_buffer() {
+    // -c: "validate received buffer" (each side checks the peer's marks).
+    let p = pingpong(
+        Net(5),
+        0,
+        "ibv_rc_pingpong",
+        &["-g", "0", "-c", "-n", "100", "-s", "8192"],
+    );
+    check_pingpong(&p, 100, 8192);
+}
+
+#[test]
+fn rc_pingpong_events_validate_lid_only_small_rx_depth() {
+    let p = pingpong(
+        Net(6),
+        0,
+        "ibv_rc_pingpong",
+        &[
+            "-e", "-c", "-r", "3", "-n", "100", "-s", "2000", "-m", "512",
+        ],
+    );
+    check_pingpong(&p, 100, 2000);
+}
+
+/// ibv_rc_pingpong sizes and path MTUs: (size, MTU, iterations).
+#[test]
+fn rc_pingpong_sizes_and_mtus() {
+    let net = Net(7);
+    let runs: [(u64, u32, u64); 6] = [
+        (1, 256, 100),
+        (4096, 256, 50),
+        (4096, 512, 100),
+        (4096, 2048, 100),
+        (1048576, 4096, 10),
+        (1048576, 1024, 4),
+    ];
+    for (i, (size, mtu, iters)) in runs.into_iter().enumerate() {
+        let (s, m, n) = (size.to_string(), mtu.to_string(), iters.to_string());
+        let p = pingpong(
+            net,
+            i as u16,
+            "ibv_rc_pingpong",
+            &["-g", "0", "-c", "-s", &s, "-m", &m, "-n", &n],
+        );
+        check_pingpong(&p, iters, size);
+    }
+}
+
+#[test]
+fn uc_pingpong_gid() {
+    let p = pingpong(
+        Net(8),
+        0,
+        "ibv_uc_pingpong",
+        &["-g", "0", "-n", "100", "-c"],
+    );
+    check_pingpong(&p, 100, 4096);
+}
+
+#[test]
+fn uc_pingpong_lid_only_events() {
+    let p = pingpong(
+        Net(9),
+        0,
+        "ibv_uc_pingpong",
+        &["-e", "-n", "100", "-s", "1024"],
+    );
+    check_pingpong(&p, 100, 1024);
+}
+
+#[test]
+fn ud_pingpong_gid() {
+    // -s must not exceed the port's active MTU (the UD message is one packet).
+    let p = pingpong(
+        Net(10),
+        0,
+        "ibv_ud_pingpong",
+        &["-g", "0", "-n", "100", "-s", "1024", "-c"],
+    );
+    check_pingpong(&p, 100, 1024);
+}
+
+#[test]
+fn ud_pingpong_lid_only_events() {
+    let p = pingpong(
+        Net(11),
+        0,
+        "ibv_ud_pingpong",
+        &["-e", "-n", "100", "-s", "512"],
+    );
+    check_pingpong(&p, 100, 512);
+}
+
+#[test]
+fn srq_pingpong_gid() {
+    let p = pingpong(Net(12), 0, "ibv_srq_pingpong", &["-g", "0", "-n", "100"]);
+    check_pingpong(&p, 100, 4096);
+    // One local address line per QP (16 by default).
+    assert_eq!(
+        addresses(&p.server.stdout, "local address:").len(),
+        16,
+        "{p:?}"
+    );
+}
+
+#[test]
+fn srq_pingpong_events() {
+    let p = pingpong(
+        Net(13),
+        0,
+        "ibv_srq_pingpong",
+        &["-g", "0", "-e", "-n", "100", "-q", "4", "-s", "1024"],
+    );
+    check_pingpong(&p, 100, 1024);
+}
+
+#[test]
+fn srq_pingpong_lid_only() {
+    let p = pingpong(
+        Net(14),
+        0,
+        "ibv_srq_pingpong",
+        &["-n", "64", "-q", "8", "-c"],
+    );
+    check_pingpong(&p, 64, 4096);
+}
+
+// ---------------------------------------------------------------------------
+// perftest
+
+/// The message sizes perftest `-a` runs: 2 .. 2^23.
+const ALL_SIZES: &[u64] = &[
+    2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+    262144, 524288, 1048576, 2097152, 4194304, 8388608,
+];
+
+/// perftest `tool` (run `i` of test `net`), both sides with
+/// `-d roxe0 -x 0 -p PORT` and `flags`.
+fn perftest(net: Net, i: u16, tool: &str, flags: &[&str]) -> Pair {
+    let port = net.port(i).to_string();
+    let mut args = vec!["-d", "roxe0", "-x", "0", "-p", &port];
+    args.extend_from_slice(flags);
+    let server = Side::new(tool, &net.server(i), &args);
+    let client = Side::new(tool, &net.client(i), &args).arg(net.server(i));
+    // A sweep (-a) runs 23 sizes; the latency tools also spend about 1.5 s
+    // per size measuring the CPU clock (perftest's get_cpu_mhz).
+    let limit = if flags.contains(&"-a") { 150 } else { 0 };
+    run_pair_within(&server, &client, net.port(i), Duration::from_secs(limit))
+}
+
+/// The rows of perftest's result table: (#bytes, #iterations, the rest).
+fn results(out: &str) -> Vec<(u64, u64, Vec<f64>)> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for l in out.lines() {
+        if l.contains("#bytes") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let t: Vec<&str> = l.split_whitespace().collect();
+        if t.len() < 3 {
+            continue;
+        }
+        if let (Ok(b), Ok(n)) = (t[0].parse::<u64>(), t[1].parse::<u64>()) {
+            let rest = t[2..]
+                .iter()
+                .filter_map(|x| x.parse::<f64>().ok())
+                .collect();
+            rows.push((b, n, rest));
+        }
+    }
+    rows
+}
+
+/// Both exit 0; the client reports one row per size in `sizes` with
+/// `iters` iterations (None: any) and positive figures; so does the server
+/// for `server_sizes`, when given.
+fn check_perftest(p: &Pair, sizes: &[u64], iters: Option<u64>, server_sizes: Option<&[u64]>) {
+    p.assert_ok();
+    let mut sides = vec![("client", &p.client, sizes)];
+    if let Some(s) = server_sizes {
+        sides.push(("server", &p.server, s));
+    }
+    for (who, r, sizes) in sides {
+        assert!(
+            r.stdout.contains("roxe0"),
+            "{who} does not name the device:\n{p:?}"
+        );
+        let rows = results(&r.stdout);
+        let got: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(got, sizes, "{who}'s result sizes\n{p:?}");
+        for (b, n, rest) in &rows {
+            if let Some(want) = iters {
+                assert_eq!(*n, want, "{who}: iterations for {b} bytes\n{p:?}");
+            }
+            assert!(
+                !rest.is_empty() && rest.iter().any(|v| *v > 0.0),
+                "{who}: no positive figure for {b} bytes\n{p:?}"
+            );
+        }
+    }
+}
+
+/// One perftest run: tool, flags, test number; the sizes it must report.
+fn perftest_case(k: u16, tool: &str, flags: &[&str], sizes: &[u64]) {
+    let p = perftest(Net(k), 0, tool, flags);
+    let value = |flag: &str| -> Option<u64> {
+        let i = flags.iter().position(|f| *f == flag)?;
+        Some(flags[i + 1].parse().expect("a number"))
+    };
+    // With -q, perftest reports the iterations of all QPs together.
+    let iters = value("-n").map(|n| n * value("-q").unwrap_or(1));
+    // The servers of ib_read_lat and ib_atomic_lat print no results (they
+    // only answer); a bandwidth server in a size sweep (-a) reports the
+    // last size only; every other server reports what the client reports.
+    let server_sizes = match tool {
+        "ib_read_lat" | "ib_atomic_lat" => None,
+        _ if tool.ends_with("_bw") && flags.contains(&"-a") => Some(&sizes[sizes.len() - 1..]),
+        _ => Some(sizes),
+    };
+    check_perftest(&p, sizes, iters, server_sizes);
+}
+
+// The defaults (with `-x 0` and fewer iterations).
+#[test]
+fn perftest_send_bw() {
+    perftest_case(15, "ib_send_bw", &["-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_write_bw() {
+    perftest_case(16, "ib_write_bw", &["-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_read_bw() {
+    perftest_case(17, "ib_read_bw", &["-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_atomic_bw() {
+    perftest_case(18, "ib_atomic_bw", &["-n", "500"], &[8]);
+}
+#[test]
+fn perftest_send_lat() {
+    perftest_case(19, "ib_send_lat", &["-n", "500"], &[2]);
+}
+#[test]
+fn perftest_write_lat() {
+    perftest_case(20, "ib_write_lat", &["-n", "500"], &[2]);
+}
+#[test]
+fn perftest_read_lat() {
+    perftest_case(21, "ib_read_lat", &["-n", "500"], &[2]);
+}
+#[test]
+fn perftest_atomic_lat() {
+    perftest_case(22, "ib_atomic_lat", &["-n", "500"], &[8]);
+}
+#[test]
+fn perftest_atomic_cmp_and_swap() {
+    perftest_case(
+        23,
+        "ib_atomic_bw",
+        &["-n", "200", "-A", "CMP_AND_SWAP"],
+        &[8],
+    );
+}
+
+// Size sweeps: 2 .. 8 MiB.
+#[test]
+fn perftest_write_bw_all_sizes() {
+    perftest_case(24, "ib_write_bw", &["-a", "-n", "10"], ALL_SIZES);
+}
+#[test]
+fn perftest_send_lat_all_sizes() {
+    perftest_case(25, "ib_send_lat", &["-a", "-n", "10"], ALL_SIZES);
+}
+#[test]
+fn perftest_read_bw_all_sizes() {
+    perftest_case(26, "ib_read_bw", &["-a", "-n", "5"], ALL_SIZES);
+}
+
+// Several QPs.
+#[test]
+fn perftest_write_bw_4_qps() {
+    perftest_case(27, "ib_write_bw", &["-q", "4", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_send_bw_4_qps() {
+    perftest_case(
+        28,
+        "ib_send_bw",
+        &["-q", "4", "-n", "200", "-s", "4096"],
+        &[4096],
+    );
+}
+
+// Inline sends (-I 64) with messages that fit.
+#[test]
+fn perftest_send_bw_inline() {
+    perftest_case(
+        29,
+        "ib_send_bw",
+        &["-I", "64", "-s", "64", "-n", "500"],
+        &[64],
+    );
+}
+#[test]
+fn perftest_write_bw_inline() {
+    perftest_case(
+        30,
+        "ib_write_bw",
+        &["-I", "64", "-s", "32", "-n", "500"],
+        &[32],
+    );
+}
+#[test]
+fn perftest_send_lat_inline() {
+    perftest_case(
+        31,
+        "ib_send_lat",
+        &["-I", "64", "-s", "64", "-n", "500"],
+        &[64],
+    );
+}
+#[test]
+fn perftest_write_lat_inline() {
+    perftest_case(
+        32,
+        "ib_write_lat",
+        &["-I", "64", "-s", "16", "-n", "500"],
+        &[16],
+    );
+}
+
+// Completion events (-e), where the tool has it.
+#[test]
+fn perftest_send_bw_events() {
+    perftest_case(33, "ib_send_bw", &["-e", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_read_bw_events() {
+    perftest_case(34, "ib_read_bw", &["-e", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_atomic_bw_events() {
+    perftest_case(35, "ib_atomic_bw", &["-e", "-n", "200"], &[8]);
+}
+#[test]
+fn perftest_send_lat_events() {
+    perftest_case(36, "ib_send_lat", &["-e", "-n", "200"], &[2]);
+}
+#[test]
+fn perftest_read_lat_events() {
+    perftest_case(37, "ib_read_lat", &["-e", "-n", "200"], &[2]);
+}
+#[test]
+fn perftest_atomic_lat_events() {
+    perftest_case(38, "ib_atomic_lat", &["-e", "-n", "200"], &[8]);
+}
+
+// Bidirectional (-b) bandwidth.
+#[test]
+fn perftest_send_bw_bidirectional() {
+    perftest_case(39, "ib_send_bw", &["-b", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_write_bw_bidirectional() {
+    perftest_case(40, "ib_write_bw", &["-b", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_read_bw_bidirectional() {
+    perftest_case(41, "ib_read_bw", &["-b", "-n", "200"], &[65536]);
+}
+#[test]
+fn perftest_atomic_bw_bidirectional() {
+    perftest_case(42, "ib_atomic_bw", &["-b", "-n", "200"], &[8]);
+}
+
+// UC connections.
+#[test]
+fn perftest_write_bw_uc() {
+    perftest_case(
+        43,
+        "ib_write_bw",
+        &["-c", "UC", "-n", "200", "-s", "4096"],
+        &[4096],
+    );
+}
+#[test]
+fn perftest_send_bw_ud() {
+    perftest_case(
+        44,
+        "ib_send_bw",
+        &["-c", "UD", "-n", "200", "-s", "1024"],
+        &[1024],
+    );
+}
+
+// ---------------------------------------------------------------------------
+// tests/c/tutorial.c
+
+/// The tutorial program, compiled once per test process with
+/// `cc -Wall -Werror -O2 ... -libverbs`; None (with a printed reason)
+/// without a C compiler.
+fn tutorial() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let Some(cc) = common::c_compiler() else {
+            eprintln!("SKIPPED: no `cc` on PATH: the tutorial program is not built");
+            return None;
+        };
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/tutorial.c");
+        let bin = lib_dir().join("tutorial");
+        let out = Command::new(&cc)
+            .args(["-Wall", "-Werror", "-O2", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .arg("-libverbs")
+            .output()
+            .expect("run cc");
+        assert!(
+            out.status.success(),
+            "{} -Wall -Werror -O2 -o {} {} -libverbs: {}\n{}{}",
+            cc.display(),
+            bin.display(),
+            src.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(bin)
+    })
+    .as_deref()
+}
+
+fn tutorial_pair(net: Net, flags: &[&str]) -> Option<Pair> {
+    let bin = tutorial()?;
+    let bin = bin.to_str().expect("UTF-8 path");
+    let port = net.port(0).to_string();
+    let mut args = vec!["-d", "roxe0", "-p", &port];
+    args.extend_from_slice(flags);
+    let server = Side::new(bin, &net.server(0), &args);
+    let client = Side::new(bin, &net.client(0), &args).arg(net.server(0));
+    Some(run_pair(&server, &client, net.port(0)))
+}
+
+fn check_tutorial(p: &Pair, size: u64) {
+    p.assert_ok();
+    let ok = format!(
+        ": OK: SEND/RECV {size} bytes each way, RDMA WRITE {size} bytes, RDMA READ {size} bytes, all verified"
+    );
+    assert!(p.server.stdout.contains(&format!("server{ok}")), "{p:?}");
+    assert!(p.client.stdout.contains(&format!("client{ok}")), "{p:?}");
+    assert_eq!(
+        addresses(&p.server.stdout, "local: "),
+        addresses(&p.client.stdout, "remote:"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn tutorial_gid() {
+    let net = Net(45);
+    let Some(p) = tutorial_pair(net, &["-g", "0", "-s", "65536", "-m", "1024"]) else {
+        return;
+    };
+    check_tutorial(&p, 65536);
+    p.assert_both_contain(", GID, MTU 1024, 65536 bytes\n");
+    let local = addresses(&p.server.stdout, "local: ").join("\n");
+    assert!(
+        local.ends_with(&format!(", GID ::ffff:{}", net.server(0))),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn tutorial_lid_only() {
+    let net = Net(46);
+    let Some(p) = tutorial_pair(net, &[]) else {
+        return;
+    };
+    check_tutorial(&p, 4096);
+    p.assert_both_contain(", LID only, ");
+    let local = addresses(&p.server.stdout, "local: ").join("\n");
+    assert!(
+        local.contains(&format!(", LID {:#06x}, ", net.server_lid(0))),
+        "{local:?}\n{p:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// ROXE_PCAP captures checked by roce-check
+
+/// The `roce-check` script: `ROXE_ROCE_CHECK`, or shared/tools next to
+/// the workspace.
+fn roce_check() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ROXE_ROCE_CHECK") {
+        return Some(PathBuf::from(p));
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        here.join("../../../shared/tools/roce-check"),
+        PathBuf::from("/work/shared/tools/roce-check"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// `roce-check --strict -q` on each capture: exit 0, no bad ICRC, nothing
+/// malformed. Returns the problems found (empty: all good).
+fn check_captures(tool: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for f in files {
+        let out = Command::new("python3")
+            .arg(tool)
+            .args(["--strict", "-q"])
+            .arg(f)
+            .output()
+            .expect("run python3 roce-check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "roce-check --strict -q {}: {}\n{text}",
+            f.display(),
+            out.status
+        );
+        let bad_icrc = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("ICRC: "))
+            .and_then(|l| l.split(", ").nth(1))
+            .map(|b| b.trim_end_matches(" bad").to_string());
+        let malformed = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("malformed packets: "))
+            .map(|l| l.split(';').next().unwrap_or("").to_string());
+        if !out.status.success()
+            || bad_icrc.as_deref() != Some("0")
+            || malformed.as_deref() != Some("0")
+        {
+            problems.push(format!(
+                "python3 {} --strict -q {}: {} (bad ICRC {bad_icrc:?}, malformed {malformed:?})\n{text}",
+                tool.display(),
+                f.display(),
+                out.status
+            ));
+        }
+    }
+    problems
+}
+
+/// Run `pair` with ROXE_PCAP on both sides; the capture files.
+fn captured(
+    dir: &Path,
+    name: &str,
+    run: impl FnOnce(&dyn Fn(Side, &str) -> Side) -> Pair,
+) -> (Pair, Vec<PathBuf>) {
+    let files = [
+        dir.join(format!("{name}-server.pcap")),
+        dir.join(format!("{name}-client.pcap")),
+    ];
+    let f2 = files.clone();
+    let with_pcap = move |s: Side, who: &str| {
+        let f = if who == "server" { &f2[0] } else { &f2[1] };
+        s.env("ROXE_PCAP", f.as_os_str())
+    };
+    let p = run(&with_pcap);
+    for f in &files {
+        let len = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            len > 24,
+            "{} missing or empty ({len} bytes)\n{p:?}",
+            f.display()
+        );
+    }
+    (p, files.to_vec())
+}
+
+#[test]
+fn pcap_captures_pass_roce_check() {
+    let Some(tool) = roce_check() else {
+        eprintln!("SKIPPED: roce-check not found (set ROXE_ROCE_CHECK)");
+        return;
+    };
+    let net = Net(47);
+    let dir = scratch("pcap");
+    let mut files = Vec::new();
+
+    // ibv_rc_pingpong, 4 KiB messages over a 1024-byte MTU (multi-packet).
+    let (p, f) = captured(&dir, "rc_pingpong", |pcap| {
+        let port = net.port(0).to_string();
+        let args = ["-d", "roxe0", "-p", &port, "-g", "0", "-n", "50", "-c"];
+        let server = pcap(
+            Side::new("ibv_rc_pingpong", &net.server(0), &args),
+            "server",
+        );
+        let client = pcap(
+            Side::new("ibv_rc_pingpong", &net.client(0), &args).arg(net.server(0)),
+            "client",
+        );
+        run_pair(&server, &client, net.port(0))
+    });
+    check_pingpong(&p, 50, 4096);
+    files.extend(f);
+
+    // perftest: RDMA WRITE, RDMA READ and atomics.
+    for (i, tool_name, extra) in [
+        (1u16, "ib_write_bw", &["-s", "8192", "-n", "50"][..]),
+        (2, "ib_read_bw", &["-s", "8192", "-n", "50"][..]),
+        (3, "ib_atomic_bw", &["-n", "50"][..]),
+    ] {
+        let (p, f) = captured(&dir, tool_name, |pcap| {
+            let port = net.port(i).to_string();
+            let mut args = vec!["-d", "roxe0", "-x", "0", "-p", &port];
+            args.extend_from_slice(extra);
+            let server = pcap(Side::new(tool_name, &net.server(i), &args), "server");
+            let client = pcap(
+                Side::new(tool_name, &net.client(i), &args).arg(net.server(i)),
+                "client",
+            );
+            run_pair(&server, &client, net.port(i))
+        });
+        p.assert_ok();
+        files.extend(f);
+    }
+
+    let problems = check_captures(&tool, &files);
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
