@@ -2,6 +2,7 @@
 //! socket (port 4791) with a progress thread, completion channels, a pcap
 //! tap and a fault injector. See `device.rs` for the threading.
 
+mod batch;
 mod channel;
 mod config;
 mod device;

@@ -70,6 +70,29 @@ fn allow_zero_udp6_checksums(s: &Socket) -> io::Result<()> {
     }
 }
 
+/// `UDP_GRO`: runs of equal datagrams from one sender arrive as one, with
+/// their size in a control message (see `batch::RxBatch`).
+pub fn enable_gro(s: &UdpSocket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: `s` is an open socket for the duration of the call; the option
+    // value is a live c_int and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            super::batch::UDP_GRO,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

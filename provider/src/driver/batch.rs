@@ -1,0 +1,722 @@
+//! Batched datagram I/O on the device socket, with preallocated buffers so
+//! the steady state allocates nothing per packet.
+//!
+//! Transmit: the engine writes each packet of a progress pass straight into
+//! [`TxBatch`]'s arena (one after the other, contiguous); [`TxBatch::flush`]
+//! hands the whole pass to the kernel with one `sendmmsg(2)` per up to
+//! [`MAX_BATCH`] packets. With UDP GSO enabled (off by default, see
+//! [`TxBatch::new`]) runs of consecutive equal-size packets to one destination
+//! ([`gso_run`]) become one message with a `UDP_SEGMENT` control message; the
+//! first refusal (`EIO`, `EINVAL`, ...) turns GSO off for good and is counted.
+//!
+//! Why GSO is off by default: the kernel builds the segments itself and
+//! gives them IPv4 identifications 0, 1, 2, ... (`inet_gso_segment`), but
+//! the RoCEv2 ICRC covers the identification and roxe computes it for 0 (the
+//! value Linux writes for one DF datagram). On loopback no segment is ever
+//! built on the way out (`lo` passes the whole 60 KiB datagram, which is
+//! what a capture on `lo` shows), so only the next hop's segments carry the
+//! wrong ICRC, but that is any non-roxe receiver.
+//!
+//! Receive: [`RxBatch::recv`] takes up to [`MAX_BATCH`] datagrams with one
+//! `recvmmsg(2)` into a preallocated pool.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
+
+/// Packets (transmit) or datagrams (receive) per system call.
+pub(crate) const MAX_BATCH: usize = 64;
+/// Room the engine gets for one packet: 4096 B of data plus headers.
+pub(crate) const TX_SLOT: usize = 4096 + 128;
+/// Receive buffer per datagram: larger than any RoCEv2 packet (4 KiB MTU);
+/// a longer datagram is truncated by the kernel and counted as an error.
+pub(crate) const RX_SLOT: usize = 9216;
+/// Most segments in one GSO send (the kernel's `UDP_MAX_SEGMENTS`).
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
+/// Most payload bytes in one GSO send: the largest IPv4 UDP payload
+/// (65535 - 20 - 8).
+pub(crate) const MAX_GSO_BYTES: usize = 65507;
+/// How long a send waits for socket buffer space before the remaining
+/// packets are counted as dropped (retransmission recovers them).
+const SEND_WAIT: Duration = Duration::from_millis(10);
+/// linux/udp.h (not in the libc crate for Linux).
+const UDP_SEGMENT: libc::c_int = 103;
+/// linux/udp.h: the socket option and the control message giving the
+/// segment size of a coalesced datagram.
+pub(crate) const UDP_GRO: libc::c_int = 104;
+/// Receive buffer per datagram with UDP GRO: a whole coalesced datagram.
+const RX_SLOT_GRO: usize = 65536;
+
+/// One packet waiting in the transmit arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TxPkt {
+    /// Offset in the arena.
+    pub off: usize,
+    /// Length.
+    pub len: usize,
+    /// Destination device.
+    pub dst: IpAddr,
+}
+
+/// How many packets from the start of `pkts` form one GSO send: consecutive
+/// packets to the same destination, contiguous in the arena, all as long as
+/// the first except the last, which may be shorter; at most `max_segs`
+/// packets and `max_bytes` bytes. Always at least 1 for a non-empty slice.
+pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usize {
+    let Some(first) = pkts.first() else {
+        return 0;
+    };
+    let mut n = 1;
+    let mut bytes = first.len;
+    for (i, p) in pkts.iter().enumerate().skip(1) {
+        // A shorter packet followed by one as long as itself starts a
+        // run of its own rather than ending this one.
+        let short_head_of_run = p.len < first.len
+            && pkts
+                .get(i + 1)
+                .is_some_and(|q| q.len == p.len && q.dst == p.dst);
+        if short_head_of_run
+            || n >= max_segs
+            || p.dst != first.dst
+            || p.len > first.len
+            || p.len == 0
+            || bytes + p.len > max_bytes
+            || p.off != first.off + bytes
+        {
+            break;
+        }
+        n += 1;
+        bytes += p.len;
+        if p.len < first.len {
+            break; // a shorter packet ends the run
+        }
+    }
+    n
+}
+
+/// Transmit counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TxCounters {
+    /// Datagrams the kernel took.
+    pub datagrams: u64,
+    /// Datagrams dropped (no buffer space in time, or refused).
+    pub errors: u64,
+    /// `sendmmsg` calls.
+    pub syscalls: u64,
+    /// GSO messages sent (each several datagrams).
+    pub gso_sends: u64,
+    /// 1 once GSO was refused by the kernel and turned off.
+    pub gso_refused: u64,
+}
+
+/// The transmit arena: the packets of one progress pass, contiguous.
+pub(crate) struct TxBatch {
+    arena: Box<[u8]>,
+    pkts: Vec<TxPkt>,
+    end: usize,
+    gso: bool,
+    port: u16,
+    /// Destination socket addresses, built once per destination.
+    addrs: Vec<(IpAddr, socket2::SockAddr)>,
+    pub(crate) counters: TxCounters,
+}
+
+impl std::fmt::Debug for TxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxBatch")
+            .field("queued", &self.pkts.len())
+            .field("gso", &self.gso)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TxBatch {
+    /// An empty batch sending to `port` on each destination, with UDP GSO
+    /// if `gso` (see the module documentation for why it is off by default).
+    pub(crate) fn new(port: u16, gso: bool) -> TxBatch {
+        TxBatch {
+            arena: vec![0; MAX_BATCH * TX_SLOT].into_boxed_slice(),
+            pkts: Vec::with_capacity(MAX_BATCH),
+            end: 0,
+            gso,
+            port,
+            addrs: Vec::new(),
+            counters: TxCounters::default(),
+        }
+    }
+
+    /// Whether the next packet needs a flush first.
+    pub(crate) fn is_full(&self) -> bool {
+        self.pkts.len() >= MAX_BATCH
+    }
+
+    /// Whether nothing is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pkts.is_empty()
+    }
+
+    /// Room for the next packet ([`TX_SLOT`] bytes). Not full: the arena
+    /// holds `MAX_BATCH` slots and every packet takes at most one.
+    pub(crate) fn slot(&mut self) -> &mut [u8] {
+        debug_assert!(!self.is_full());
+        &mut self.arena[self.end..self.end + TX_SLOT]
+    }
+
+    /// Queue the `len` bytes written into [`slot`](Self::slot); returns them.
+    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr) -> &[u8] {
+        assert!(len <= TX_SLOT && !self.is_full());
+        let off = self.end;
+        self.pkts.push(TxPkt { off, len, dst });
+        self.end += len;
+        &self.arena[off..off + len]
+    }
+
+    /// Queue a copy of `p`, flushing first if the batch is full.
+    pub(crate) fn push(&mut self, sock: &impl AsFd, p: &[u8], dst: IpAddr) {
+        if p.len() > TX_SLOT {
+            self.counters.errors += 1;
+            return;
+        }
+        if self.is_full() {
+            self.flush(sock);
+        }
+        self.slot()[..p.len()].copy_from_slice(p);
+        self.commit(p.len(), dst);
+    }
+
+    fn addr_index(&mut self, dst: IpAddr) -> usize {
+        if let Some(i) = self.addrs.iter().position(|(a, _)| *a == dst) {
+            return i;
+        }
+        if self.addrs.len() >= 256 {
+            // Bounded: many peers just rebuild the table now and then.
+            self.addrs.clear();
+        }
+        let sa = socket2::SockAddr::from(SocketAddr::new(dst, self.port));
+        self.addrs.push((dst, sa));
+        self.addrs.len() - 1
+    }
+
+    /// Send everything queued: one `sendmmsg` per up to `MAX_BATCH`
+    /// messages, waiting a bounded time when the socket buffer is full.
+    pub(crate) fn flush(&mut self, sock: &impl AsFd) {
+        let fd = sock.as_fd();
+        if self.pkts.len() == 1 {
+            // One packet (the latency path): a plain sendto.
+            self.flush_one(fd);
+            return;
+        }
+        let mut i = 0;
+        let mut deadline: Option<Instant> = None;
+        while i < self.pkts.len() {
+            // The messages of this call: (first packet, packets, gso size).
+            let mut plan = [(0usize, 0usize, 0u16); MAX_BATCH];
+            let mut m = 0;
+            let mut j = i;
+            while j < self.pkts.len() && m < MAX_BATCH {
+                // GSO only towards loopback devices: on loopback no segment
+                // is built on the way (see the module documentation).
+                let n = if self.gso && self.pkts[j].dst.is_loopback() {
+                    gso_run(&self.pkts[j..], MAX_GSO_SEGMENTS, MAX_GSO_BYTES)
+                } else {
+                    1
+                };
+                let seg = if n > 1 { self.pkts[j].len as u16 } else { 0 };
+                plan[m] = (j, n, seg);
+                m += 1;
+                j += n;
+            }
+            let mut addr_of = [0usize; MAX_BATCH];
+            for (k, &(first, _, _)) in plan[..m].iter().enumerate() {
+                addr_of[k] = self.addr_index(self.pkts[first].dst);
+            }
+            // Only the `m` entries used are written (a latency-bound pass
+            // sends one packet).
+            let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
+            let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+            let mut cmsgs = [const { MaybeUninit::<GsoCmsg>::uninit() }; MAX_BATCH];
+            for k in 0..m {
+                let (first, n, seg) = plan[k];
+                let off = self.pkts[first].off;
+                let len: usize = self.pkts[first..first + n].iter().map(|p| p.len).sum();
+                let iov = iovs[k].write(libc::iovec {
+                    iov_base: self.arena[off..off + len].as_ptr() as *mut libc::c_void,
+                    iov_len: len,
+                });
+                // SAFETY: all-zero is a valid mmsghdr (null pointers, zero
+                // lengths); the fields that matter are set below.
+                let mut mh: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                let sa = &self.addrs[addr_of[k]].1;
+                let h = &mut mh.msg_hdr;
+                h.msg_name = sa.as_ptr() as *mut libc::c_void;
+                h.msg_namelen = sa.len();
+                h.msg_iov = iov;
+                h.msg_iovlen = 1;
+                if seg > 0 {
+                    h.msg_control = (cmsgs[k].write(GsoCmsg::new(seg)) as *mut GsoCmsg).cast();
+                    h.msg_controllen = std::mem::size_of::<GsoCmsg>() as _;
+                }
+                hdrs[k].write(mh);
+            }
+            // SAFETY: `hdrs[..m]` are initialised msghdrs whose pointers
+            // (names in `self.addrs`, iovecs in `iovs` over `self.arena`,
+            // control messages in `cmsgs`) stay valid and unmodified for the
+            // call; the kernel only reads them and writes `msg_len`.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    fd.as_raw_fd(),
+                    hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                    m as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            self.counters.syscalls += 1;
+            if rc >= 0 {
+                for &(_, n, seg) in &plan[..rc as usize] {
+                    self.counters.datagrams += n as u64;
+                    self.counters.gso_sends += u64::from(seg > 0);
+                }
+                i = match plan.get(rc as usize) {
+                    Some(&(first, _, _)) if (rc as usize) < m => first,
+                    _ => j,
+                };
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            let (first, n, seg) = plan[0];
+            match err.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EAGAIN) => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + SEND_WAIT);
+                    if !wait_writable(fd, d) {
+                        self.counters.errors += (self.pkts.len() - i) as u64;
+                        break;
+                    }
+                }
+                _ if seg > 0 => {
+                    // GSO refused (EIO without checksum offload, EINVAL,
+                    // ENOPROTOOPT on old kernels): per-datagram from now on.
+                    self.gso = false;
+                    self.counters.gso_refused = 1;
+                }
+                _ => {
+                    self.counters.errors += n as u64;
+                    i = first + n;
+                }
+            }
+        }
+        self.pkts.clear();
+        self.end = 0;
+    }
+}
+
+impl TxBatch {
+    fn flush_one(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
+        let TxPkt { off, len, dst } = self.pkts[0];
+        let to = SocketAddr::new(dst, self.port);
+        let p = &self.arena[off..off + len];
+        let mut deadline: Option<Instant> = None;
+        let sent = loop {
+            match rustix::net::sendto(fd, p, rustix::net::SendFlags::DONTWAIT, &to) {
+                Ok(_) => break true,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + SEND_WAIT);
+                    if !wait_writable(fd, d) {
+                        break false;
+                    }
+                }
+                Err(_) => break false,
+            }
+        };
+        self.counters.syscalls += 1;
+        if sent {
+            self.counters.datagrams += 1;
+        } else {
+            self.counters.errors += 1;
+        }
+        self.pkts.clear();
+        self.end = 0;
+    }
+}
+
+/// Wait until `fd` is writable or `deadline` passes (false).
+fn wait_writable(fd: std::os::fd::BorrowedFd<'_>, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return false;
+    }
+    let ts = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: left.as_nanos().min(999_999_999) as _,
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let _ = rustix::event::poll(&mut fds, Some(&ts));
+    true
+}
+
+/// A control message carrying `UDP_SEGMENT`: `cmsghdr` then the 16-bit
+/// segment size, padded to `CMSG_SPACE(2)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GsoCmsg {
+    hdr: libc::cmsghdr,
+    data: [u8; 8],
+}
+
+impl GsoCmsg {
+    // SAFETY: all-zero is a valid cmsghdr.
+    const EMPTY: GsoCmsg = unsafe { std::mem::zeroed() };
+
+    fn new(seg: u16) -> GsoCmsg {
+        let mut c = GsoCmsg::EMPTY;
+        c.hdr.cmsg_level = libc::SOL_UDP;
+        c.hdr.cmsg_type = UDP_SEGMENT;
+        // SAFETY: CMSG_LEN is pure arithmetic.
+        c.hdr.cmsg_len = unsafe { libc::CMSG_LEN(2) } as _;
+        c.data[..2].copy_from_slice(&seg.to_ne_bytes());
+        c
+    }
+}
+
+// The layout CMSG_DATA/CMSG_SPACE expect.
+// SAFETY (both): CMSG_SPACE/CMSG_LEN are pure arithmetic.
+const _: () = assert!(std::mem::size_of::<GsoCmsg>() == unsafe { libc::CMSG_SPACE(2) } as usize);
+const _: () = assert!(std::mem::offset_of!(GsoCmsg, data) == unsafe { libc::CMSG_LEN(0) } as usize);
+
+/// Room for an IPv4 or IPv6 peer address.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union PeerAddr {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+impl PeerAddr {
+    fn to_std(self, len: libc::socklen_t) -> Option<SocketAddr> {
+        // SAFETY: every field is a plain C struct whose first member is the
+        // address family; the kernel wrote `len` bytes of the one the
+        // family names, and the length is checked before reading it.
+        unsafe {
+            match self.v4.sin_family as libc::c_int {
+                libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                    let a = self.v4;
+                    Some(SocketAddr::new(
+                        IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
+                        u16::from_be(a.sin_port),
+                    ))
+                }
+                libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                    let a = self.v6;
+                    Some(SocketAddr::new(
+                        IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)),
+                        u16::from_be(a.sin6_port),
+                    ))
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+/// One received datagram: length, source, GRO segment size (0: one packet).
+type Got = (usize, Option<SocketAddr>, usize);
+
+/// The receive pool: [`MAX_BATCH`] buffers of [`RX_SLOT`] bytes (64 KiB
+/// with UDP GRO, which delivers runs of equal datagrams as one), and the
+/// `recvmmsg` headers pointing into it, built once.
+///
+/// Not `Send` (raw pointers): it lives on the progress thread. The
+/// pointers in `hdrs` and `iovs` point into `pool`, `iovs`, `names` and
+/// `cmsgs`, heap allocations owned by the struct that never move or shrink.
+pub(crate) struct RxBatch {
+    pool: Box<[u8]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    iovs: Box<[libc::iovec]>,
+    names: Box<[PeerAddr]>,
+    cmsgs: Box<[GsoCmsg]>,
+    slot: usize,
+    got: [Got; MAX_BATCH],
+    n: usize,
+}
+
+impl RxBatch {
+    /// A pool; `gro`: the socket has `UDP_GRO` on.
+    pub(crate) fn new(gro: bool) -> RxBatch {
+        let slot = if gro { RX_SLOT_GRO } else { RX_SLOT };
+        // SAFETY: all-zero is a valid value of these plain C structs.
+        let zero_hdr: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        let zero_iov: libc::iovec = unsafe { std::mem::zeroed() };
+        let zero_name: PeerAddr = unsafe { std::mem::zeroed() };
+        let mut rx = RxBatch {
+            pool: vec![0; MAX_BATCH * slot].into_boxed_slice(),
+            hdrs: vec![zero_hdr; MAX_BATCH].into_boxed_slice(),
+            iovs: vec![zero_iov; MAX_BATCH].into_boxed_slice(),
+            names: vec![zero_name; MAX_BATCH].into_boxed_slice(),
+            cmsgs: vec![GsoCmsg::EMPTY; MAX_BATCH].into_boxed_slice(),
+            slot,
+            got: [(0, None, 0); MAX_BATCH],
+            n: 0,
+        };
+        for (k, chunk) in rx.pool.chunks_exact_mut(slot).enumerate() {
+            rx.iovs[k] = libc::iovec {
+                iov_base: chunk.as_mut_ptr().cast(),
+                iov_len: slot,
+            };
+            let h = &mut rx.hdrs[k].msg_hdr;
+            h.msg_name = (&mut rx.names[k] as *mut PeerAddr).cast();
+            h.msg_iov = &mut rx.iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_control = (&mut rx.cmsgs[k] as *mut GsoCmsg).cast();
+            Self::reset(h);
+        }
+        rx
+    }
+
+    /// The in/out lengths the kernel overwrites.
+    fn reset(h: &mut libc::msghdr) {
+        h.msg_namelen = std::mem::size_of::<PeerAddr>() as libc::socklen_t;
+        h.msg_controllen = std::mem::size_of::<GsoCmsg>() as _;
+        h.msg_flags = 0;
+    }
+
+    /// Receive what is queued, up to [`MAX_BATCH`] datagrams, without
+    /// blocking. `Ok(0)`: nothing to read. Datagrams that were truncated or
+    /// have no readable source come back with no address (count, skip).
+    pub(crate) fn recv(&mut self, sock: &impl AsFd) -> io::Result<usize> {
+        // Only the entries the last call used were written by the kernel.
+        for h in &mut self.hdrs[..self.n.max(1)] {
+            Self::reset(&mut h.msg_hdr);
+        }
+        self.n = 0;
+        let rc = loop {
+            // SAFETY: every msghdr points at memory of the stated sizes
+            // owned by `self` (a pool slot, a name and a control buffer, an
+            // iovec; see the struct), exclusively borrowed for the call; no
+            // timeout pointer.
+            let rc = unsafe {
+                libc::recvmmsg(
+                    sock.as_fd().as_raw_fd(),
+                    self.hdrs.as_mut_ptr(),
+                    MAX_BATCH as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc >= 0 {
+                break rc as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            }
+        };
+        for k in 0..rc {
+            let h = &self.hdrs[k];
+            let truncated = h.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+            let from = if truncated {
+                None
+            } else {
+                self.names[k].to_std(h.msg_hdr.msg_namelen)
+            };
+            // The only control message a UDP socket with UDP_GRO and no
+            // other receive options gets is the GRO segment size (an int).
+            let c = &self.cmsgs[k];
+            let seg = if h.msg_hdr.msg_controllen >= std::mem::offset_of!(GsoCmsg, data) + 4
+                && c.hdr.cmsg_level == libc::SOL_UDP
+                && c.hdr.cmsg_type == UDP_GRO
+            {
+                let mut v = [0u8; 4];
+                v.copy_from_slice(&c.data[..4]);
+                libc::c_int::from_ne_bytes(v).max(0) as usize
+            } else {
+                0
+            };
+            self.got[k] = (h.msg_len as usize, from, seg);
+        }
+        self.n = rc;
+        Ok(rc)
+    }
+
+    /// The `k`th datagram of the last [`recv`](Self::recv): its source
+    /// (`None` if it was truncated or unreadable), bytes, and the size of
+    /// the packets it holds if GRO coalesced several (0: one packet).
+    pub(crate) fn get(&self, k: usize) -> (Option<SocketAddr>, &[u8], usize) {
+        assert!(k < self.n);
+        let (len, from, seg) = self.got[k];
+        let start = k * self.slot;
+        (from, &self.pool[start..start + len.min(self.slot)], seg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkts(spec: &[(usize, u8)]) -> Vec<TxPkt> {
+        let mut off = 0;
+        spec.iter()
+            .map(|&(len, d)| {
+                let p = TxPkt {
+                    off,
+                    len,
+                    dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
+                };
+                off += len;
+                p
+            })
+            .collect()
+    }
+
+    fn runs(p: &[TxPkt], segs: usize, bytes: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < p.len() {
+            let n = gso_run(&p[i..], segs, bytes);
+            assert!(n >= 1);
+            out.push(n);
+            i += n;
+        }
+        out
+    }
+
+    #[test]
+    fn gso_runs_group_equal_sizes_to_one_destination() {
+        // 16 MIDDLE-size packets and a short LAST: one run.
+        let mut spec = vec![(4112, 1); 16];
+        spec.push((100, 1));
+        assert_eq!(runs(&pkts(&spec), 64, 1 << 20), [17]);
+        // A shorter packet ends the run (the next is not as short).
+        assert_eq!(
+            runs(
+                &pkts(&[(4112, 1), (100, 1), (4112, 1), (4112, 1)]),
+                64,
+                1 << 20
+            ),
+            [2, 2]
+        );
+        // ... unless it heads a run of its own: FIRST (with RETH) and then
+        // the MIDDLEs of a WRITE.
+        let mut spec = vec![(4128, 1)];
+        spec.extend([(4112, 1); 15]);
+        assert_eq!(runs(&pkts(&spec), 64, MAX_GSO_BYTES), [1, 15]);
+        // A longer packet starts a new run.
+        assert_eq!(
+            runs(
+                &pkts(&[(100, 1), (100, 1), (4112, 1), (4112, 1)]),
+                64,
+                1 << 20
+            ),
+            [2, 2]
+        );
+        // Another destination starts a new run.
+        assert_eq!(
+            runs(
+                &pkts(&[(64, 1), (64, 1), (64, 2), (64, 2), (64, 1)]),
+                64,
+                1 << 20
+            ),
+            [2, 2, 1]
+        );
+        assert_eq!(runs(&[], 64, 1 << 20), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn gso_runs_respect_segment_and_byte_limits() {
+        // 65507 / 4112 = 15 segments per send.
+        let p = pkts(&[(4112, 1); 40]);
+        assert_eq!(runs(&p, MAX_GSO_SEGMENTS, MAX_GSO_BYTES), [15, 15, 10]);
+        // 64 segments at most.
+        let p = pkts(&[(64, 1); 130]);
+        assert_eq!(runs(&p, MAX_GSO_SEGMENTS, MAX_GSO_BYTES), [64, 64, 2]);
+        // The byte limit is inclusive.
+        let p = pkts(&[(100, 1); 5]);
+        assert_eq!(runs(&p, 64, 300), [3, 2]);
+    }
+
+    #[test]
+    fn gso_runs_need_contiguous_packets() {
+        let mut p = pkts(&[(64, 1); 4]);
+        p[2].off += 8;
+        p[3].off += 8;
+        assert_eq!(runs(&p, 64, 1 << 20), [2, 2]);
+    }
+
+    fn pair() -> (std::net::UdpSocket, std::net::UdpSocket) {
+        // The device sockets' options (DF, 8 MiB buffers, non-blocking).
+        let lo = "127.0.0.1".parse().unwrap();
+        (
+            super::super::socket::bind(lo, 0).unwrap(),
+            super::super::socket::bind(lo, 0).unwrap(),
+        )
+    }
+
+    fn exchange(gso: bool, gro: bool) {
+        let (a, b) = pair();
+        if gro {
+            super::super::socket::enable_gro(&b).unwrap();
+        }
+        let port = b.local_addr().unwrap().port();
+        let mut tx = TxBatch::new(port, gso);
+        let dst: IpAddr = "127.0.0.1".parse().unwrap();
+        // 100 packets: more than one batch; equal sizes with a short one
+        // every 10th, so GSO runs end early.
+        let sizes: Vec<usize> = (0..100)
+            .map(|i| if i % 10 == 9 { 50 + i } else { 1000 })
+            .collect();
+        for (i, &len) in sizes.iter().enumerate() {
+            if tx.is_full() {
+                tx.flush(&a);
+            }
+            let s = tx.slot();
+            s[..len].fill(i as u8);
+            s[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            tx.commit(len, dst);
+        }
+        tx.flush(&a);
+        assert!(tx.is_empty());
+        assert_eq!(tx.counters.datagrams, 100, "{:?}", tx.counters);
+        assert_eq!(tx.counters.errors, 0);
+        if gso && tx.counters.gso_refused == 0 {
+            assert!(tx.counters.gso_sends > 0);
+        }
+        let mut rx = RxBatch::new(gro);
+        let mut seen = Vec::new();
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while seen.len() < 100 && Instant::now() < give_up {
+            let n = rx.recv(&b).unwrap();
+            for k in 0..n {
+                let (from, d, seg) = rx.get(k);
+                assert_eq!(from, Some(a.local_addr().unwrap()));
+                assert!(gro || seg == 0);
+                for d in d.chunks(if seg == 0 { d.len() } else { seg }) {
+                    let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+                    assert_eq!(d.len(), sizes[i], "packet {i}");
+                    assert!(d[4..].iter().all(|&x| x == i as u8));
+                    seen.push(i);
+                }
+            }
+        }
+        assert_eq!(seen, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn sendmmsg_and_recvmmsg_carry_every_packet_in_order() {
+        exchange(false, false);
+    }
+
+    #[test]
+    fn gso_sends_arrive_as_the_same_datagrams() {
+        exchange(true, false);
+        // With GRO the receiver splits them by the segment size.
+        exchange(true, true);
+    }
+}
