@@ -1,0 +1,39 @@
+#!/bin/bash
+# One run of every comparison in docs/PERFORMANCE.md, printed as lines
+# "name result": iperf3 TCP and UDP, sockperf ping-pong, `roxe perf`
+# (with and without ROXE_GSO), and perftest over the drop-in libibverbs.
+# Needs: cargo build --release -p roxe-tools -p roxe-ibverbs; iperf3,
+# sockperf and perftest (Debian packages). Loopback addresses only.
+set -u
+R=$(cd "$(dirname "$0")/.." && pwd)/target/release
+L=$R/ibverbs
+# iperf3 TCP
+iperf3 -s -1 -p 5301 >/dev/null 2>&1 & sleep 0.5
+echo "iperf3_tcp_GBps $(iperf3 -c 127.0.0.1 -p 5301 -t 5 -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9,3))')"
+wait
+iperf3 -s -1 -p 5302 >/dev/null 2>&1 & sleep 0.5
+echo "iperf3_udp4k_GBps $(iperf3 -c 127.0.0.1 -p 5302 -u -l 4096 -b 0 -t 5 -J | python3 -c 'import json,sys; d=json.load(sys.stdin)["end"]["sum"]; print(round(d["bytes"]*(1-d["lost_percent"]/100)/d["seconds"]/1e9,3))')"
+wait
+sockperf sr -i 127.0.0.1 -p 5303 >/dev/null 2>&1 & sp=$!; sleep 0.5
+sockperf pp -i 127.0.0.1 -p 5303 -t 5 -m 64 2>&1 | grep -E "avg-latency|50.000" | sed 's/^/sockperf /'
+kill $sp; wait 2>/dev/null
+for gso in 0 1; do
+  ROXE_GSO=$gso ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json server >/dev/null 2>&1 & sleep 0.5
+  echo "roxe_write64k_gso$gso $(ROXE_GSO=$gso ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_sec", d))')"
+  wait
+done
+ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 64 --lat -n 20000 -p 18702 --json server >/dev/null 2>&1 & sleep 0.5
+echo "roxe_lat64 $(ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 64 --lat -n 20000 -p 18702 --json client 127.0.0.1)"
+wait
+export LD_LIBRARY_PATH=$L
+for t in ib_write_bw ib_send_bw ib_read_bw; do
+  ROXE_ADDR=127.0.222.1 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 >/dev/null 2>&1 & sleep 0.5
+  echo "$t $(ROXE_ADDR=127.0.222.2 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 127.0.0.1 | grep -E '^ 65536' )"
+  wait
+done
+for t in ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
+  s=64; [ $t = ib_atomic_lat ] && s=8
+  ROXE_ADDR=127.0.223.1 $t -d roxe0 -x 0 -s $s -n 20000 -p 18704 >/dev/null 2>&1 & sleep 0.5
+  echo "$t $(ROXE_ADDR=127.0.223.2 $t -d roxe0 -x 0 -s $s -n 20000 -p 18704 127.0.0.1 | grep -E "^ $s " )"
+  wait
+done
