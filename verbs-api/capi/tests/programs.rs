@@ -178,6 +178,38 @@ fn rc_pingpong_events() {
 }
 
 #[test]
+fn rc_pingpong_new_send_api() {
+    // -N: ibv_create_qp_ex with send-ops flags and the ibv_wr_* calls.
+    let p = pingpong(
+        Net(48),
+        0,
+        "ibv_rc_pingpong",
+        &["-g", "0", "-N", "-c", "-n", "100"],
+    );
+    check_pingpong(&p, 100, 4096);
+}
+
+#[test]
+fn rc_pingpong_timestamps_are_refused() {
+    // -t needs completion timestamps, which roxe does not offer: the
+    // program must say so and stop before it listens, as on a device
+    // without them.
+    let net = Net(49);
+    let port = net.port(0).to_string();
+    let side = Side::new(
+        "ibv_rc_pingpong",
+        &net.server(0),
+        &["-d", "roxe0", "-p", &port, "-g", "0", "-t"],
+    );
+    let r = run_one(&side);
+    assert_eq!(r.status.and_then(|s| s.code()), Some(1), "{r:?}");
+    assert!(
+        format!("{}{}", r.stdout, r.stderr).contains("isn't completion timestamp capable"),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn rc_pingpong_validate_buffer() {
     // -c: "validate received buffer" (each side checks the peer's marks).
     let p = pingpong(
