@@ -80,6 +80,19 @@ impl End {
         End { eng, cq, mr, qpn }
     }
 
+    /// `n` more RC QPs in RTS that never carry traffic (facing made-up
+    /// peer QPs): what a busy server's idle connections cost the one
+    /// that works.
+    fn add_idle_qps(&mut self, n: usize, peer: IpAddr) {
+        let (_, init) = self.eng.query_qp(self.qpn).unwrap();
+        let working = self.qpn;
+        for i in 0..n {
+            self.qpn = self.eng.create_qp(init).unwrap();
+            self.connect(0x10_0000 + i as u32, peer);
+        }
+        self.qpn = working;
+    }
+
     fn sge(&self, offset: usize, len: usize) -> Sge {
         Sge {
             addr: self.mr.addr + offset as u64,
@@ -195,8 +208,14 @@ struct Rig {
 
 impl Rig {
     fn new(kind: Kind) -> Rig {
+        Rig::with_idle_qps(kind, 0)
+    }
+
+    fn with_idle_qps(kind: Kind, idle: usize) -> Rig {
         let mut a = End::new(ADDR_A);
         let mut b = End::new(ADDR_B);
+        a.add_idle_qps(idle, ADDR_B);
+        b.add_idle_qps(idle, ADDR_A);
         a.connect(b.qpn, ADDR_B);
         b.connect(a.qpn, ADDR_A);
         let mut rig = Rig {
@@ -437,6 +456,17 @@ fn bench_engine(c: &mut Criterion) {
         })
     });
     s.verify(4);
+
+    let mut s = Rig::with_idle_qps(Kind::Send, 1000);
+    s.verify(5);
+    g.bench_function("rc_send_64B_beside_1000_idle_qps", |bch| {
+        bch.iter_custom(|iters| {
+            let t = Instant::now();
+            s.run(iters, false);
+            t.elapsed()
+        })
+    });
+    s.verify(6);
 
     g.finish();
 }

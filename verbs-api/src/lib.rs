@@ -63,7 +63,16 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Verbs(e) => e.errno.0,
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc_eio()),
+            Error::Io { source, .. } => source
+                .raw_os_error()
+                // An error with context (driver::NeedsCapNetRaw) carries
+                // the OS error as its source.
+                .or_else(|| {
+                    std::error::Error::source(source)
+                        .and_then(|e| e.downcast_ref::<std::io::Error>())
+                        .and_then(std::io::Error::raw_os_error)
+                })
+                .unwrap_or(libc_eio()),
             Error::Config(_) => Errno::EINVAL.0,
         }
     }

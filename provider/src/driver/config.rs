@@ -42,6 +42,13 @@ pub enum IcrcMode {
     /// Checked as for `Warn`, and a mismatch drops the packet: right
     /// between roxe devices, wrong for rxe and NIC peers.
     Strict,
+    /// Received from an `AF_PACKET` socket (needs `CAP_NET_RAW`), which
+    /// shows the real IPv4 header: every ICRC is verified exactly, whatever
+    /// the sender's identification, and a mismatch drops the packet. The
+    /// UDP socket stays bound (no ICMP port unreachable) but what it
+    /// receives is discarded. IPv6 devices verify fully from their UDP
+    /// socket and open no raw socket.
+    Raw,
 }
 
 impl std::str::FromStr for IcrcMode {
@@ -51,9 +58,10 @@ impl std::str::FromStr for IcrcMode {
             "off" => Ok(IcrcMode::Off),
             "warn" => Ok(IcrcMode::Warn),
             "strict" => Ok(IcrcMode::Strict),
+            "raw" => Ok(IcrcMode::Raw),
             _ => Err(invalid(
                 "ROXE_ICRC",
-                format!("{s:?}: expected off, warn or strict"),
+                format!("{s:?}: expected off, warn, strict or raw"),
             )),
         }
     }
@@ -156,7 +164,7 @@ pub struct DeviceConfig {
 
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
-    /// address if it lists several), `ROXE_ICRC=off|warn|strict`,
+    /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=1`.
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
@@ -229,6 +237,7 @@ mod tests {
     #[test]
     fn icrc_modes() {
         assert_eq!("strict".parse::<IcrcMode>(), Ok(IcrcMode::Strict));
+        assert_eq!("raw".parse::<IcrcMode>(), Ok(IcrcMode::Raw));
         assert!("maybe".parse::<IcrcMode>().is_err());
     }
 }

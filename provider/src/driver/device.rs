@@ -8,12 +8,16 @@
 //! timer earlier than the one it sleeps towards. The progress thread
 //! receives (in bursts, one lock per burst), fires timers and releases
 //! packets the fault injector holds; it sleeps in `poll(2)` on the socket
-//! and an eventfd, or spins with `busy_poll`.
+//! and an eventfd, or spins with `busy_poll`. With `ROXE_ICRC=raw` (IPv4) it
+//! receives from an `AF_PACKET` socket instead (`raw.rs`), passing each
+//! packet's real IP and UDP headers to the engine, and discards what the
+//! UDP socket receives (the same packets).
 
 use super::batch::{RxBatch, TxBatch, TX_SLOT};
 use super::channel::{ChannelShared, CompChannel};
 use super::config::{DeviceConfig, IcrcMode};
 use super::fault::{FaultStats, Faults};
+use super::raw::{self, RawBatch, RawSkip};
 use super::socket;
 use super::tap::Tap;
 use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, Stats};
@@ -53,6 +57,14 @@ pub struct DriverStats {
     pub tx_gso_refused: u64,
     /// `recvmmsg` calls that returned datagrams.
     pub rx_batches: u64,
+    /// `ROXE_ICRC=raw`: packets from the raw socket dropped before the
+    /// engine because they are not a whole IPv4 UDP datagram to the device
+    /// (a fragment, a bad IPv4 header checksum, inconsistent lengths). The
+    /// engine counts the rest (`rx_bad_icrc`, `rx_malformed`, ...).
+    pub rx_raw_dropped: u64,
+    /// `ROXE_ICRC=raw`: datagrams the UDP socket received and the device
+    /// discarded (copies of what the raw socket received).
+    pub rx_udp_discarded: u64,
 }
 
 /// Everything a device counts.
@@ -107,6 +119,9 @@ pub(crate) struct Core {
 struct Shared {
     addr: IpAddr,
     socket: UdpSocket,
+    /// `ROXE_ICRC=raw` on an IPv4 device: the `AF_PACKET` socket packets
+    /// are received from (see `raw.rs`).
+    raw: Option<OwnedFd>,
     epoch: Instant,
     core: Mutex<Core>,
     wake: OwnedFd,
@@ -207,6 +222,12 @@ impl Device {
             ),
             None => bind_auto()?,
         };
+        let raw = match (config.icrc, addr) {
+            // Never a silent fallback: without CAP_NET_RAW this fails.
+            (IcrcMode::Raw, IpAddr::V4(v4)) => Some(raw::open(v4, ROCEV2_PORT)?),
+            // IPv6: the UDP socket already shows every field the ICRC covers.
+            _ => None,
+        };
         let gso = gso_from_env();
         let gro = gso && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
@@ -214,6 +235,7 @@ impl Device {
             IcrcMode::Off => IcrcPolicy::Off,
             IcrcMode::Warn => IcrcPolicy::Warn,
             IcrcMode::Strict => IcrcPolicy::AssumeLinuxSender,
+            IcrcMode::Raw => IcrcPolicy::WireHeaders,
         };
         ec.fixed_src_port = Some(ROCEV2_PORT);
         let tap = match &config.pcap {
@@ -227,6 +249,7 @@ impl Device {
         let shared = Arc::new(Shared {
             addr,
             socket,
+            raw,
             epoch: Instant::now(),
             core: Mutex::new(Core {
                 engine: Engine::new(ec),
@@ -419,43 +442,136 @@ impl Shared {
         }
     }
 
+    /// Receive one burst from the UDP socket and hand it to the engine under
+    /// the lock (taken into `guard`). True if the burst was full (more may
+    /// be queued).
+    fn receive_udp<'a>(
+        &'a self,
+        rx: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+    ) -> bool {
+        // Receive without the lock, then handle the burst under it with one
+        // clock read.
+        let n = match rx.recv(&self.socket) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(_) => {
+                guard
+                    .get_or_insert_with(|| self.core.lock())
+                    .stats
+                    .rx_errors += 1;
+                return false;
+            }
+        };
+        let core = guard.get_or_insert_with(|| self.core.lock());
+        let now = self.now();
+        core.stats.rx_batches += 1;
+        for k in 0..n {
+            let (from, d, seg) = rx.get(k);
+            let Some(from) = from else {
+                core.stats.rx_errors += 1;
+                continue;
+            };
+            // GRO: equal packets (the last may be shorter) as one.
+            for p in d.chunks(if seg == 0 { d.len().max(1) } else { seg }) {
+                core.stats.rx_datagrams += 1;
+                if let Some(t) = core.tap.as_mut() {
+                    t.write(from.ip(), from.port(), self.addr, ROCEV2_PORT, p);
+                }
+                core.engine.handle_packet(now, from.ip(), from.port(), p);
+            }
+        }
+        n == super::batch::MAX_BATCH
+    }
+
+    /// `ROXE_ICRC=raw`: discard what the UDP socket received, then receive
+    /// one burst from the raw socket and hand each packet with its headers
+    /// to the engine under the lock. True if the burst was full.
+    fn receive_raw<'a>(
+        &'a self,
+        raw_fd: &OwnedFd,
+        rb: &mut RawBatch,
+        drain: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+    ) -> bool {
+        let IpAddr::V4(own) = self.addr else {
+            unreachable!("a raw socket is opened for IPv4 devices only")
+        };
+        // The UDP socket gets a copy of every packet: a few bursts at most
+        // per call (the rest next time round).
+        let mut discarded = 0u64;
+        for _ in 0..4 {
+            let Ok(n) = drain.recv(&self.socket) else {
+                break;
+            };
+            for k in 0..n {
+                let (_, d, seg) = drain.get(k);
+                discarded += if seg == 0 {
+                    1
+                } else {
+                    d.len().div_ceil(seg) as u64
+                };
+            }
+            if n < super::batch::MAX_BATCH {
+                break;
+            }
+        }
+        if discarded > 0 {
+            guard
+                .get_or_insert_with(|| self.core.lock())
+                .stats
+                .rx_udp_discarded += discarded;
+        }
+        let n = match rb.recv(raw_fd) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(_) => {
+                guard
+                    .get_or_insert_with(|| self.core.lock())
+                    .stats
+                    .rx_errors += 1;
+                return false;
+            }
+        };
+        let core = guard.get_or_insert_with(|| self.core.lock());
+        let now = self.now();
+        core.stats.rx_batches += 1;
+        for k in 0..n {
+            let p = match rb.get(k) {
+                Ok(p) => p,
+                Err(RawSkip::Truncated) => {
+                    core.stats.rx_errors += 1;
+                    continue;
+                }
+                // The device's own transmission, not a packet to it.
+                Err(RawSkip::Outgoing) => continue,
+            };
+            let Some((ip, udp, payload)) = raw::split(p, own, ROCEV2_PORT) else {
+                core.stats.rx_raw_dropped += 1;
+                continue;
+            };
+            core.stats.rx_datagrams += 1;
+            if let Some(t) = core.tap.as_mut() {
+                let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+                let sport = u16::from_be_bytes([udp[0], udp[1]]);
+                t.write(IpAddr::V4(src), sport, self.addr, ROCEV2_PORT, payload);
+            }
+            core.engine.handle_ip_packet(now, ip, udp, payload);
+        }
+        n == super::batch::MAX_BATCH
+    }
+
     fn progress(self: Arc<Self>) {
         let mut rx = RxBatch::new(self.gro);
+        let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
         while !self.stop.load(Ordering::Acquire) {
             let mut guard: Option<MutexGuard<'_, Core>> = None;
             loop {
-                // Receive without the lock, then handle the burst under it
-                // with one clock read.
-                let n = match rx.recv(&self.socket) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(_) => {
-                        guard
-                            .get_or_insert_with(|| self.core.lock())
-                            .stats
-                            .rx_errors += 1;
-                        break;
-                    }
+                let full = match raw_rx.as_mut() {
+                    None => self.receive_udp(&mut rx, &mut guard),
+                    Some((fd, rb)) => self.receive_raw(fd, rb, &mut rx, &mut guard),
                 };
-                let core = guard.get_or_insert_with(|| self.core.lock());
-                let now = self.now();
-                core.stats.rx_batches += 1;
-                for k in 0..n {
-                    let (from, d, seg) = rx.get(k);
-                    let Some(from) = from else {
-                        core.stats.rx_errors += 1;
-                        continue;
-                    };
-                    // GRO: equal packets (the last may be shorter) as one.
-                    for p in d.chunks(if seg == 0 { d.len().max(1) } else { seg }) {
-                        core.stats.rx_datagrams += 1;
-                        if let Some(t) = core.tap.as_mut() {
-                            t.write(from.ip(), from.port(), self.addr, ROCEV2_PORT, p);
-                        }
-                        core.engine.handle_packet(now, from.ip(), from.port(), p);
-                    }
-                }
-                if n < super::batch::MAX_BATCH {
+                if !full {
                     // Drained for now: timers, sends and sleep below.
                     break;
                 }
@@ -492,8 +608,10 @@ impl Shared {
             let mut fds = [
                 PollFd::new(&self.socket, PollFlags::IN),
                 PollFd::new(&self.wake, PollFlags::IN),
+                PollFd::new(self.raw.as_ref().unwrap_or(&self.wake), PollFlags::IN),
             ];
-            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            let nfds = if self.raw.is_some() { 3 } else { 2 };
+            let _ = rustix::event::poll(&mut fds[..nfds], Some(&ts));
             let mut drain = [0u8; 8];
             let _ = rustix::io::read(&self.wake, &mut drain);
             self.sleeping_until.store(0, Ordering::Release);

@@ -7,6 +7,7 @@ mod channel;
 mod config;
 mod device;
 mod fault;
+mod raw;
 mod socket;
 mod tap;
 
@@ -14,3 +15,4 @@ pub use channel::CompChannel;
 pub use config::{ConfigError, DeviceConfig, FaultSpec, IcrcMode};
 pub use device::{addr_of_lid, lid_of, Device, DeviceStats, DriverStats, EngineGuard, ROCEV2_PORT};
 pub use fault::FaultStats;
+pub use raw::NeedsCapNetRaw;

@@ -17,7 +17,7 @@ use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
 use roxe_wire::{icrc, Packet, Psn, Transport, ICRC_LEN};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
 pub use requester::SendWqe;
@@ -47,6 +47,12 @@ pub enum IcrcPolicy {
     Warn,
     /// Do not verify IPv4 ICRCs.
     Off,
+    /// The driver reads whole IP datagrams (a raw socket) and hands each
+    /// packet to [`Engine::handle_ip_packet`] with the headers it arrived
+    /// under, which verifies the ICRC over them exactly (any IPv4
+    /// identification). [`Engine::handle_packet`] alone then does not check
+    /// IPv4 ICRCs: its caller has.
+    WireHeaders,
 }
 
 /// Device-wide limits and identity.
@@ -193,6 +199,8 @@ pub(crate) struct Qp {
     pub req: requester::Requester,
     pub resp: responder::Responder,
     pub rq: VecDeque<RecvWqe>,
+    /// The deadline under which `Engine::timers` holds this QP.
+    pub indexed_deadline: Option<Nanos>,
 }
 
 impl Qp {
@@ -237,6 +245,13 @@ pub struct Engine {
     qps: BTreeMap<u32, Qp>,
     /// Round-robin cursor for transmit fairness between QPs.
     tx_cursor: u32,
+    /// QPs that may have a packet to send: `poll_transmit` visits only
+    /// these, so idle QPs cost nothing per packet. A QP enters when a verb
+    /// or a packet or timer touches it, and leaves when it has nothing.
+    active: BTreeSet<u32>,
+    /// Every armed requester timer as (deadline, QPN): `poll_timeout` is
+    /// its first entry, so thousands of QPs cost nothing per verb call.
+    timers: BTreeSet<(Nanos, u32)>,
     stats: Stats,
 }
 
@@ -277,6 +292,8 @@ impl Engine {
             next_qpn: 0x11,
             qps: BTreeMap::new(),
             tx_cursor: 0,
+            active: BTreeSet::new(),
+            timers: BTreeSet::new(),
             stats: Stats::default(),
         }
     }
@@ -460,6 +477,7 @@ impl Engine {
             req: requester::Requester::new(),
             resp: responder::Responder::new(),
             rq: VecDeque::new(),
+            indexed_deadline: None,
         };
         self.qps.insert(qpn, qp);
         Ok(qpn)
@@ -467,10 +485,42 @@ impl Engine {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) -> VerbsResult<()> {
-        self.qps
+        let q = self
+            .qps
             .remove(&qpn)
-            .map(|_| ())
-            .ok_or_else(|| err("ibv_destroy_qp", Errno::EINVAL, "no such QP"))
+            .ok_or_else(|| err("ibv_destroy_qp", Errno::EINVAL, "no such QP"))?;
+        if let Some(d) = q.indexed_deadline {
+            self.timers.remove(&(d, qpn));
+        }
+        self.active.remove(&qpn);
+        Ok(())
+    }
+
+    /// After anything that may have changed QP `qpn`'s requester or
+    /// responder: it may have something to send, and its timer may have
+    /// moved. Every entry point that touches a QP ends here.
+    fn touched(&mut self, qpn: u32) {
+        self.reindex_timer(qpn);
+        if self.qps.contains_key(&qpn) {
+            self.active.insert(qpn);
+        }
+    }
+
+    /// Keep `timers` in step with QP `qpn`'s next deadline.
+    fn reindex_timer(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let d = q.req.next_deadline();
+        if d != q.indexed_deadline {
+            if let Some(old) = q.indexed_deadline {
+                self.timers.remove(&(old, qpn));
+            }
+            if let Some(new) = d {
+                self.timers.insert((new, qpn));
+            }
+            q.indexed_deadline = d;
+        }
     }
 
     /// `ibv_query_qp`: the stored attributes and the current state.
@@ -530,6 +580,7 @@ impl Engine {
             QpState::Err if old_state != QpState::Err => self.enter_error(qpn),
             _ => {}
         }
+        self.touched(qpn);
         Ok(())
     }
 
@@ -660,6 +711,7 @@ impl Engine {
             return Ok(());
         }
         q.req.post(wr, len as u32);
+        self.touched(qpn);
         Ok(())
     }
 
@@ -722,6 +774,7 @@ impl Engine {
             let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
             self.push_wc_no_cascade(recv_cq, wc);
         }
+        self.touched(qpn);
     }
 
     /// Completions of a QP already in ERR: an overflow changes nothing more.
@@ -733,22 +786,28 @@ impl Engine {
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.qps
-            .values()
-            .filter_map(|q| q.req.next_deadline())
-            .min()
+        let first = self.timers.first().map(|&(d, _)| d);
+        debug_assert_eq!(
+            first,
+            self.qps
+                .values()
+                .filter_map(|q| q.req.next_deadline())
+                .min(),
+            "the timer index missed a change"
+        );
+        first
     }
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
         let due: Vec<u32> = self
-            .qps
-            .values()
-            .filter(|q| q.req.next_deadline().is_some_and(|d| d <= now))
-            .map(|q| q.qpn)
+            .timers
+            .range(..=(now, u32::MAX))
+            .map(|&(_, qpn)| qpn)
             .collect();
         for qpn in due {
             self.requester_timeout(qpn, now);
+            self.touched(qpn);
         }
     }
 
@@ -758,28 +817,27 @@ impl Engine {
         // Round-robin from the cursor, without collecting the QPNs: this
         // runs once per packet.
         let mut next = self.tx_cursor;
-        for _ in 0..self.qps.len() {
-            let qpn = match self
-                .qps
+        loop {
+            let qpn = *self
+                .active
                 .range(next..)
                 .next()
-                .or_else(|| self.qps.iter().next())
-            {
-                Some((k, _)) => *k,
-                None => return None,
-            };
+                .or_else(|| self.active.first())?;
             next = qpn.wrapping_add(1);
             // Responses first: they unblock the peer's requester.
             if let Some(t) = self.responder_transmit(qpn, buf) {
-                self.tx_cursor = qpn.wrapping_add(1);
+                self.tx_cursor = next;
                 return Some(self.finish_transmit(t, buf));
             }
             if let Some(t) = self.requester_transmit(qpn, now, buf) {
-                self.tx_cursor = qpn.wrapping_add(1);
+                self.tx_cursor = next;
+                // Sending may arm the retransmission timer.
+                self.reindex_timer(qpn);
                 return Some(self.finish_transmit(t, buf));
             }
+            // Nothing until a verb, a packet or a timer touches it again.
+            self.active.remove(&qpn);
         }
-        None
     }
 
     /// Fill in the ICRC of a packet about to leave.
@@ -843,6 +901,47 @@ impl Engine {
         } else {
             self.responder_receive(qpn, src, &pkt);
         }
+        self.touched(qpn);
+    }
+
+    /// Handle one received RoCEv2 UDP payload (BTH .. ICRC) with the IP
+    /// header (IPv4 with options, or IPv6) and the UDP header it arrived
+    /// under, as a raw-socket driver reads them. The ICRC is verified over
+    /// those headers as they were on the wire (IPv4 identification, flags
+    /// and all), whatever the policy; a mismatch is dropped and counted in
+    /// [`Stats::rx_bad_icrc`]. The rest is [`handle_packet`](Self::handle_packet)
+    /// (use [`IcrcPolicy::WireHeaders`], so that it does not check again).
+    pub fn handle_ip_packet(
+        &mut self,
+        now: Nanos,
+        ip_header: &[u8],
+        udp_header: &[u8],
+        bytes: &[u8],
+    ) {
+        let src = match ip_header.first().map(|b| b >> 4) {
+            Some(4) => roxe_wire::ip::Ipv4Header::new_checked(ip_header)
+                .ok()
+                .map(|h| IpAddr::V4(h.src())),
+            Some(6) => roxe_wire::ip::Ipv6Header::new_checked(ip_header)
+                .ok()
+                .map(|h| IpAddr::V6(h.src())),
+            _ => None,
+        };
+        let udp = roxe_wire::ip::UdpHeader::new_checked(udp_header).ok();
+        let (Some(src), Some(udp)) = (src, udp) else {
+            self.stats.rx_packets += 1;
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        // A malformed packet is left to `handle_packet` to count.
+        if Packet::new_checked(bytes).is_ok()
+            && !icrc::check(ip_header, udp_header, bytes).is_ok_and(|c| c.ok())
+        {
+            self.stats.rx_packets += 1;
+            self.stats.rx_bad_icrc += 1;
+            return;
+        }
+        self.handle_packet(now, src, udp.src_port(), bytes);
     }
 
     fn icrc_ok(&mut self, src: IpAddr, src_port: u16, pkt: &Packet<&[u8]>) -> bool {
@@ -851,6 +950,8 @@ impl Engine {
         let want = match (src, self.config.addr) {
             (IpAddr::V4(s), IpAddr::V4(d)) => match self.config.icrc_policy {
                 IcrcPolicy::Off => return true,
+                // Verified over the real headers by `handle_ip_packet`.
+                IcrcPolicy::WireHeaders => return true,
                 IcrcPolicy::Warn => {
                     let ok = icrc::compute_linux_ipv4(s, d, src_port, port, body)
                         .is_ok_and(|c| c == pkt.icrc());
