@@ -954,6 +954,86 @@ int main(int argc, char **argv)
 	}
 qp_ex_done:
 
+	/* -------------------------------------------------- async events */
+	{
+		struct pollfd pfd = { .fd = c.ctx->async_fd, .events = POLLIN };
+		struct ibv_cq *ecq = ibv_create_cq(c.ctx, CQ_SIZE, NULL, NULL, 0);
+		struct ibv_qp_attr sqd = { .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1 };
+		struct ibv_qp_attr to_err = { .qp_state = IBV_QPS_ERR };
+		struct ibv_srq_init_attr sia = { .attr = { .max_wr = 8, .max_sge = 1 } };
+		struct ibv_async_event ev;
+		struct ibv_qp *ea, *eb, *es;
+		struct ibv_srq *srq;
+
+		if (!ecq)
+			die("ibv_create_cq (async): %s", strerror(errno));
+		rc = poll(&pfd, 1, 0);
+		check(rc == 0, "async.quiet_at_start", "poll returned %d, revents %#x", rc,
+		      pfd.revents);
+
+		/* SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED once the
+		 * (idle) send queue has drained. */
+		ea = make_qp(&c, ecq, ecq, NULL);
+		eb = make_qp(&c, ecq, ecq, NULL);
+		connect_pair(&c, ea, eb, "async", 0);
+		rc = ibv_modify_qp(ea, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY);
+		check(rc == 0, "async.modify_to_sqd", "returned %d (%s)", rc, strerror(rc));
+		rc = poll(&pfd, 1, TIMEOUT_MS);
+		check(rc == 1 && (pfd.revents & POLLIN), "async.fd_readable_after_drain",
+		      "poll returned %d, revents %#x", rc, pfd.revents);
+		memset(&ev, 0, sizeof(ev));
+		rc = rc == 1 ? ibv_get_async_event(c.ctx, &ev) : -1;
+		check(rc == 0 && ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == ea,
+		      "async.sq_drained", "rc %d, event %d (%s) for qp %p, expected SQ_DRAINED for %p",
+		      rc, ev.event_type, ibv_event_type_str(ev.event_type), (void *)ev.element.qp,
+		      (void *)ea);
+		if (rc == 0) {
+			ibv_ack_async_event(&ev);
+			check(ea->events_completed == 1, "async.ack_counts_in_qp",
+			      "events_completed %u, expected 1", ea->events_completed);
+		}
+
+		/* A QP on an SRQ going to ERR: IBV_EVENT_QP_LAST_WQE_REACHED. */
+		srq = ibv_create_srq(c.pd, &sia);
+		if (!srq)
+			die("ibv_create_srq: %s", strerror(errno));
+		{
+			struct ibv_qp_init_attr ia = {
+				.send_cq = ecq,
+				.recv_cq = ecq,
+				.srq = srq,
+				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
+				.qp_type = IBV_QPT_RC,
+			};
+			es = ibv_create_qp(c.pd, &ia);
+			if (!es)
+				die("ibv_create_qp (srq): %s", strerror(errno));
+		}
+		/* RESET -> ERR is not a legal transition (the kernel's
+		 * qp_state_table); INIT -> ERR is. */
+		rc = to_init(es);
+		check(rc == 0, "async.modify_srq_qp_to_init", "returned %d (%s)", rc, strerror(rc));
+		rc = ibv_modify_qp(es, &to_err, IBV_QP_STATE);
+		check(rc == 0, "async.modify_srq_qp_to_err", "returned %d (%s)", rc, strerror(rc));
+		rc = poll(&pfd, 1, TIMEOUT_MS);
+		memset(&ev, 0, sizeof(ev));
+		rc = rc == 1 ? ibv_get_async_event(c.ctx, &ev) : -1;
+		check(rc == 0 && ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+			      ev.element.qp == es,
+		      "async.last_wqe_reached",
+		      "rc %d, event %d (%s) for qp %p, expected QP_LAST_WQE_REACHED for %p", rc,
+		      ev.event_type, ibv_event_type_str(ev.event_type), (void *)ev.element.qp,
+		      (void *)es);
+		if (rc == 0)
+			ibv_ack_async_event(&ev);
+		rc = poll(&pfd, 1, 100);
+		check(rc == 0, "async.nothing_more", "poll returned %d: an unexpected event", rc);
+
+		rc = ibv_destroy_qp(es) | ibv_destroy_qp(ea) | ibv_destroy_qp(eb);
+		rc |= ibv_destroy_srq(srq) | ibv_destroy_cq(ecq);
+		check(rc == 0, "async.teardown", "a destroy returned nonzero");
+	}
+
 	/* ------------------------------------------------------ teardown */
 	rc = ibv_destroy_qp(qa);
 	check(rc == 0, "teardown.destroy_qp", "returned %d (%s)", rc, strerror(rc));

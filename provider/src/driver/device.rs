@@ -20,7 +20,7 @@ use super::fault::{FaultStats, Faults};
 use super::raw::{self, RawBatch, RawSkip};
 use super::socket;
 use super::tap::Tap;
-use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, Stats};
+use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, QpEvent, Stats};
 use crate::qp_attr::AddressVector;
 use parking_lot::{Mutex, MutexGuard};
 use rustix::event::{PollFd, PollFlags};
@@ -28,7 +28,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -113,8 +113,15 @@ pub(crate) struct Core {
     faults: Option<Faults>,
     tap: Option<Tap>,
     channels: Vec<(CqId, Arc<ChannelShared>)>,
+    /// Who hears the engine's asynchronous events (`ibv_get_async_event`).
+    event_sinks: Vec<Weak<EventSink>>,
     stats: DriverStats,
 }
+
+/// A receiver of a device's asynchronous QP events. It runs on the
+/// progress thread under the device lock: it must be quick and must not
+/// call back into the device.
+pub type EventSink = dyn Fn(QpEvent) + Send + Sync;
 
 struct Shared {
     addr: IpAddr,
@@ -258,6 +265,7 @@ impl Device {
                 faults: config.fault.map(Faults::new),
                 tap,
                 channels: Vec::new(),
+                event_sinks: Vec::new(),
                 stats: DriverStats::default(),
             }),
             wake,
@@ -333,6 +341,16 @@ impl Device {
         core.channels.push((cq, channel.shared()));
     }
 
+    /// Deliver the device's asynchronous QP events to `sink` for as long as
+    /// the caller keeps it alive.
+    pub fn subscribe_events(&self, sink: &Arc<EventSink>) {
+        self.shared
+            .core
+            .lock()
+            .event_sinks
+            .push(Arc::downgrade(sink));
+    }
+
     /// Stop delivering events of `cq`.
     pub fn detach_channel(&self, cq: CqId) {
         self.shared.core.lock().channels.retain(|(c, _)| *c != cq);
@@ -390,6 +408,7 @@ impl Shared {
             faults,
             tap,
             channels,
+            event_sinks,
             ..
         } = core;
         let sock = &self.socket;
@@ -428,6 +447,14 @@ impl Shared {
         for (cq, ch) in channels.iter() {
             if engine.cq_mut(*cq).map(|c| c.take_events()).unwrap_or(0) > 0 {
                 ch.notify(*cq);
+            }
+        }
+        if engine.has_events() {
+            event_sinks.retain(|s| s.strong_count() > 0);
+            for ev in engine.take_events() {
+                for sink in event_sinks.iter().filter_map(Weak::upgrade) {
+                    sink(ev);
+                }
             }
         }
         let deadline = earliest(

@@ -170,6 +170,25 @@ pub struct Stats {
     pub rx_icrc_unverified: u64,
 }
 
+/// An affiliated asynchronous event of a QP (`ibv_get_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpEvent {
+    /// The QP it is about.
+    pub qpn: u32,
+    /// `enum ibv_event_type`: [`QpEvent::SQ_DRAINED`] or
+    /// [`QpEvent::LAST_WQE_REACHED`].
+    pub event_type: u32,
+}
+
+impl QpEvent {
+    /// `IBV_EVENT_SQ_DRAINED`: a QP moved to SQD with
+    /// `en_sqd_async_notify` has no request left in flight.
+    pub const SQ_DRAINED: u32 = 5;
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ went to
+    /// ERR and will take no more receive WQEs from it.
+    pub const LAST_WQE_REACHED: u32 = 16;
+}
+
 /// A posted receive.
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
@@ -223,10 +242,14 @@ impl Qp {
     /// In SQD, the drain is over once no message that had started is
     /// unfinished: `sq_draining` clears, as rxe's requester clears it, and
     /// SQD may be left for RTS again.
-    pub fn update_drain(&mut self) {
+    /// True when the drain just ended and the QP asked to be told
+    /// (`IBV_EVENT_SQ_DRAINED`).
+    pub fn update_drain(&mut self) -> bool {
         if self.state == QpState::Sqd && self.attr.sq_draining && !self.req.in_flight() {
             self.attr.sq_draining = false;
+            return self.attr.en_sqd_async_notify;
         }
+        false
     }
 }
 
@@ -252,6 +275,8 @@ pub struct Engine {
     /// Every armed requester timer as (deadline, QPN): `poll_timeout` is
     /// its first entry, so thousands of QPs cost nothing per verb call.
     timers: BTreeSet<(Nanos, u32)>,
+    /// Asynchronous events not yet taken by the driver.
+    events: Vec<QpEvent>,
     stats: Stats,
 }
 
@@ -294,6 +319,7 @@ impl Engine {
             tx_cursor: 0,
             active: BTreeSet::new(),
             timers: BTreeSet::new(),
+            events: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -559,7 +585,15 @@ impl Engine {
             q.peer = Some(addr_of_gid(q.attr.av.dgid));
         }
         q.state = new_state;
-        q.update_drain();
+        if q.update_drain() {
+            self.events.push(QpEvent {
+                qpn,
+                event_type: QpEvent::SQ_DRAINED,
+            });
+        }
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return Ok(());
+        };
         if mask.contains(AttrMask::RQ_PSN) {
             q.resp.reset_psn(Psn::new(q.attr.rq_psn));
         }
@@ -755,6 +789,15 @@ impl Engine {
             return;
         };
         q.state = QpState::Err;
+        if q.init.srq.is_some() {
+            self.events.push(QpEvent {
+                qpn,
+                event_type: QpEvent::LAST_WQE_REACHED,
+            });
+        }
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
         let send_cq = q.init.send_cq;
         let recv_cq = q.init.recv_cq;
         let sends = q.req.flush();
@@ -782,6 +825,16 @@ impl Engine {
         if let Some(q) = self.cqs.get_mut(&cq.0) {
             q.push(wc, false);
         }
+    }
+
+    /// Take the asynchronous events raised since the last call.
+    pub fn take_events(&mut self) -> Vec<QpEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// True when asynchronous events are waiting.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The earliest timer deadline of any QP.

@@ -560,7 +560,9 @@ impl Engine {
         // Runs on every ACK: completions go straight into the CQ (disjoint
         // fields), and only an overflow needs the whole engine afterwards.
         let mut overflowed = None;
-        let Engine { qps, cqs, .. } = self;
+        let Engine {
+            qps, cqs, events, ..
+        } = self;
         if let Some(q) = qps.get_mut(&qpn) {
             let sig_all = q.init.sq_sig_all;
             q.req.normalize_una();
@@ -589,7 +591,12 @@ impl Engine {
                     }
                 }
             }
-            q.update_drain();
+            if q.update_drain() {
+                events.push(super::QpEvent {
+                    qpn,
+                    event_type: super::QpEvent::SQ_DRAINED,
+                });
+            }
         }
         if let Some(cq) = overflowed {
             self.cq_overflowed(cq);

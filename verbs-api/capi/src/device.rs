@@ -4,12 +4,16 @@
 
 use crate::abi::*;
 use crate::{guard, set_errno};
+use parking_lot::Mutex;
+use roxe_provider::driver::EventSink;
+use roxe_provider::engine::QpEvent;
 use roxe_verbs::{Context, DeviceInfo};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of, zeroed};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::{self, null_mut};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// One device of the list: the C view and what opens it. Devices are
 /// created once per process and never freed, so an `ibv_device*` stays
@@ -144,9 +148,12 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
 pub(crate) struct RoxeContext {
     pub vctx: verbs_context,
     pub ctx: Context,
-    /// Both ends of the async event pipe; `context.async_fd` is the read end.
+    /// The read end of the async event pipe (`context.async_fd`).
     async_read: OwnedFd,
-    _async_write: OwnedFd,
+    /// QPN → `ibv_qp*` of this context's QPs, which async events name.
+    pub qps: Arc<Mutex<HashMap<u32, usize>>>,
+    /// Writes the device's QP events into the pipe while the context lives.
+    _event_sink: Arc<EventSink>,
 }
 
 const CONTEXT_OFFSET: usize = offset_of!(RoxeContext, vctx) + offset_of!(verbs_context, context);
@@ -187,6 +194,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 return null_mut();
             }
         };
+        let qps: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+        let event_sink = async_sink(async_write, Arc::clone(&qps));
+        ctx.device().subscribe_events(&event_sink);
         // SAFETY: verbs_context is pointers, ints and a pthread mutex, for
         // all of which all-zero is valid (NULL ops, unlocked mutex).
         let mut vctx: verbs_context = unsafe { zeroed() };
@@ -207,7 +217,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             vctx,
             ctx,
             async_read,
-            _async_write: async_write,
+            qps,
+            _event_sink: event_sink,
         });
         let raw = Box::into_raw(rc);
         // SAFETY: raw is a live, uniquely owned allocation.
@@ -215,17 +226,52 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     })
 }
 
+/// The async event pipe: the read end blocking (programs may make it
+/// non-blocking themselves), the write end non-blocking so the progress
+/// thread never waits on a program that does not read its events.
 fn rustix_pipe() -> Result<(OwnedFd, OwnedFd), i32> {
     let mut fds = [0 as c_int; 2];
+    let last = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE)
+    };
     // SAFETY: pipe2 writes two fds into the 2-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EMFILE));
+        return Err(last());
     }
     use std::os::fd::FromRawFd;
     // SAFETY: pipe2 just returned these two fds, owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on an fd we own; F_SETFL takes an int flag argument.
+    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+        return Err(last());
+    }
+    Ok((r, w))
+}
+
+/// The sink that turns a device's QP events into `ibv_async_event`
+/// records on the context's pipe (QPs of other contexts are skipped).
+fn async_sink(write: OwnedFd, qps: Arc<Mutex<HashMap<u32, usize>>>) -> Arc<EventSink> {
+    Arc::new(move |ev: QpEvent| {
+        let Some(&qp) = qps.lock().get(&ev.qpn) else {
+            return;
+        };
+        let rec = ibv_async_event {
+            element: qp as *mut c_void,
+            event_type: ev.event_type,
+        };
+        // SAFETY: writes the 16 bytes of `rec` (plain data) to our own
+        // non-blocking pipe; a full pipe drops the event, as a kernel
+        // event queue overflow would.
+        let _ = unsafe {
+            libc::write(
+                write.as_raw_fd(),
+                ptr::addr_of!(rec).cast(),
+                size_of::<ibv_async_event>(),
+            )
+        };
+    })
 }
 
 #[no_mangle]
@@ -586,8 +632,8 @@ pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pke
 }
 
 /// `ibv_get_async_event`: blocks on the context's async fd (or fails with
-/// EAGAIN when the program made it non-blocking). roxe raises no async
-/// events yet, so this waits as the real library waits on a quiet device.
+/// EAGAIN when the program made it non-blocking). roxe raises
+/// `IBV_EVENT_SQ_DRAINED` and `IBV_EVENT_QP_LAST_WQE_REACHED`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
@@ -615,5 +661,24 @@ pub unsafe extern "C" fn ibv_get_async_event(
     })
 }
 
+/// QP events count in `qp->events_completed` (under `qp->mutex`), as in
+/// libibverbs.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    // SAFETY: event is NULL or the caller's record from
+    // ibv_get_async_event.
+    let Some(ev) = (unsafe { event.as_ref() }) else {
+        return;
+    };
+    if matches!(ev.event_type, 1..=7 | 16) && !ev.element.is_null() {
+        let qp = ev.element.cast::<ibv_qp>();
+        // SAFETY: QP events name a live QP (programs ack before destroying
+        // it); its mutex/cond were initialised at create.
+        unsafe {
+            libc::pthread_mutex_lock(ptr::addr_of_mut!((*qp).mutex));
+            (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
+            libc::pthread_cond_signal(ptr::addr_of_mut!((*qp).cond));
+            libc::pthread_mutex_unlock(ptr::addr_of_mut!((*qp).mutex));
+        }
+    }
+}

@@ -769,6 +769,9 @@ unsafe fn create_qp(
         }
         let granted = cap;
         init.cap = granted;
+        let qpn = qp.qp_num();
+        // SAFETY: the PD's context is an open context.
+        let ctx = unsafe { context(p.c.context) };
         // SAFETY: ibv_qp_ex is pointers, integers and pthread objects: all
         // zero is valid (NULL function pointers are filled below).
         let mut c: ibv_qp_ex = unsafe { zeroed() };
@@ -790,7 +793,7 @@ unsafe fn create_qp(
         if send_ops.is_some() {
             crate::qp_ex::fill_wr_ops(&mut c);
         }
-        leak(RoxeQp {
+        let raw = leak(RoxeQp {
             c,
             qp,
             send_ops,
@@ -801,8 +804,11 @@ unsafe fn create_qp(
             send_cq: scq,
             recv_cq: rcq,
             srq: srq.map_or(ptr::null(), |s| s as *const RoxeSrq),
-        })
-        .cast()
+        });
+        if let Some(c) = ctx {
+            c.qps.lock().insert(qpn, raw as usize);
+        }
+        raw.cast()
     }
 }
 
@@ -817,6 +823,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // while users > 0).
         unsafe {
             let q = Box::from_raw(qp.cast::<RoxeQp>());
+            if let Some(c) = context(q.c.qp_base.context) {
+                c.qps.lock().remove(&q.qp.qp_num());
+            }
             let (pd, scq, rcq, srq) = (q.pd, q.send_cq, q.recv_cq, q.srq);
             drop(q);
             (*pd).users.fetch_sub(1, Ordering::AcqRel);
