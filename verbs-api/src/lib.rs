@@ -316,7 +316,8 @@ impl Context {
         Ok(PortAttr {
             state: 4,
             max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
+            // From the link the address is on, as rxe's from its netdev.
+            active_mtu: self.inner.device.engine().config().active_mtu,
             gid_tbl_len: 1,
             pkey_tbl_len: 1,
             lid: self.inner.device.lid(),

@@ -238,6 +238,7 @@ impl Device {
         let gso = gso_from_env();
         let gro = gso && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
+        ec.active_mtu = super::netdev::active_mtu(addr);
         ec.icrc_policy = match config.icrc {
             IcrcMode::Off => IcrcPolicy::Off,
             IcrcMode::Warn => IcrcPolicy::Warn,

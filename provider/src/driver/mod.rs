@@ -7,6 +7,7 @@ mod channel;
 mod config;
 mod device;
 mod fault;
+mod netdev;
 mod raw;
 mod socket;
 mod tap;

@@ -13,7 +13,7 @@ mod responder;
 
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, Sge};
-use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
+use crate::qp_attr::{self, AttrMask, Mtu, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
 use roxe_wire::{icrc, Packet, Psn, Transport, ICRC_LEN};
@@ -76,6 +76,9 @@ pub struct EngineConfig {
     /// socket bound to 4791); `None`: a per-QP port, as rxe spreads flows.
     /// The ICRC covers the source port, so it must be the real one.
     pub fixed_src_port: Option<u16>,
+    /// The port's active MTU (from the link; 4096 on loopback): the
+    /// largest UD message, and what `ibv_query_port` reports.
+    pub active_mtu: Mtu,
 }
 
 impl EngineConfig {
@@ -90,6 +93,7 @@ impl EngineConfig {
             qp_limits: QpLimits::default(),
             icrc_policy: IcrcPolicy::AssumeLinuxSender,
             fixed_src_port: None,
+            active_mtu: Mtu::Mtu4096,
         }
     }
 }
@@ -220,14 +224,15 @@ pub(crate) struct Qp {
     pub rq: VecDeque<RecvWqe>,
     /// The deadline under which `Engine::timers` holds this QP.
     pub indexed_deadline: Option<Nanos>,
+    /// The port's active MTU in bytes (UD's message limit).
+    pub port_mtu: usize,
 }
 
 impl Qp {
     pub fn pmtu(&self) -> usize {
-        // UD has no path MTU attribute: its limit is the port's active MTU,
-        // which roxe devices report as 4096.
+        // UD has no path MTU attribute: its limit is the port's active MTU.
         if self.init.qp_type == QpType::Ud {
-            roxe_wire::MAX_PMTU
+            self.port_mtu
         } else {
             self.attr.path_mtu.bytes()
         }
@@ -504,6 +509,7 @@ impl Engine {
             resp: responder::Responder::new(),
             rq: VecDeque::new(),
             indexed_deadline: None,
+            port_mtu: self.config.active_mtu.bytes(),
         };
         self.qps.insert(qpn, qp);
         Ok(qpn)
