@@ -495,30 +495,10 @@ impl RxBatch {
             Self::reset(&mut h.msg_hdr);
         }
         self.n = 0;
-        let rc = loop {
-            // SAFETY: every msghdr points at memory of the stated sizes
-            // owned by `self` (a pool slot, a name and a control buffer, an
-            // iovec; see the struct), exclusively borrowed for the call; no
-            // timeout pointer.
-            let rc = unsafe {
-                libc::recvmmsg(
-                    sock.as_fd().as_raw_fd(),
-                    self.hdrs.as_mut_ptr(),
-                    MAX_BATCH as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            if rc >= 0 {
-                break rc as usize;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(0),
-                _ => return Err(e),
-            }
-        };
+        // SAFETY: every msghdr points at memory of the stated sizes owned by
+        // `self` (a pool slot, a name and a control buffer, an iovec; see
+        // the struct), exclusively borrowed for the call.
+        let rc = unsafe { recv_many(sock.as_fd(), &mut self.hdrs) }?;
         for k in 0..rc {
             let h = &self.hdrs[k];
             let truncated = h.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
@@ -554,6 +534,39 @@ impl RxBatch {
         let (len, from, seg) = self.got[k];
         let start = k * self.slot;
         (from, &self.pool[start..start + len.min(self.slot)], seg)
+    }
+}
+
+/// `recvmmsg` of up to `hdrs.len()` datagrams without blocking, retried on
+/// EINTR. `Ok(0)`: nothing queued.
+///
+/// # Safety
+/// Every header's name, iovec and control pointers must point at memory of
+/// the lengths they state, writable and not otherwise used for the call.
+pub(crate) unsafe fn recv_many(
+    fd: std::os::fd::BorrowedFd<'_>,
+    hdrs: &mut [libc::mmsghdr],
+) -> io::Result<usize> {
+    loop {
+        // SAFETY: per the contract; no timeout pointer.
+        let rc = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                hdrs.len().min(libc::c_uint::MAX as usize) as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(e),
+        }
     }
 }
 

@@ -245,30 +245,10 @@ impl RawBatch {
             Self::reset(&mut h.msg_hdr);
         }
         self.n = 0;
-        let rc = loop {
-            // SAFETY: every msghdr points at memory of the stated sizes owned
-            // by `self` (a pool slot through its iovec, a sockaddr_ll; see
-            // the struct), exclusively borrowed for the call; no control
-            // buffer, no timeout pointer.
-            let rc = unsafe {
-                libc::recvmmsg(
-                    sock.as_fd().as_raw_fd(),
-                    self.hdrs.as_mut_ptr(),
-                    MAX_BATCH as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            if rc >= 0 {
-                break rc as usize;
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(0),
-                _ => return Err(e),
-            }
-        };
+        // SAFETY: every msghdr points at memory of the stated sizes owned by
+        // `self` (a pool slot through its iovec, a sockaddr_ll; see the
+        // struct), exclusively borrowed for the call; no control buffer.
+        let rc = unsafe { super::batch::recv_many(sock.as_fd(), &mut self.hdrs) }?;
         self.n = rc;
         Ok(rc)
     }
