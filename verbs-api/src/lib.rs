@@ -23,9 +23,11 @@
 
 use parking_lot::Mutex;
 use roxe_provider::driver::{self, Device};
+pub use roxe_provider::engine::QpEvent;
 use roxe_provider::engine::{CqId, QpCap, QpInitAttr, SrqId};
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -349,6 +351,24 @@ impl Context {
         })
     }
 
+    /// The device's asynchronous QP events from now on (what
+    /// `ibv_get_async_event` reads): SQ drained, last WQE reached.
+    pub fn async_events(&self) -> Result<AsyncEvents> {
+        let (rx, tx) = UnixDatagram::pair().map_err(io("ibv_get_async_event"))?;
+        tx.set_nonblocking(true)
+            .map_err(io("ibv_get_async_event"))?;
+        let sink: Arc<soft::EventSink> = Arc::new(move |ev: QpEvent| {
+            let mut b = [0u8; 8];
+            b[..4].copy_from_slice(&ev.qpn.to_le_bytes());
+            b[4..].copy_from_slice(&ev.event_type.to_le_bytes());
+            // Non-blocking: a reader that never reads loses events rather
+            // than stalling the device.
+            let _ = tx.send(&b);
+        });
+        self.inner.device.subscribe_events(&sink);
+        Ok(AsyncEvents { rx, _sink: sink })
+    }
+
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         CompChannel::new().map_err(io("ibv_create_comp_channel"))
@@ -377,6 +397,68 @@ impl Context {
                 empty_polls: AtomicU32::new(0),
             }),
         })
+    }
+}
+
+/// A context's asynchronous event queue ([`Context::async_events`]). Its
+/// fd (`AsFd`) becomes readable when an event is pending, for poll, epoll
+/// or tokio.
+pub struct AsyncEvents {
+    rx: UnixDatagram,
+    _sink: Arc<soft::EventSink>,
+}
+
+impl AsyncEvents {
+    /// Wait for the next event (`ibv_get_async_event`); with the queue
+    /// non-blocking, `WouldBlock` when none is pending.
+    pub fn get(&self) -> std::io::Result<QpEvent> {
+        let mut b = [0u8; 8];
+        loop {
+            match self.rx.recv(&mut b) {
+                Ok(8) => {
+                    let (q, t) = b.split_at(4);
+                    let word = |s: &[u8]| u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                    return Ok(QpEvent {
+                        qpn: word(q),
+                        event_type: word(t),
+                    });
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Wait at most `timeout` for the next event.
+    pub fn get_timeout(&self, timeout: Duration) -> std::io::Result<Option<QpEvent>> {
+        self.rx
+            .set_read_timeout(Some(timeout.max(Duration::from_micros(1))))?;
+        let r = match self.get() {
+            Ok(e) => Ok(Some(e)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        };
+        self.rx.set_read_timeout(None)?;
+        r
+    }
+
+    /// Make [`get`](Self::get) return `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> std::io::Result<()> {
+        self.rx.set_nonblocking(nonblocking)
+    }
+}
+
+impl std::os::fd::AsFd for AsyncEvents {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.rx.as_fd()
     }
 }
 
