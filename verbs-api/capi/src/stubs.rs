@@ -21,6 +21,7 @@ use std::ptr;
 
 use libc::{ENOENT, EOPNOTSUPP};
 
+use crate::abi::{ibv_ah_attr, ibv_gid, ibv_qp_attr};
 use crate::{guard, set_errno};
 
 // ---------------------------------------------------------------------------
@@ -430,73 +431,8 @@ pub extern "C" fn ibv_resolve_eth_l2_from_gid(
 // no-op instead of a crash.
 // ---------------------------------------------------------------------------
 
-/// `union ibv_gid`: 16 bytes, 8-byte aligned (it overlays two `__be64`).
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct Gid([u8; 16]);
-
-/// `struct ibv_global_route`.
-#[repr(C)]
-struct IbvGlobalRoute {
-    dgid: Gid,
-    flow_label: u32,
-    sgid_index: u8,
-    hop_limit: u8,
-    traffic_class: u8,
-}
-
-/// `struct ibv_ah_attr`.
-#[repr(C)]
-struct IbvAhAttr {
-    grh: IbvGlobalRoute,
-    dlid: u16,
-    sl: u8,
-    src_path_bits: u8,
-    static_rate: u8,
-    is_global: u8,
-    port_num: u8,
-}
-
-/// `struct ibv_qp_cap`.
-#[repr(C)]
-struct IbvQpCap {
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    max_send_sge: u32,
-    max_recv_sge: u32,
-    max_inline_data: u32,
-}
-
-/// `struct ibv_qp_attr` (enums are `int`-sized).
-#[repr(C)]
-struct IbvQpAttr {
-    qp_state: c_int,
-    cur_qp_state: c_int,
-    path_mtu: c_int,
-    path_mig_state: c_int,
-    qkey: u32,
-    rq_psn: u32,
-    sq_psn: u32,
-    dest_qp_num: u32,
-    qp_access_flags: c_uint,
-    cap: IbvQpCap,
-    ah_attr: IbvAhAttr,
-    alt_ah_attr: IbvAhAttr,
-    pkey_index: u16,
-    alt_pkey_index: u16,
-    en_sqd_async_notify: u8,
-    sq_draining: u8,
-    max_rd_atomic: u8,
-    max_dest_rd_atomic: u8,
-    min_rnr_timer: u8,
-    port_num: u8,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    alt_port_num: u8,
-    alt_timeout: u8,
-    rate_limit: u32,
-}
+// The verbs side of each conversion is `crate::abi`'s (ibv_ah_attr,
+// ibv_qp_attr, ibv_gid); the kernel side is declared here.
 
 /// `struct ib_uverbs_global_route` (`<rdma/ib_user_verbs.h>`).
 #[repr(C)]
@@ -562,8 +498,8 @@ struct UverbsQpAttr {
 /// copied as-is, no byte swapping, exactly as rdma-core).
 #[repr(C)]
 struct IbvSaPathRec {
-    dgid: Gid,
-    sgid: Gid,
+    dgid: ibv_gid,
+    sgid: ibv_gid,
     dlid: u16,
     slid: u16,
     raw_traffic: c_int,
@@ -611,16 +547,6 @@ struct UserPathRec {
 // the rdma-core 44 headers (identical on aarch64: no pointers, no longs).
 const _: () = {
     use std::mem::{offset_of, size_of};
-    assert!(size_of::<IbvAhAttr>() == 32);
-    assert!(offset_of!(IbvAhAttr, dlid) == 24);
-    assert!(offset_of!(IbvAhAttr, port_num) == 30);
-    assert!(size_of::<IbvQpAttr>() == 144);
-    assert!(offset_of!(IbvQpAttr, cap) == 36);
-    assert!(offset_of!(IbvQpAttr, ah_attr) == 56);
-    assert!(offset_of!(IbvQpAttr, alt_ah_attr) == 88);
-    assert!(offset_of!(IbvQpAttr, pkey_index) == 120);
-    assert!(offset_of!(IbvQpAttr, alt_timeout) == 134);
-    assert!(offset_of!(IbvQpAttr, rate_limit) == 136);
     assert!(size_of::<UverbsAhAttr>() == 32);
     assert!(offset_of!(UverbsAhAttr, dlid) == 24);
     assert!(offset_of!(UverbsAhAttr, port_num) == 30);
@@ -646,8 +572,8 @@ const _: () = {
     assert!(offset_of!(UserPathRec, preference) == 63);
 };
 
-fn copy_ah_attr_from_kern(dst: &mut IbvAhAttr, src: &UverbsAhAttr) {
-    dst.grh.dgid = Gid(src.grh.dgid);
+fn copy_ah_attr_from_kern(dst: &mut ibv_ah_attr, src: &UverbsAhAttr) {
+    dst.grh.dgid = ibv_gid { raw: src.grh.dgid };
     dst.grh.flow_label = src.grh.flow_label;
     dst.grh.sgid_index = src.grh.sgid_index;
     dst.grh.hop_limit = src.grh.hop_limit;
@@ -668,7 +594,7 @@ pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut c_void, src: *cons
         // types (the C contract); NULL is rejected by as_mut/as_ref.
         let (Some(dst), Some(src)) = (unsafe {
             (
-                dst.cast::<IbvAhAttr>().as_mut(),
+                dst.cast::<ibv_ah_attr>().as_mut(),
                 src.cast::<UverbsAhAttr>().as_ref(),
             )
         }) else {
@@ -686,16 +612,16 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(dst: *mut c_void, src: *cons
         // SAFETY: as in ibv_copy_ah_attr_from_kern.
         let (Some(d), Some(s)) = (unsafe {
             (
-                dst.cast::<IbvQpAttr>().as_mut(),
+                dst.cast::<ibv_qp_attr>().as_mut(),
                 src.cast::<UverbsQpAttr>().as_ref(),
             )
         }) else {
             return;
         };
-        // The C enums are int-sized; the kernel's u32 values go in unchanged.
-        d.cur_qp_state = s.cur_qp_state as c_int;
-        d.path_mtu = s.path_mtu as c_int;
-        d.path_mig_state = s.path_mig_state as c_int;
+        // The C enums are 4 bytes; the kernel's u32 values go in unchanged.
+        d.cur_qp_state = s.cur_qp_state;
+        d.path_mtu = s.path_mtu;
+        d.path_mig_state = s.path_mig_state;
         d.qkey = s.qkey;
         d.rq_psn = s.rq_psn;
         d.sq_psn = s.sq_psn;
@@ -738,8 +664,8 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut c_void, src: *con
         }) else {
             return;
         };
-        d.dgid = Gid(s.dgid);
-        d.sgid = Gid(s.sgid);
+        d.dgid = ibv_gid { raw: s.dgid };
+        d.sgid = ibv_gid { raw: s.sgid };
         d.dlid = s.dlid;
         d.slid = s.slid;
         d.raw_traffic = s.raw_traffic as c_int;
@@ -773,8 +699,8 @@ pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(dst: *mut c_void, src: *const
         }) else {
             return;
         };
-        d.dgid = s.dgid.0;
-        d.sgid = s.sgid.0;
+        d.dgid = s.dgid.raw;
+        d.sgid = s.sgid.raw;
         d.dlid = s.dlid;
         d.slid = s.slid;
         d.raw_traffic = s.raw_traffic as u32;
@@ -1136,7 +1062,7 @@ mod tests {
                 (&u as *const IbvSaPathRec).cast(),
             );
         }
-        assert_eq!(u.dgid.0, [7; 16]);
+        assert_eq!(u.dgid.raw, [7; 16]);
         assert_eq!(
             (u.mtu, u.pkey, u.reversible, u.preference),
             (5, 0xffff, 1, 9)
@@ -1166,11 +1092,11 @@ mod tests {
         k.alt_ah_attr.port_num = 2;
         k.alt_timeout = 14;
         // SAFETY: as above.
-        let mut a: IbvQpAttr = unsafe { std::mem::zeroed() };
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid, distinct structs of the documented types.
         unsafe {
             ibv_copy_qp_attr_from_kern(
-                (&mut a as *mut IbvQpAttr).cast(),
+                (&mut a as *mut ibv_qp_attr).cast(),
                 (&k as *const UverbsQpAttr).cast(),
             )
         };
@@ -1179,7 +1105,7 @@ mod tests {
         assert_eq!(a.dest_qp_num, 0x11);
         assert_eq!(a.cap.max_inline_data, 64);
         assert_eq!(a.ah_attr.dlid, 9);
-        assert_eq!(a.ah_attr.grh.dgid.0, [1; 16]);
+        assert_eq!(a.ah_attr.grh.dgid.raw, [1; 16]);
         assert_eq!(a.alt_ah_attr.port_num, 2);
         assert_eq!(a.alt_timeout, 14);
     }
