@@ -2375,3 +2375,92 @@ fn uc_dropped_message_keeps_its_receive_wqe() {
         ]
     );
 }
+
+/// Issue 10: a go-back-N started by a PSN-sequence NAK inside a long
+/// message, overtaken in the same receive burst by the ACK that finishes
+/// the message, left the requester's packet cursor inside the retired WQE.
+/// The next message then started beyond the 128-PSN window, sent nothing
+/// and armed no timer: a silent stall. The real driver hands a whole burst
+/// to the engine before it transmits; this replays that order by hand.
+#[test]
+fn ack_overtaking_a_go_back_n_inside_a_long_message() {
+    use roxe_provider::wire::{AethRepr, AethSyndrome, BthRepr, ExtHeaders, NakCode, PacketRepr};
+    let mut net = Net::new(2, 10, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    // 256 packets: longer than the window, so a stale packet index of ~200
+    // puts the next message outside it.
+    let len = 256 * 1024;
+    let first = {
+        let mut wr = rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, len, b, 0);
+        wr.flags = SendFlags::SIGNALED;
+        post(&mut net, a, wr);
+        // Deliver everything a sends to b, and everything b answers to a,
+        // by hand (no pump), until b has the whole message.
+        let mut buf = vec![0u8; 9000];
+        let (a_addr, b_addr) = (net.engines[a.e].addr(), net.engines[b.e].addr());
+        let mut first_psn = None;
+        let mut last_ack = None;
+        for _ in 0..10_000 {
+            let mut moved = false;
+            while let Some(t) = net.engines[a.e].poll_transmit(net.now, &mut buf) {
+                let p = roxe_provider::wire::Packet::new_checked(&buf[..t.len]).unwrap();
+                first_psn.get_or_insert(p.bth().psn());
+                let bytes = buf[..t.len].to_vec();
+                net.engines[b.e].handle_packet(net.now, a_addr, t.src_port, &bytes);
+                moved = true;
+            }
+            while let Some(t) = net.engines[b.e].poll_transmit(net.now, &mut buf) {
+                let bytes = buf[..t.len].to_vec();
+                let p = roxe_provider::wire::Packet::new_checked(&bytes[..]).unwrap();
+                if p.bth().psn() == first_psn.unwrap() + 255 {
+                    // The ACK of the whole message: held back.
+                    last_ack = Some((t.src_port, bytes));
+                } else {
+                    net.engines[a.e].handle_packet(net.now, b_addr, t.src_port, &bytes);
+                }
+                moved = true;
+            }
+            if !moved {
+                break;
+            }
+        }
+        let (port, ack) = last_ack.expect("b acknowledged the whole message");
+        let first_psn = first_psn.unwrap();
+        // A stale PSN-sequence NAK for packet 200 (as a reordered copy
+        // makes b send), then the held ACK, in one burst.
+        let nak = PacketRepr {
+            bth: BthRepr::new(Opcode::RcAcknowledge, a.qpn, first_psn + 200),
+            ext: ExtHeaders {
+                aeth: Some(AethRepr {
+                    syndrome: AethSyndrome::Nak(NakCode::PsnSequenceError),
+                    msn: 0,
+                }),
+                ..ExtHeaders::NONE
+            },
+            payload: &[],
+        };
+        let (IpAddr::V4(bs), IpAddr::V4(as_)) = (b_addr, a_addr) else {
+            unreachable!()
+        };
+        let n = nak.emit_ipv4_linux(&mut buf, bs, as_, port, 4791).unwrap();
+        let nak = buf[..n].to_vec();
+        net.engines[a.e].handle_packet(net.now, b_addr, port, &nak);
+        net.engines[a.e].handle_packet(net.now, b_addr, port, &ack);
+        first_psn
+    };
+    let wcs = poll(&mut net, a);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (1, WcStatus::Success),
+        "first PSN {first}"
+    );
+    // The next long message must go out from its first packet.
+    let mut wr = rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, len, b, 0);
+    wr.flags = SendFlags::SIGNALED;
+    post(&mut net, a, wr);
+    let wcs = wait_wcs(&mut net, a, 1);
+    assert_eq!(wcs[0].wr_id, 2);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(net.engines[a.e].stats().tx_retransmits, 0);
+}

@@ -89,12 +89,17 @@ enum Cmd {
     UdPostRecv {
         size: u32,
     },
-    /// Wait for one datagram of pattern(seed) from `src_qp`, then answer
-    /// it with the same bytes.
+    /// Wait (at most `UD_TRY`) for one datagram of pattern(seed) from
+    /// `src_qp`, then answer it with the same bytes; `Reply::Lost` if none
+    /// came (UD may lose it: the client sends again).
     UdEcho {
         size: u32,
         seed: u64,
         src_qp: u32,
+    },
+    /// Send the echo again (the client did not receive it).
+    UdEchoAgain {
+        size: u32,
     },
     Done,
 }
@@ -104,6 +109,8 @@ enum Reply {
     Ok,
     Word(u64),
     Bad(String),
+    /// A UD datagram did not arrive in time.
+    Lost,
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -291,9 +298,10 @@ fn serve(side: &Side, cmd: &Cmd, recv_size: &mut u32, peer: &Hello) -> DynResult
             sg_list: vec![side.mr.sge(UD_AREA, 40 + size)],
         })?,
         Cmd::UdEcho { size, seed, src_qp } => {
-            let wc = side.ud_cq.poll_wait(1, WAIT)?;
-            all_ok(&wc)?;
-            let wc = wc[0];
+            let Some(wc) = wait_one(&side.ud_cq, UD_TRY)? else {
+                return Ok(Reply::Lost);
+            };
+            all_ok(&[wc])?;
             if wc.byte_len != 40 + size || wc.src_qp != src_qp || wc.wc_flags & wc_flags::GRH == 0 {
                 return Ok(Reply::Bad(format!("UD receive: {wc:?}")));
             }
@@ -302,21 +310,48 @@ fn serve(side: &Side, cmd: &Cmd, recv_size: &mut u32, peer: &Hello) -> DynResult
             if got != pattern(seed, size as usize) {
                 return Ok(Reply::Bad("UD data differs".into()));
             }
-            let ah = side.pd.create_ah(&AddressVector {
-                dgid: peer.rc.3,
-                is_global: true,
-                hop_limit: 64,
-                port_num: 1,
-                ..AddressVector::default()
-            })?;
-            let mut wr = SendWr::new(78, SendOpcode::Send, vec![side.mr.sge(UD_AREA + 40, size)]);
-            wr.ud = Some(ah.dest(peer.ud_qpn, QKEY));
-            side.ud.post_send(wr)?;
-            all_ok(&side.ud_cq.poll_wait(1, WAIT)?)?;
+            ud_echo(side, peer, size)?;
         }
+        Cmd::UdEchoAgain { size } => ud_echo(side, peer, size)?,
         Cmd::Done => {}
     }
     Ok(Reply::Ok)
+}
+
+/// How long one UD attempt waits for its datagram (UD may lose it).
+const UD_TRY: Duration = Duration::from_millis(300);
+/// UD attempts before the echo is reported as failed.
+const UD_ATTEMPTS: u32 = 10;
+
+/// The next completion of `cq`, or `None` after `timeout`.
+fn wait_one(cq: &Cq, timeout: Duration) -> DynResult<Option<WorkCompletion>> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    loop {
+        if cq.poll(&mut buf)? == 1 {
+            return Ok(Some(buf[0]));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The server's half of the UD echo: send the received bytes back.
+fn ud_echo(side: &Side, peer: &Hello, size: u32) -> DynResult<()> {
+    let ah = side.pd.create_ah(&AddressVector {
+        dgid: peer.rc.3,
+        is_global: true,
+        hop_limit: 64,
+        port_num: 1,
+        ..AddressVector::default()
+    })?;
+    let mut wr = SendWr::new(78, SendOpcode::Send, vec![side.mr.sge(UD_AREA + 40, size)]);
+    wr.ud = Some(ah.dest(peer.ud_qpn, QKEY));
+    side.ud.post_send(wr)?;
+    all_ok(&side.ud_cq.poll_wait(1, WAIT)?)?;
+    Ok(())
 }
 
 struct Row {
@@ -649,20 +684,32 @@ fn client(addr: &str, iters: u32) -> DynResult<Vec<Row>> {
                 vec![c.side.mr.sge(5 << 20 | 40, size as u32)],
             );
             wr.ud = Some(ah.dest(c.peer.ud_qpn, QKEY));
-            c.side.ud.post_send(wr)?;
-            send_line(
-                &mut c.w,
-                &Cmd::UdEcho {
-                    size: size as u32,
-                    seed,
-                    src_qp: c.side.ud.qp_num(),
-                },
-            )?;
-            let wcs = c.side.ud_cq.poll_wait(2, WAIT)?;
-            all_ok(&wcs)?;
-            let reply: Reply = recv_line(&mut c.r)?;
-            if let Reply::Bad(m) = reply {
-                return Err(m.into());
+            // UD may lose the datagram or its echo (ROXE_FAULT): both
+            // are sent again, a bounded number of times.
+            let (mut echoed, mut received) = (false, false);
+            for _ in 0..UD_ATTEMPTS {
+                if !echoed {
+                    c.side.ud.post_send(wr.clone())?;
+                    all_ok(&c.side.ud_cq.poll_wait(1, WAIT)?)?;
+                    match c.ask(Cmd::UdEcho {
+                        size: size as u32,
+                        seed,
+                        src_qp: c.side.ud.qp_num(),
+                    })? {
+                        Reply::Lost => continue,
+                        _ => echoed = true,
+                    }
+                } else {
+                    c.ask(Cmd::UdEchoAgain { size: size as u32 })?;
+                }
+                if let Some(wc) = wait_one(&c.side.ud_cq, UD_TRY)? {
+                    all_ok(&[wc])?;
+                    received = true;
+                    break;
+                }
+            }
+            if !received {
+                return Err(format!("UD: no echo arrived in {UD_ATTEMPTS} attempts").into());
             }
             let mut got = vec![0u8; size];
             c.side.mr.read(6 << 20 | 40, &mut got)?;

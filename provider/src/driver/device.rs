@@ -36,6 +36,12 @@ use std::time::{Duration, Instant};
 pub const ROCEV2_PORT: u16 = roxe_wire::ROCEV2_PORT;
 /// Longest sleep of the progress thread (it re-checks `stop`).
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// How often the progress thread runs the engine's liveness watchdog.
+const AUDIT_EVERY: Nanos = 100_000_000;
+/// A timer fired later than this after its deadline counts as late
+/// (`DriverStats::timers_late`): more than one longest sleep plus
+/// scheduling noise, so the progress thread missed a wake-up.
+const LATE_TIMER: Nanos = 250_000_000;
 
 /// Driver-level counters (the engine's own are in [`Stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -65,6 +71,9 @@ pub struct DriverStats {
     /// `ROXE_ICRC=raw`: datagrams the UDP socket received and the device
     /// discarded (copies of what the raw socket received).
     pub rx_udp_discarded: u64,
+    /// Timers the progress thread fired more than 250 ms after their
+    /// deadline: a missed wake-up (or a machine stalled that long).
+    pub timers_late: u64,
 }
 
 /// Everything a device counts.
@@ -592,6 +601,7 @@ impl Shared {
     fn progress(self: Arc<Self>) {
         let mut rx = RxBatch::new(self.gro);
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
+        let mut next_audit: Nanos = 0;
         while !self.stop.load(Ordering::Acquire) {
             let mut guard: Option<MutexGuard<'_, Core>> = None;
             loop {
@@ -611,7 +621,20 @@ impl Shared {
             }
             let mut core = guard.unwrap_or_else(|| self.core.lock());
             let now = self.now();
+            if core
+                .engine
+                .poll_timeout()
+                .is_some_and(|d| now > d + LATE_TIMER)
+            {
+                core.stats.timers_late += 1;
+            }
             core.engine.handle_timeout(now);
+            if now >= next_audit {
+                // The watchdog for "a QP waits forever": see
+                // `Engine::audit_liveness` (debug builds check after every call).
+                core.engine.audit_liveness(now);
+                next_audit = now + AUDIT_EVERY;
+            }
             self.after_work(&mut core);
             let deadline = earliest(
                 core.engine.poll_timeout(),

@@ -16,7 +16,7 @@ use crate::memory::{MemoryTable, Sge};
 use crate::qp_attr::{self, AttrMask, Mtu, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
-use roxe_wire::{icrc, Packet, Psn, Transport, ICRC_LEN};
+use roxe_wire::{icrc, AckTimeout, Packet, Psn, Transport, ICRC_LEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -172,6 +172,11 @@ pub struct Stats {
     /// Accepted IPv4 packets whose ICRC did not match the Linux-sender
     /// assumption (`IcrcPolicy::Warn`).
     pub rx_icrc_unverified: u64,
+    /// The liveness watchdog ([`Engine::audit_liveness`]) found a QP with a
+    /// message in flight and no timer armed, and armed its retransmission
+    /// timer. Always 0 unless the engine has a bug (debug builds panic
+    /// instead).
+    pub stalls_repaired: u64,
 }
 
 /// An affiliated asynchronous event of a QP (`ibv_get_async_event`).
@@ -240,6 +245,17 @@ impl Qp {
     pub fn src_port(&self) -> u16 {
         // Like rxe, a fixed source port per QP in 0xC000..0xFFFF.
         0xC000 | (self.qpn as u16 & 0x3FFF)
+    }
+    /// Why this QP could wait forever with work outstanding, if it could:
+    /// an RC message in flight with neither a retransmission nor an RNR
+    /// timer armed.
+    pub fn liveness_violation(&self) -> Option<&'static str> {
+        if self.init.qp_type != QpType::Rc || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let timeout = AckTimeout::new(self.attr.timeout).unwrap_or(AckTimeout::INFINITE);
+        (!self.req.timer_covers_flight(timeout))
+            .then_some("a message in flight with no timer armed")
     }
     pub fn can_receive(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -854,7 +870,38 @@ impl Engine {
                 .min(),
             "the timer index missed a change"
         );
+        #[cfg(debug_assertions)]
+        for q in self.qps.values() {
+            if let Some(why) = q.liveness_violation() {
+                panic!("QP {:#x} would stall: {why}: {:?}", q.qpn, q.req);
+            }
+        }
         first
+    }
+
+    /// The liveness watchdog: every RC QP with a message in flight must have
+    /// a retransmission or RNR timer armed, or it would wait forever. A QP
+    /// found without one is counted in [`Stats::stalls_repaired`] and gets
+    /// its retransmission timer armed, so it retransmits or, after
+    /// `retry_cnt` timeouts, fails with RETRY_EXC_ERR as the IB rules say.
+    /// O(QPs × send queue): the driver runs it every 100 ms; debug builds
+    /// check the same invariant after every call (`poll_timeout`).
+    pub fn audit_liveness(&mut self, now: Nanos) -> usize {
+        let stalled: Vec<u32> = self
+            .qps
+            .values()
+            .filter(|q| q.liveness_violation().is_some())
+            .map(|q| q.qpn)
+            .collect();
+        for &qpn in &stalled {
+            if let Some(q) = self.qps.get_mut(&qpn) {
+                let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::INFINITE);
+                q.req.arm_retransmission(now, timeout);
+            }
+            self.stats.stalls_repaired += 1;
+            self.touched(qpn);
+        }
+        stalled.len()
     }
 
     /// Fire every timer due at `now`.
@@ -1060,5 +1107,135 @@ impl Engine {
             }
         }
         g
+    }
+}
+
+#[cfg(test)]
+mod watchdog_tests {
+    use super::*;
+    use crate::qp_attr::AddressVector;
+    use crate::types::AccessFlags;
+
+    /// An RC QP in RTS facing 127.0.0.2 with one WRITE sent.
+    fn engine_with_a_write_in_flight() -> (Engine, u32) {
+        let mut e = Engine::new(EngineConfig::new("127.0.0.1".parse().unwrap()));
+        let pd = e.alloc_pd();
+        let cq = e.create_cq(16).unwrap();
+        let mr = e
+            .memory_mut()
+            .register_owned(pd, 4096, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let qpn = e
+            .create_qp(QpInitAttr {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: true,
+            })
+            .unwrap();
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..QpAttr::default()
+        };
+        e.modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::Mtu1024;
+        a.dest_qp_num = 0x12;
+        a.av = AddressVector {
+            dgid: gid_of("127.0.0.2".parse().unwrap()),
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..AddressVector::default()
+        };
+        e.modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        a.qp_state = QpState::Rts;
+        a.timeout = 10;
+        a.retry_cnt = 2;
+        e.modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE
+                | AttrMask::SQ_PSN
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+        let sge = Sge {
+            addr: mr.addr,
+            length: 100,
+            lkey: mr.lkey,
+        };
+        let mut wr = SendWr::new(7, SendOpcode::RdmaWrite, vec![sge]);
+        wr.rkey = 0x100;
+        e.post_send(qpn, wr).unwrap();
+        let mut buf = vec![0u8; 8192];
+        assert!(e.poll_transmit(0, &mut buf).is_some());
+        (e, qpn)
+    }
+
+    #[test]
+    fn a_healthy_engine_passes_the_audit() {
+        let (mut e, _) = engine_with_a_write_in_flight();
+        assert!(e.poll_timeout().is_some());
+        assert_eq!(e.audit_liveness(1), 0);
+        assert_eq!(e.stats().stalls_repaired, 0);
+    }
+
+    #[test]
+    fn a_lost_timer_is_found_counted_and_rearmed() {
+        let (mut e, qpn) = engine_with_a_write_in_flight();
+        // Simulate the class of bug: the timer of a message in flight gone.
+        if let Some(q) = e.qps.get_mut(&qpn) {
+            q.req.arm_retransmission(0, AckTimeout::INFINITE);
+            assert!(q.liveness_violation().is_some());
+        }
+        e.reindex_timer(qpn);
+        assert_eq!(e.timers.len(), 0, "nothing would ever wake this QP");
+        assert_eq!(e.audit_liveness(1_000), 1);
+        assert_eq!(e.stats().stalls_repaired, 1);
+        // The repair: a timer that retransmits, then gives up.
+        let mut buf = vec![0u8; 8192];
+        let mut status = None;
+        for _ in 0..10 {
+            let Some(d) = e.poll_timeout() else { break };
+            e.handle_timeout(d);
+            while e.poll_transmit(d, &mut buf).is_some() {}
+            let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)];
+            if e.poll_cq(e.qps[&qpn].init.send_cq, &mut wc).unwrap() == 1 {
+                status = Some(wc[0].status);
+                break;
+            }
+        }
+        assert_eq!(status, Some(WcStatus::RetryExcErr));
+        assert!(e.stats().tx_retransmits >= 2);
     }
 }

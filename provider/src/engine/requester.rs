@@ -143,6 +143,21 @@ impl Requester {
         self.sq.drain(..).collect()
     }
 
+    /// The liveness invariant: a message in flight always has a timer
+    /// that will retransmit it or give up (retransmission or RNR), unless
+    /// the QP's timeout is infinite. False means the QP would wait forever.
+    pub fn timer_covers_flight(&self, timeout: AckTimeout) -> bool {
+        timeout.nanos().is_none()
+            || self.rto.is_some()
+            || self.rnr_wait.is_some()
+            || !self.in_flight()
+    }
+
+    /// Arm the retransmission timer (the liveness watchdog's repair).
+    pub fn arm_retransmission(&mut self, now: Nanos, timeout: AckTimeout) {
+        self.rto = timeout.nanos().map(|t| now + t);
+    }
+
     pub fn next_deadline(&self) -> Option<Nanos> {
         match (self.rto, self.rnr_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -385,6 +400,13 @@ impl Engine {
             if w.wr.opcode.is_read_or_atomic() && r.rd_atomic_inflight >= max_rd {
                 return None;
             }
+            if qp_type == QpType::Rc && r.una.distance(r.next_psn) >= MAX_UNACKED_PSNS {
+                // The window is full: PSNs are assigned when the first
+                // packet can go, so a started message always has one out.
+                return None;
+            }
+            debug_assert_eq!(r.cursor_pkt, 0, "a new message starts at its first packet");
+            r.cursor_pkt = 0;
             let npsn = match w.wr.opcode {
                 o if o.is_atomic() => 1,
                 _ if qp_type == QpType::Ud => 1,
@@ -568,6 +590,14 @@ impl Engine {
             q.req.normalize_una();
             while q.req.sq.front().is_some_and(|w| w.done.is_some()) {
                 let Some(w) = q.req.sq.pop_front() else { break };
+                if q.req.cursor == 0 {
+                    // The cursor was inside the WQE that just went (a
+                    // go-back-N overtaken by the ACK that finishes it): the
+                    // next WQE starts at its first packet. A stale packet
+                    // index here once made the next message start beyond
+                    // the 128-PSN window with no timer armed, a silent stall.
+                    q.req.cursor_pkt = 0;
+                }
                 q.req.cursor = q.req.cursor.saturating_sub(1);
                 if w.wr.opcode.is_read_or_atomic() && w.started {
                     q.req.rd_atomic_inflight = q.req.rd_atomic_inflight.saturating_sub(1);
