@@ -13,6 +13,7 @@ pub mod qp_attr;
 pub mod types;
 
 pub use types::{AccessFlags, Errno, PdId, VerbsError, WcOpcode, WcStatus};
+pub mod cm;
 pub mod cq;
 pub mod driver;
 pub mod engine;

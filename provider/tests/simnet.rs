@@ -2487,3 +2487,340 @@ fn ack_overtaking_a_go_back_n_inside_a_long_message() {
     assert_eq!(wcs[0].status, WcStatus::Success);
     assert_eq!(net.engines[a.e].stats().tx_retransmits, 0);
 }
+
+// ---------------------------------------------------------------------
+// The Communication Manager (QP1) on the simulated network.
+
+mod cm_tests {
+    use super::*;
+    use roxe_provider::cm::{self, CmEvent, ConnParams, ConnState, RocePath};
+    use roxe_provider::wire::cm::{rdma_cm, reason};
+
+    const PORT: u16 = 7174;
+
+    fn sid() -> u64 {
+        rdma_cm::service_id(rdma_cm::PS_TCP, PORT)
+    }
+
+    fn gid(net: &Net, e: usize) -> [u8; 16] {
+        match net.engines[e].addr() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        }
+    }
+
+    fn path(net: &Net, from: usize, to: usize) -> RocePath {
+        RocePath {
+            local_gid: gid(net, from),
+            remote_gid: gid(net, to),
+            path_mtu: 5,
+            local_ack_timeout: 14,
+            flow_label: 0,
+            packet_rate: 0x15,
+        }
+    }
+
+    fn params(qpn: u32, data: &[u8]) -> ConnParams {
+        ConnParams {
+            qpn,
+            psn: 0x1234,
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            private_data: data.to_vec(),
+        }
+    }
+
+    /// Step until engine `e` has a CM event (bounded).
+    fn next_event(net: &mut Net, e: usize) -> CmEvent {
+        let mut got = None;
+        net.run_until(200_000, |n| {
+            got = n.engines[e].cm().poll_event();
+            got.is_some()
+        });
+        got.unwrap()
+    }
+
+    fn connect(net: &mut Net, a: usize, b: usize, data: &[u8]) -> u32 {
+        let req = cm::rocev2_req(sid(), &path(net, a, b), &params(0x11, data)).unwrap();
+        let now = net.now;
+        let peer = net.engines[b].addr();
+        net.engines[a].cm().connect(now, peer, req)
+    }
+
+    #[test]
+    fn connect_accept_rtu_then_disconnect_from_either_side() {
+        for active_disconnects in [true, false] {
+            let mut net = Net::new(2, 1, Faults::default());
+            let listen = net.engines[1].cm().listen(sid()).unwrap();
+            let ca = connect(&mut net, 0, 1, b"hello");
+            let (lb, cb, req) = match next_event(&mut net, 1) {
+                CmEvent::ConnectRequest {
+                    listen, conn, req, ..
+                } => (listen, conn, req),
+                e => panic!("{e:?}"),
+            };
+            assert_eq!(lb, listen);
+            assert_eq!(req.service_id, sid());
+            assert_eq!(req.local_qpn, 0x11);
+            assert_eq!(&req.private_data[..5], b"hello");
+            assert_eq!(req.primary.remote_gid, gid(&net, 1));
+            let now = net.now;
+            net.engines[1]
+                .cm()
+                .accept(now, cb, cm::rep_for(&params(0x22, b"welcome")).unwrap())
+                .unwrap();
+            let rep = match next_event(&mut net, 0) {
+                CmEvent::ConnectResponse { conn, rep } => {
+                    assert_eq!(conn, ca);
+                    rep
+                }
+                e => panic!("{e:?}"),
+            };
+            assert_eq!(rep.local_qpn, 0x22);
+            assert_eq!(&rep.private_data[..7], b"welcome");
+            net.engines[0].cm().establish(ca, &[]).unwrap();
+            assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+            assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+            let (x, cx, y, cy) = if active_disconnects {
+                (0, ca, 1, cb)
+            } else {
+                (1, cb, 0, ca)
+            };
+            let now = net.now;
+            net.engines[x].cm().disconnect(now, cx, &[]).unwrap();
+            assert_eq!(next_event(&mut net, y), CmEvent::Disconnected { conn: cy });
+            let now = net.now;
+            net.engines[y].cm().disconnect(now, cy, &[]).unwrap();
+            assert_eq!(next_event(&mut net, x), CmEvent::Disconnected { conn: cx });
+            assert_eq!(next_event(&mut net, x), CmEvent::TimewaitExit { conn: cx });
+            assert_eq!(next_event(&mut net, y), CmEvent::TimewaitExit { conn: cy });
+            assert_eq!(net.engines[0].cm().stats().rx_malformed, 0);
+        }
+    }
+
+    #[test]
+    fn nobody_listening_is_rejected_with_invalid_service_id() {
+        let mut net = Net::new(2, 2, Faults::default());
+        let ca = connect(&mut net, 0, 1, &[]);
+        match next_event(&mut net, 0) {
+            CmEvent::Rejected {
+                conn, reason: r, ..
+            } => {
+                assert_eq!((conn, r), (ca, reason::INVALID_SERVICE_ID));
+            }
+            e => panic!("{e:?}"),
+        }
+        // Within one round trip, not after the CM timeout.
+        assert!(net.now < 1_000_000, "took {} ns", net.now);
+        assert_eq!(net.engines[1].cm().stats().rejected_no_listener, 1);
+    }
+
+    #[test]
+    fn consumer_reject_carries_private_data_and_too_much_is_einval() {
+        let mut net = Net::new(2, 3, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        assert_eq!(
+            net.engines[1].cm().listen(sid()).unwrap_err().errno,
+            Errno(98)
+        );
+        let too_long = cm::rocev2_req(sid(), &path(&net, 0, 1), &params(0x11, &[1; 93]));
+        assert_eq!(too_long.unwrap_err().errno, Errno::EINVAL);
+        let ca = connect(&mut net, 0, 1, &[]);
+        let cb = next_event(&mut net, 1).conn();
+        assert_eq!(
+            net.engines[1].cm().reject(cb, &[9; 149]).unwrap_err().errno,
+            Errno::EINVAL
+        );
+        net.engines[1].cm().reject(cb, b"go away").unwrap();
+        match next_event(&mut net, 0) {
+            CmEvent::Rejected {
+                conn,
+                reason: r,
+                private_data,
+            } => {
+                assert_eq!((conn, r), (ca, reason::CONSUMER_DEFINED));
+                assert_eq!(&private_data[..7], b"go away");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unanswered_req_is_unreachable_after_the_retries() {
+        let mut net = Net::new(2, 4, Faults::default());
+        net.faults.loss = 1.0;
+        let ca = connect(&mut net, 0, 1, &[]);
+        assert_eq!(next_event(&mut net, 0), CmEvent::Unreachable { conn: ca });
+        let s = net.engines[0].cm().stats();
+        // The first REQ and 15 resends, 4.3 s apart (timeout 20).
+        assert_eq!((s.tx_mads, s.tx_retries), (16, 15));
+        let bound = 16 * cm::CmConfig::timeout_ns(20);
+        assert!(net.now <= bound + 1_000_000, "{} > {bound}", net.now);
+        assert!(net.now >= bound - cm::CmConfig::timeout_ns(20));
+    }
+
+    #[test]
+    fn connections_survive_loss_and_duplication() {
+        let mut net = Net::new(
+            2,
+            seed(),
+            Faults {
+                loss: 0.3,
+                dup: 0.2,
+                reorder: 0.2,
+                corrupt: 0.0,
+            },
+        );
+        net.engines[1].cm().listen(sid()).unwrap();
+        for _ in 0..20 {
+            let ca = connect(&mut net, 0, 1, &[]);
+            let cb = loop {
+                match next_event(&mut net, 1) {
+                    CmEvent::ConnectRequest { conn, .. } => break conn,
+                    CmEvent::TimewaitExit { .. } => continue,
+                    e => panic!("{e:?}"),
+                }
+            };
+            let now = net.now;
+            net.engines[1]
+                .cm()
+                .accept(now, cb, cm::rep_for(&params(0x22, &[])).unwrap())
+                .unwrap();
+            loop {
+                match next_event(&mut net, 0) {
+                    CmEvent::ConnectResponse { conn, .. } => {
+                        assert_eq!(conn, ca);
+                        break;
+                    }
+                    CmEvent::TimewaitExit { .. } => continue,
+                    e => panic!("{e:?}"),
+                }
+            }
+            net.engines[0].cm().establish(ca, &[]).unwrap();
+            assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+            // The RTU may be lost: the passive side then gets the resent
+            // REP answered with another RTU.
+            assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+            assert_eq!(net.engines[1].cm().state(cb), Some(ConnState::Established));
+            net.engines[0].cm().destroy(ca);
+            net.engines[1].cm().destroy(cb);
+        }
+    }
+
+    #[test]
+    fn sixty_four_connections_to_one_listener() {
+        let mut net = Net::new(2, 6, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let actives: Vec<u32> = (0..64).map(|_| connect(&mut net, 0, 1, &[])).collect();
+        let mut passives = Vec::new();
+        while passives.len() < 64 {
+            match next_event(&mut net, 1) {
+                CmEvent::ConnectRequest { conn, .. } => {
+                    let now = net.now;
+                    net.engines[1]
+                        .cm()
+                        .accept(now, conn, cm::rep_for(&params(0x22, &[])).unwrap())
+                        .unwrap();
+                    passives.push(conn);
+                }
+                e => panic!("{e:?}"),
+            }
+        }
+        let mut established = 0;
+        while established < 64 {
+            match next_event(&mut net, 0) {
+                CmEvent::ConnectResponse { conn, .. } => {
+                    assert!(actives.contains(&conn));
+                    net.engines[0].cm().establish(conn, &[]).unwrap();
+                }
+                CmEvent::Established { .. } => established += 1,
+                e => panic!("{e:?}"),
+            }
+        }
+        let mut ids = passives.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 64, "distinct communication IDs");
+    }
+
+    #[test]
+    fn sidr_resolves_a_ud_service_or_says_unsupported() {
+        let mut net = Net::new(2, 7, Faults::default());
+        let usid = rdma_cm::service_id(rdma_cm::PS_UDP, PORT);
+        let peer = net.engines[1].addr();
+        let now = net.now;
+        let c0 = net.engines[0]
+            .cm()
+            .sidr_request(now, peer, usid, b"x")
+            .unwrap();
+        match next_event(&mut net, 0) {
+            CmEvent::SidrResponse {
+                conn,
+                rep: Some(rep),
+            } => {
+                assert_eq!((conn, rep.status), (c0, cm::SIDR_UNSUPPORTED));
+            }
+            e => panic!("{e:?}"),
+        }
+        net.engines[1].cm().listen(usid).unwrap();
+        let now = net.now;
+        let c1 = net.engines[0]
+            .cm()
+            .sidr_request(now, peer, usid, b"x")
+            .unwrap();
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::SidrRequest { conn, req, .. } => {
+                assert_eq!(req.service_id, usid);
+                conn
+            }
+            e => panic!("{e:?}"),
+        };
+        net.engines[1]
+            .cm()
+            .sidr_reply(cb, 0, 0x33, 0x1111_1111, &[])
+            .unwrap();
+        match next_event(&mut net, 0) {
+            CmEvent::SidrResponse {
+                conn,
+                rep: Some(rep),
+            } => {
+                assert_eq!(conn, c1);
+                assert_eq!((rep.status, rep.qpn, rep.qkey), (0, 0x33, 0x1111_1111));
+                assert_eq!(rep.service_id, usid);
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_and_forged_mads_are_dropped_and_counted() {
+        let mut net = Net::new(2, 8, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let from = net.engines[0].addr();
+        let now = net.now;
+        let cm1 = net.engines[1].cm();
+        cm1.handle_mad(now, from, &[0u8; 10]);
+        cm1.handle_mad(now, from, &[0xAB; 256]);
+        // A well-formed DREQ for a connection that does not exist.
+        let mut buf = [0u8; 256];
+        let mad = roxe_provider::wire::cm::CmMad {
+            header: roxe_provider::wire::cm::MadHeaderRepr::cm(
+                roxe_provider::wire::cm::attr::DREQ,
+                1,
+            ),
+            message: roxe_provider::wire::cm::CmMessage::Dreq(roxe_provider::wire::cm::DreqRepr {
+                local_comm_id: 5,
+                remote_comm_id: 0x1234_5678,
+                ..Default::default()
+            }),
+        };
+        mad.emit(&mut buf).unwrap();
+        cm1.handle_mad(now, from, &buf);
+        let s = cm1.stats();
+        assert_eq!((s.rx_mads, s.rx_malformed, s.rx_unmatched), (3, 2, 1));
+        assert!(cm1.poll_event().is_none());
+    }
+}

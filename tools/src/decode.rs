@@ -3,6 +3,7 @@
 
 use clap::Args as ClapArgs;
 use roxe_wire::frame::Datagram;
+use roxe_wire::cm::{self, rdma_cm, CmMad, CmMessage};
 use roxe_wire::ip::UdpChecksum;
 use roxe_wire::lint::{lint, Severity};
 use roxe_wire::pcap::{self, CaptureRecord, L3};
@@ -106,6 +107,8 @@ struct Decoded {
     icrc_wire: Option<u32>,
     icrc_expected: Option<u32>,
     findings: Vec<Finding>,
+    /// The CM message of a MAD to QP1, summarised.
+    cm: Option<String>,
 }
 
 pub fn run(args: &Args) -> ExitCode {
@@ -228,6 +231,7 @@ fn decode_frame(args: &Args, rec: &CaptureRecord, s: &mut Summary) -> Option<Dec
         icrc_wire: None,
         icrc_expected: None,
         findings: Vec::new(),
+        cm: None,
     };
     let err = |d: &mut Decoded, kind: &'static str, text: String| {
         d.findings.push(Finding {
@@ -333,7 +337,10 @@ fn decode_frame(args: &Args, rec: &CaptureRecord, s: &mut Summary) -> Option<Dec
         Ok(p) => {
             d.payload_len = Some(p.payload().len());
             match PacketRepr::parse(&p) {
-                Ok(r) => describe_headers(&r, &mut d),
+                Ok(r) => {
+                    describe_headers(&r, &mut d);
+                    describe_cm(&r, &mut d);
+                }
                 Err(e) => err(&mut d, error_kind(&e), e.to_string()),
             }
             for problem in lint(&p) {
@@ -447,6 +454,79 @@ fn describe_headers(r: &PacketRepr, d: &mut Decoded) {
     }
 }
 
+/// A UD packet to QP1 whose payload is a CM MAD: the message's name and
+/// the IDs that tie a connection together.
+fn describe_cm(r: &PacketRepr, d: &mut Decoded) {
+    if r.bth.dest_qp != cm::GSI_QPN || r.ext.deth.is_none() {
+        return;
+    }
+    let Ok(m) = CmMad::parse(r.payload) else {
+        return;
+    };
+    let h = &m.header;
+    d.detail.push(format!(
+        "MAD base={} class={:#04x} version={} method={:#04x} status={:#06x} tid={:#018x} attr={:#06x} attr_mod={:#010x}",
+        h.base_version, h.mgmt_class, h.class_version, h.method, h.status, h.tid, h.attr_id, h.attr_mod
+    ));
+    let ids = |local: u32, remote: u32| format!("local_comm_id={local:#010x} remote_comm_id={remote:#010x}");
+    let cma = |private_data: &[u8]| {
+        rdma_cm::CmaHeader::parse(private_data)
+            .map(|c| format!(" cma={}:{}>{}", fmt_ip(c.src), c.port, fmt_ip(c.dst)))
+            .unwrap_or_default()
+    };
+    let mut text = match &m.message {
+        CmMessage::Req(q) => format!(
+            "local_comm_id={:#010x} service_id={:#018x} qpn={:#08x} psn={:#08x}{}",
+            q.local_comm_id,
+            q.service_id,
+            q.local_qpn,
+            q.starting_psn,
+            cma(&q.private_data)
+        ),
+        CmMessage::Rep(p) => format!(
+            "{} qpn={:#08x} psn={:#08x}",
+            ids(p.local_comm_id, p.remote_comm_id),
+            p.local_qpn,
+            p.starting_psn
+        ),
+        CmMessage::Rtu(x) => ids(x.local_comm_id, x.remote_comm_id),
+        CmMessage::Rej(x) => format!(
+            "reason={} {} {} msg_rejected={}",
+            x.reason,
+            cm::reject_reason_name(x.reason),
+            ids(x.local_comm_id, x.remote_comm_id),
+            x.msg_rejected
+        ),
+        CmMessage::Mra(x) => format!(
+            "{} msg_mraed={} service_timeout={}",
+            ids(x.local_comm_id, x.remote_comm_id),
+            x.msg_mraed,
+            x.service_timeout
+        ),
+        CmMessage::Dreq(x) => format!(
+            "{} remote_qpn={:#08x}",
+            ids(x.local_comm_id, x.remote_comm_id),
+            x.remote_qpn
+        ),
+        CmMessage::Drep(x) => ids(x.local_comm_id, x.remote_comm_id),
+        CmMessage::SidrReq(x) => format!(
+            "request_id={:#010x} service_id={:#018x}{}",
+            x.request_id,
+            x.service_id,
+            cma(&x.private_data)
+        ),
+        CmMessage::SidrRep(x) => format!(
+            "request_id={:#010x} status={} qpn={:#08x} qkey={:#010x}",
+            x.request_id, x.status, x.qpn, x.qkey
+        ),
+        CmMessage::Other(_) => format!("attr_id={:#06x}", h.attr_id),
+    };
+    if h.method != cm::METHOD_SEND {
+        let _ = write!(text, " method={:#04x}", h.method);
+    }
+    d.cm = Some(format!("{}({text})", cm::attr_name(h.attr_id)));
+}
+
 fn tally(s: &mut Summary, d: &Decoded) {
     s.roce += 1;
     *s.opcodes.entry(d.opcode.clone()).or_default() += 1;
@@ -513,6 +593,9 @@ fn print_packet(out: &mut impl std::io::Write, d: &Decoded, verbose: bool) -> st
         let _ = write!(line, " payload={n}");
     }
     let _ = write!(line, " icrc={}", d.icrc);
+    if let Some(c) = &d.cm {
+        let _ = write!(line, " CM {c}");
+    }
     writeln!(out, "{line}")?;
     if verbose {
         for x in &d.detail {
@@ -610,7 +693,7 @@ fn packet_json(d: &Decoded) -> Value {
     for (k, v) in &d.fields {
         fields.insert(k.clone(), Value::String(v.clone()));
     }
-    json!({
+    let mut v = json!({
         "frame": d.frame,
         "ts_ns": d.ts_ns,
         "src": d.src,
@@ -629,7 +712,11 @@ fn packet_json(d: &Decoded) -> Value {
             "kind": f.kind,
             "text": f.text,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let (Some(c), Some(obj)) = (&d.cm, v.as_object_mut()) {
+        obj.insert("cm".into(), Value::String(c.clone()));
+    }
+    v
 }
 
 fn summary_json(path: &std::path::Path, s: &Summary, packets: Option<Vec<Value>>) -> Value {

@@ -793,8 +793,10 @@ fn parent(args: &Args) -> ExitCode {
     server
         .args(["demo", "--role", "server"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .env_remove("ROXE_PCAP");
+        .stderr(Stdio::inherit());
+    // The server's device sees every packet of the run, both directions:
+    // it alone writes the capture (`--pcap`, else `ROXE_PCAP` as for any
+    // roxe program); two writers would interleave one file.
     if let Some(p) = &args.pcap {
         server.env("ROXE_PCAP", p);
     }

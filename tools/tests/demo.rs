@@ -83,3 +83,34 @@ fn demo_passes_and_its_capture_is_clean() {
     }
     let _ = std::fs::remove_file(&pcap);
 }
+
+/// `ROXE_PCAP` works for `roxe demo` as for any roxe program: the server
+/// (which sees both directions) writes the capture.
+#[test]
+fn demo_honours_roxe_pcap() {
+    let pcap = std::env::temp_dir().join(format!("roxe-demo-env-{}.pcap", std::process::id()));
+    let _ = std::fs::remove_file(&pcap);
+    let out = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .args(["demo", "-n", "2"])
+        .env("ROXE_PCAP", &pcap)
+        .env_remove("ROXE_ADDR")
+        .env_remove("ROXE_FAULT")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "roxe demo failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decode = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .arg("decode")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&decode.stdout);
+    assert!(decode.status.success(), "roxe decode {pcap:?}: {summary}");
+    assert!(summary.contains("RC_RDMA_WRITE"), "{summary}");
+    assert!(summary.contains("UD_SEND_ONLY"), "{summary}");
+    let _ = std::fs::remove_file(&pcap);
+}

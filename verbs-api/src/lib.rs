@@ -39,6 +39,8 @@ pub use roxe_provider::wr::{
     wc_flags, RecvWr, SendFlags, SendOpcode, SendWr, UdDest, WorkCompletion,
 };
 pub use roxe_provider::{driver as soft, wire};
+
+pub mod cm;
 pub use roxe_provider::{AccessFlags, Errno, VerbsError, WcOpcode, WcStatus};
 
 /// A failed verb.
@@ -131,9 +133,20 @@ impl DeviceInfo {
     /// `ibv_open_device`: bind the device's socket and start it. Opening the
     /// same device twice in one process shares it.
     pub fn open(&self) -> Result<Context> {
-        static OPEN: OnceLock<Mutex<HashMap<String, Weak<Device>>>> = OnceLock::new();
-        let mut open = OPEN.get_or_init(Default::default).lock();
-        let device = match open.get(&self.name).and_then(Weak::upgrade) {
+        let mut open = open_devices().lock();
+        // A device already open at the configured address is that device,
+        // whatever it was opened as (rdma_cm opens devices by address).
+        let at_addr = self.config.addr.and_then(|a| {
+            open.values()
+                .filter_map(Weak::upgrade)
+                .find(|d| d.addr() == a)
+        });
+        let device = match open
+            .get(&self.name)
+            .and_then(Weak::upgrade)
+            .filter(|d| self.config.addr.is_none_or(|a| d.addr() == a))
+            .or(at_addr)
+        {
             Some(d) => d,
             None => {
                 let d = Arc::new(Device::open(&self.config).map_err(io("ibv_open_device"))?);
@@ -148,6 +161,33 @@ impl DeviceInfo {
             }),
         })
     }
+}
+
+/// Every device open in this process, by name.
+fn open_devices() -> &'static Mutex<HashMap<String, Weak<Device>>> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Weak<Device>>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+}
+
+/// The device at `addr`: the one open in this process, else the
+/// `ROXE_ADDR` device with that address, else a new device there (with the
+/// environment's other settings). Fails as `ibv_open_device` does when no
+/// socket can be bound there (`EADDRNOTAVAIL`: not an address of this host;
+/// `EADDRINUSE`: another process has it).
+pub fn open_at(addr: IpAddr) -> Result<Context> {
+    if let Some(info) = devices()?.into_iter().find(|d| d.addr() == Some(addr)) {
+        return info.open();
+    }
+    let live = open_devices().lock().iter().find_map(|(name, d)| {
+        d.upgrade()
+            .filter(|d| d.addr() == addr)
+            .map(|_| name.clone())
+    });
+    let config = DeviceConfig {
+        addr: Some(addr),
+        ..DeviceConfig::from_env()?
+    };
+    device_with(live.unwrap_or_else(|| format!("roxe-{addr}")), config).open()
 }
 
 /// A GUID from an address: the low 48 bits of its IPv6 (or mapped) form,

@@ -65,6 +65,26 @@ pub enum Error {
     /// A malformed IP or UDP header.
     #[error("malformed {0} header")]
     BadIpHeader(&'static str),
+    /// A MAD that is not a Communication Manager MAD (base version other
+    /// than 1 or management class other than 0x07).
+    #[error("not a CM MAD: base version {base_version}, management class {mgmt_class:#04x}")]
+    NotCmMad {
+        /// The MAD's base version.
+        base_version: u8,
+        /// The MAD's management class.
+        mgmt_class: u8,
+    },
+    /// A CM MAD whose header names another attribute than its message.
+    #[error("MAD attribute ID {attr_id:#06x} does not match the {message} message")]
+    CmAttrMismatch {
+        /// The header's attribute ID.
+        attr_id: u16,
+        /// The message's name.
+        message: &'static str,
+    },
+    /// A malformed rdma_cm (CMA) header in CM private data.
+    #[error("bad CMA header: {0}")]
+    BadCmaHeader(&'static str),
 }
 
 /// Result with this crate's [`Error`].

@@ -25,6 +25,7 @@ mod field;
 
 pub mod aeth;
 pub mod bth;
+pub mod cm;
 pub mod ext;
 pub mod frame;
 pub mod icrc;
@@ -37,6 +38,7 @@ pub mod psn;
 
 pub use aeth::{AckTimeout, AethSyndrome, NakCode, RnrTimer};
 pub use bth::{Bth, BthRepr};
+pub use cm::{CmMad, CmMessage};
 pub use error::{Error, Result};
 pub use ext::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,

@@ -1,9 +1,11 @@
 //! Property tests: random valid representations round-trip
-//! emit → parse → emit, with a verifying ICRC; random bytes never panic.
+//! emit → parse → emit, with a verifying ICRC; random bytes never panic
+//! (as packets, datagrams and CM MADs).
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use roxe_wire::aeth::AethSyndrome;
+use roxe_wire::cm::{self, rdma_cm::CmaHeader, CmMad};
 use roxe_wire::frame::{build_datagram, Datagram, IpFields};
 use roxe_wire::opcode::{HeaderSet, PacketClass};
 use roxe_wire::{
@@ -215,6 +217,38 @@ proptest! {
                 let mut out = vec![0u8; end];
                 prop_assert_eq!(r.emit(&mut out).unwrap(), end);
             }
+        }
+    }
+
+    /// Any bytes as a MAD: the CM parser never panics; a CM MAD (base
+    /// version 1, class 0x07) of at least 256 bytes always parses, keeps
+    /// every bit (re-emits the same 256 bytes) and parses back the same.
+    #[test]
+    fn cm_mad_parse_never_panics_and_keeps_every_bit(
+        mut bytes in prop::collection::vec(any::<u8>(), 0..300),
+        cm_like in any::<bool>(),
+        attr_id in 0u16..0x20,
+    ) {
+        if cm_like && bytes.len() >= 18 {
+            bytes[0] = cm::MAD_BASE_VERSION;
+            bytes[1] = cm::MGMT_CLASS_CM;
+            bytes[16..18].copy_from_slice(&attr_id.to_be_bytes());
+        }
+        let is_cm = bytes.len() >= cm::MAD_LEN && bytes[0] == 1 && bytes[1] == cm::MGMT_CLASS_CM;
+        match CmMad::parse(&bytes) {
+            Ok(m) => {
+                prop_assert!(is_cm);
+                let mut out = [0u8; cm::MAD_LEN];
+                prop_assert_eq!(m.emit(&mut out), Ok(cm::MAD_LEN));
+                prop_assert_eq!(&out[..], &bytes[..cm::MAD_LEN]);
+                prop_assert_eq!(CmMad::parse(&out), Ok(m));
+            }
+            Err(_) => prop_assert!(!is_cm),
+        }
+        if let Ok(h) = CmaHeader::parse(&bytes) {
+            let mut out = [0u8; 36];
+            prop_assert_eq!(h.emit(&mut out), Ok(36));
+            prop_assert_eq!(CmaHeader::parse(&out), Ok(h));
         }
     }
 }

@@ -124,6 +124,8 @@ pub(crate) struct Core {
     channels: Vec<(CqId, Arc<ChannelShared>)>,
     /// Who hears the engine's asynchronous events (`ibv_get_async_event`).
     event_sinks: Vec<Weak<EventSink>>,
+    /// Who hears the CM's events (rdma_cm ids).
+    cm_sinks: Vec<Weak<CmEventSink>>,
     stats: DriverStats,
 }
 
@@ -131,6 +133,11 @@ pub(crate) struct Core {
 /// progress thread under the device lock: it must be quick and must not
 /// call back into the device.
 pub type EventSink = dyn Fn(QpEvent) + Send + Sync;
+
+/// A receiver of the device's Communication Manager events. It runs under
+/// the device lock (on the progress thread or a verb's thread): it must be
+/// quick and must not call back into the device.
+pub type CmEventSink = dyn Fn(crate::cm::CmEvent) + Send + Sync;
 
 struct Shared {
     addr: IpAddr,
@@ -276,6 +283,7 @@ impl Device {
                 tap,
                 channels: Vec::new(),
                 event_sinks: Vec::new(),
+                cm_sinks: Vec::new(),
                 stats: DriverStats::default(),
             }),
             wake,
@@ -361,6 +369,12 @@ impl Device {
             .push(Arc::downgrade(sink));
     }
 
+    /// Deliver the device's CM events to `sink` for as long as the caller
+    /// keeps it alive. Events with no sink are dropped.
+    pub fn subscribe_cm_events(&self, sink: &Arc<CmEventSink>) {
+        self.shared.core.lock().cm_sinks.push(Arc::downgrade(sink));
+    }
+
     /// Stop delivering events of `cq`.
     pub fn detach_channel(&self, cq: CqId) {
         self.shared.core.lock().channels.retain(|(c, _)| *c != cq);
@@ -419,6 +433,7 @@ impl Shared {
             tap,
             channels,
             event_sinks,
+            cm_sinks,
             ..
         } = core;
         let sock = &self.socket;
@@ -457,6 +472,14 @@ impl Shared {
         for (cq, ch) in channels.iter() {
             if engine.cq_mut(*cq).map(|c| c.take_events()).unwrap_or(0) > 0 {
                 ch.notify(*cq);
+            }
+        }
+        if engine.cm().has_events() {
+            cm_sinks.retain(|s| s.strong_count() > 0);
+            while let Some(ev) = engine.cm().poll_event() {
+                for sink in cm_sinks.iter().filter_map(Weak::upgrade) {
+                    sink(ev.clone());
+                }
             }
         }
         if engine.has_events() {

@@ -298,6 +298,10 @@ pub struct Engine {
     timers: BTreeSet<(Nanos, u32)>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
+    /// The Communication Manager behind QP1 (rdma_cm's protocol).
+    cm: crate::cm::Cm,
+    /// The PSN of the next MAD sent from QP1.
+    gsi_psn: Psn,
     stats: Stats,
 }
 
@@ -325,6 +329,7 @@ pub fn addr_of_gid(gid: [u8; 16]) -> IpAddr {
 impl Engine {
     /// An engine with no objects.
     pub fn new(config: EngineConfig) -> Engine {
+        let gid = gid_of(config.addr);
         Engine {
             config,
             memory: MemoryTable::new(),
@@ -341,8 +346,81 @@ impl Engine {
             active: BTreeSet::new(),
             timers: BTreeSet::new(),
             events: Vec::new(),
+            cm: crate::cm::Cm::new(crate::cm::CmConfig {
+                ca_guid: u64::from_be_bytes([
+                    gid[8], gid[9], gid[10], gid[11], gid[12], gid[13], gid[14], gid[15],
+                ]),
+                id_seed: {
+                    // Different on every device and run: comm IDs must not
+                    // be predictable (a forged REJ/DREQ needs one).
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+                        .unwrap_or(0);
+                    t ^ std::process::id().rotate_left(13)
+                        ^ u32::from_be_bytes([gid[12], gid[13], gid[14], gid[15]])
+                },
+                ..crate::cm::CmConfig::default()
+            }),
+            gsi_psn: Psn::new(0),
             stats: Stats::default(),
         }
+    }
+
+    /// The Communication Manager (QP1): connect, listen, accept, events.
+    /// What it sends leaves through `poll_transmit`; its timers are part of
+    /// `poll_timeout`/`handle_timeout`.
+    pub fn cm(&mut self) -> &mut crate::cm::Cm {
+        &mut self.cm
+    }
+
+    /// A MAD from QP1 to QP1 of `dst`, as the kernel's GSI sends it.
+    fn gsi_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        let (dst, mad) = self.cm.poll_transmit()?;
+        let mut payload = [0u8; roxe_wire::cm::MAD_LEN];
+        if mad.emit(&mut payload).is_err() {
+            debug_assert!(false, "a CM MAD always fits 256 bytes");
+            return None;
+        }
+        let psn = self.gsi_psn;
+        self.gsi_psn += 1;
+        let repr = roxe_wire::PacketRepr {
+            bth: roxe_wire::BthRepr {
+                ack_req: true,
+                ..roxe_wire::BthRepr::new(
+                    roxe_wire::Opcode::UdSendOnly,
+                    roxe_wire::cm::GSI_QPN,
+                    psn,
+                )
+            },
+            ext: roxe_wire::ExtHeaders {
+                deth: Some(roxe_wire::DethRepr {
+                    qkey: roxe_wire::cm::GSI_QKEY,
+                    src_qp: roxe_wire::cm::GSI_QPN,
+                    reserved: 0,
+                }),
+                ..roxe_wire::ExtHeaders::NONE
+            },
+            payload: &payload,
+        };
+        let len = repr.emit(buf).ok()?;
+        Some(Transmit {
+            dst,
+            src_port: 0xC000 | roxe_wire::cm::GSI_QPN as u16,
+            len,
+        })
+    }
+
+    /// A UD packet to QP1: a MAD for the CM if it is one.
+    fn gsi_receive(&mut self, now: Nanos, src: IpAddr, pkt: &Packet<&[u8]>) {
+        let qkey_ok = pkt
+            .deth()
+            .is_some_and(|d| d.qkey == roxe_wire::cm::GSI_QKEY);
+        if pkt.opcode() != roxe_wire::Opcode::UdSendOnly || !qkey_ok {
+            self.stats.rx_dropped += 1;
+            return;
+        }
+        self.cm.handle_mad(now, src, pkt.payload());
     }
 
     /// The device address.
@@ -861,9 +939,9 @@ impl Engine {
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        let first = self.timers.first().map(|&(d, _)| d);
+        let first_qp = self.timers.first().map(|&(d, _)| d);
         debug_assert_eq!(
-            first,
+            first_qp,
             self.qps
                 .values()
                 .filter_map(|q| q.req.next_deadline())
@@ -876,7 +954,10 @@ impl Engine {
                 panic!("QP {:#x} would stall: {why}: {:?}", q.qpn, q.req);
             }
         }
-        first
+        match (first_qp, self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The liveness watchdog: every RC QP with a message in flight must have
@@ -906,6 +987,9 @@ impl Engine {
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        if self.cm.poll_timeout().is_some_and(|d| d <= now) {
+            self.cm.handle_timeout(now);
+        }
         let due: Vec<u32> = self
             .timers
             .range(..=(now, u32::MAX))
@@ -920,6 +1004,9 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.gsi_transmit(buf) {
+            return Some(self.finish_transmit(t, buf));
+        }
         // Round-robin from the cursor, without collecting the QPNs: this
         // runs once per packet.
         let mut next = self.tx_cursor;
@@ -986,6 +1073,10 @@ impl Engine {
             return;
         }
         let qpn = pkt.bth().dest_qp();
+        if qpn == roxe_wire::cm::GSI_QPN {
+            self.gsi_receive(now, src, &pkt);
+            return;
+        }
         let Some(q) = self.qps.get(&qpn) else {
             self.stats.rx_no_qp += 1;
             return;

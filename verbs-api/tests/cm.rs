@@ -1,0 +1,301 @@
+//! rdma_cm over roxe: two devices in one process (127.0.61.x, used by no
+//! other test), connected through the CM protocol on QP1 as two processes
+//! or two hosts would be.
+
+use roxe_verbs::cm::*;
+use roxe_verbs::*;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn addr(host: u8, port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 61, host], port))
+}
+
+fn next(ch: &EventChannel) -> Event {
+    ch.get_event_timeout(WAIT)
+        .expect("rdma_get_cm_event")
+        .expect("an event within the wait")
+}
+
+fn expect(ch: &EventChannel, kind: EventKind) -> Event {
+    let e = next(ch);
+    assert_eq!(e.kind, kind, "{e:?}");
+    e
+}
+
+struct Side {
+    cq: Cq,
+    mr: Mr,
+}
+
+fn qp_for(id: &CmId) -> (Qp, Side) {
+    let ctx = id.context().expect("bound");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let mr = pd
+        .reg_mr(
+            1 << 16,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let qp = id
+        .create_qp(Some(&pd), &QpInit::new(QpType::Rc, &cq, &cq))
+        .unwrap();
+    (qp, Side { cq, mr })
+}
+
+fn listener(host: u8, port: u16, ps: PortSpace) -> (EventChannel, CmId) {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, ps);
+    id.bind_addr(addr(host, port)).unwrap();
+    id.listen(64).unwrap();
+    (ch, id)
+}
+
+fn resolved(src: u8, dst: SocketAddr, ps: PortSpace) -> (EventChannel, CmId) {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, ps);
+    id.resolve_addr(Some(addr(src, 0)), dst).unwrap();
+    expect(&ch, EventKind::AddrResolved);
+    id.resolve_route().unwrap();
+    expect(&ch, EventKind::RouteResolved);
+    (ch, id)
+}
+
+#[test]
+fn connect_send_disconnect_from_either_side() {
+    for (k, client_disconnects) in [(0u16, true), (1, false)] {
+        let port = 7471 + k;
+        let (sch, _listen) = listener(1, port, PortSpace::Tcp);
+        let (cch, cid) = resolved(2, addr(1, port), PortSpace::Tcp);
+        let (cqp, cside) = qp_for(&cid);
+        cid.connect(&ConnParam {
+            private_data: b"hello from the client".to_vec(),
+            ..ConnParam::default()
+        })
+        .unwrap();
+        let req = expect(&sch, EventKind::ConnectRequest);
+        assert_eq!(&req.param.private_data[..21], b"hello from the client");
+        assert_eq!(req.param.qp_num, cqp.qp_num());
+        assert!(req.listen_id.is_some());
+        let sid = req.id.clone();
+        assert_eq!(sid.peer_addr().map(|a| a.ip()), Some(addr(2, 0).ip()));
+        let (sqp, sside) = qp_for(&sid);
+        sqp.post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: vec![sside.mr.sge(0, 4096)],
+        })
+        .unwrap();
+        sid.accept(&ConnParam {
+            private_data: b"welcome".to_vec(),
+            ..ConnParam::default()
+        })
+        .unwrap();
+        let est = expect(&cch, EventKind::Established);
+        assert_eq!(&est.param.private_data[..7], b"welcome");
+        assert_eq!(est.param.qp_num, sqp.qp_num());
+        expect(&sch, EventKind::Established);
+        // The QPs are connected: a SEND arrives.
+        cside
+            .mr
+            .write(0, b"data over an rdma_cm connection")
+            .unwrap();
+        cqp.post_send(SendWr::new(1, SendOpcode::Send, vec![cside.mr.sge(0, 31)]))
+            .unwrap();
+        let wc = sside.cq.poll_wait(1, WAIT).unwrap();
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+            (5, WcStatus::Success, 31)
+        );
+        let mut got = [0u8; 31];
+        sside.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"data over an rdma_cm connection");
+        assert_eq!(
+            cside.cq.poll_wait(1, WAIT).unwrap()[0].status,
+            WcStatus::Success
+        );
+        // Disconnect from one side; the other hears it and answers.
+        let (a, ach, b, bch) = if client_disconnects {
+            (&cid, &cch, &sid, &sch)
+        } else {
+            (&sid, &sch, &cid, &cch)
+        };
+        a.disconnect().unwrap();
+        expect(bch, EventKind::Disconnected);
+        b.disconnect().unwrap();
+        expect(ach, EventKind::Disconnected);
+        expect(ach, EventKind::TimewaitExit);
+        expect(bch, EventKind::TimewaitExit);
+        // The QPs went to ERR.
+        assert_eq!(cqp.query().unwrap().qp_state, QpState::Err);
+        assert_eq!(sqp.query().unwrap().qp_state, QpState::Err);
+    }
+}
+
+#[test]
+fn nobody_listening_is_rejected_at_once() {
+    // A device at .3 that listens on nothing.
+    let (_ch, _other) = listener(3, 9000, PortSpace::Tcp);
+    let (cch, cid) = resolved(4, addr(3, 9001), PortSpace::Tcp);
+    let _ = qp_for(&cid);
+    let t0 = Instant::now();
+    cid.connect(&ConnParam::default()).unwrap();
+    let e = expect(&cch, EventKind::Rejected);
+    assert_eq!(e.status, 8, "IB_CM_REJ_INVALID_SERVICE_ID");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn reject_with_private_data_and_limits() {
+    let (sch, _l) = listener(5, 7000, PortSpace::Tcp);
+    let (cch, cid) = resolved(6, addr(5, 7000), PortSpace::Tcp);
+    let _ = qp_for(&cid);
+    let too_much = ConnParam {
+        private_data: vec![1; MAX_CONNECT_PRIVATE_DATA + 1],
+        ..ConnParam::default()
+    };
+    assert_eq!(cid.connect(&too_much).unwrap_err().errno(), 22);
+    cid.connect(&ConnParam::default()).unwrap();
+    let req = expect(&sch, EventKind::ConnectRequest);
+    assert_eq!(
+        req.id
+            .reject(&[0; MAX_REJECT_PRIVATE_DATA + 1])
+            .unwrap_err()
+            .errno(),
+        22
+    );
+    req.id.reject(b"not today").unwrap();
+    let e = expect(&cch, EventKind::Rejected);
+    assert_eq!(e.status, 28, "IB_CM_REJ_CONSUMER_DEFINED");
+    assert_eq!(&e.param.private_data[..9], b"not today");
+}
+
+#[test]
+fn a_dead_peer_is_unreachable_after_the_cm_retries() {
+    // Nothing at .8: the REQs go unanswered.
+    let (cch, cid) = resolved(7, addr(8, 7000), PortSpace::Tcp);
+    let _ = qp_for(&cid);
+    // 4.096 µs × 2^12 ≈ 17 ms, 3 resends.
+    cid.set_cm_timeouts(12, 3).unwrap();
+    let t0 = Instant::now();
+    cid.connect(&ConnParam::default()).unwrap();
+    expect(&cch, EventKind::Unreachable);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(60) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn binding_an_address_of_no_interface_fails() {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp);
+    let e = id.bind_addr("192.0.2.1:7000".parse().unwrap()).unwrap_err();
+    assert_eq!(e.errno(), 99, "EADDRNOTAVAIL: {e}");
+}
+
+#[test]
+fn one_listener_accepts_sixty_four_connections() {
+    const N: usize = 64;
+    let (sch, _l) = listener(9, 7100, PortSpace::Tcp);
+    let cch = EventChannel::new().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..N {
+        let id = CmId::new(&cch, PortSpace::Tcp);
+        id.resolve_addr(Some(addr(10, 0)), addr(9, 7100)).unwrap();
+        clients.push(id);
+    }
+    for _ in 0..N {
+        let e = expect(&cch, EventKind::AddrResolved);
+        e.id.resolve_route().unwrap();
+    }
+    let mut keep = Vec::new();
+    for _ in 0..N {
+        let e = expect(&cch, EventKind::RouteResolved);
+        keep.push(qp_for(&e.id));
+        e.id.connect(&ConnParam::default()).unwrap();
+    }
+    let t0 = Instant::now();
+    let (mut accepted, mut established_c, mut established_s) = (0, 0, 0);
+    let mut server_ids = Vec::new();
+    while established_c < N || established_s < N {
+        assert!(
+            t0.elapsed() < WAIT,
+            "{accepted} {established_c} {established_s}"
+        );
+        if let Some(e) = sch.get_event_timeout(Duration::from_millis(1)).unwrap() {
+            match e.kind {
+                EventKind::ConnectRequest => {
+                    keep.push(qp_for(&e.id));
+                    e.id.accept(&ConnParam::default()).unwrap();
+                    server_ids.push(e.id);
+                    accepted += 1;
+                }
+                EventKind::Established => established_s += 1,
+                k => panic!("server: {k:?}"),
+            }
+        }
+        if let Some(e) = cch.get_event_timeout(Duration::from_millis(1)).unwrap() {
+            assert_eq!(e.kind, EventKind::Established, "{e:?}");
+            established_c += 1;
+        }
+    }
+    assert_eq!(accepted, N);
+}
+
+#[test]
+fn ud_ids_resolve_through_sidr() {
+    let (sch, _l) = listener(11, 7200, PortSpace::Udp);
+    let (cch, cid) = resolved(12, addr(11, 7200), PortSpace::Udp);
+    let cctx = cid.context().unwrap();
+    let cpd = cctx.alloc_pd().unwrap();
+    let ccq = cctx.create_cq(16, None).unwrap();
+    let cqp = cid
+        .create_qp(Some(&cpd), &QpInit::new(QpType::Ud, &ccq, &ccq))
+        .unwrap();
+    cid.connect(&ConnParam {
+        private_data: b"ud?".to_vec(),
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let req = expect(&sch, EventKind::ConnectRequest);
+    let ud = req.ud.clone().expect("UD parameters");
+    assert_eq!(&ud.private_data[..3], b"ud?");
+    let sctx = req.id.context().unwrap();
+    let spd = sctx.alloc_pd().unwrap();
+    let scq = sctx.create_cq(16, None).unwrap();
+    let smr = spd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sqp = req
+        .id
+        .create_qp(Some(&spd), &QpInit::new(QpType::Ud, &scq, &scq))
+        .unwrap();
+    sqp.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![smr.sge(0, 40 + 100)],
+    })
+    .unwrap();
+    req.id.accept(&ConnParam::default()).unwrap();
+    let est = expect(&cch, EventKind::Established);
+    let ud = est.ud.expect("UD parameters");
+    assert_eq!((ud.qp_num, ud.qkey), (sqp.qp_num(), RDMA_UDP_QKEY));
+    // A datagram to the resolved QP arrives.
+    let ah = cpd.create_ah(&ud.ah_attr).unwrap();
+    let cmr = cpd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    cmr.write(0, &[7u8; 100]).unwrap();
+    let mut wr = SendWr::new(1, SendOpcode::Send, vec![cmr.sge(0, 100)]);
+    wr.ud = Some(ah.dest(ud.qp_num, ud.qkey));
+    cqp.post_send(wr).unwrap();
+    let wc = scq.poll_wait(1, WAIT).unwrap();
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (9, WcStatus::Success, 140)
+    );
+    // Nobody listening on a UDP port: SIDR says unsupported.
+    let (cch2, cid2) = resolved(12, addr(11, 7201), PortSpace::Udp);
+    cid2.connect(&ConnParam::default()).unwrap();
+    let e = expect(&cch2, EventKind::Rejected);
+    assert_eq!(e.status, 1);
+}
