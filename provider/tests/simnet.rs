@@ -2516,7 +2516,7 @@ mod cm_tests {
             path_mtu: 5,
             local_ack_timeout: 14,
             flow_label: 0,
-            packet_rate: 0x15,
+            packet_rate: 0,
         }
     }
 

@@ -2,8 +2,8 @@
 //! includes the ICRC (which Wireshark decodes but never checks).
 
 use clap::Args as ClapArgs;
-use roxe_wire::frame::Datagram;
 use roxe_wire::cm::{self, rdma_cm, CmMad, CmMessage};
+use roxe_wire::frame::Datagram;
 use roxe_wire::ip::UdpChecksum;
 use roxe_wire::lint::{lint, Severity};
 use roxe_wire::pcap::{self, CaptureRecord, L3};
@@ -468,7 +468,9 @@ fn describe_cm(r: &PacketRepr, d: &mut Decoded) {
         "MAD base={} class={:#04x} version={} method={:#04x} status={:#06x} tid={:#018x} attr={:#06x} attr_mod={:#010x}",
         h.base_version, h.mgmt_class, h.class_version, h.method, h.status, h.tid, h.attr_id, h.attr_mod
     ));
-    let ids = |local: u32, remote: u32| format!("local_comm_id={local:#010x} remote_comm_id={remote:#010x}");
+    let ids = |local: u32, remote: u32| {
+        format!("local_comm_id={local:#010x} remote_comm_id={remote:#010x}")
+    };
     let cma = |private_data: &[u8]| {
         rdma_cm::CmaHeader::parse(private_data)
             .map(|c| format!(" cma={}:{}>{}", fmt_ip(c.src), c.port, fmt_ip(c.dst)))

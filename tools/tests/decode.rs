@@ -1,9 +1,10 @@
 //! `roxe decode` as a user runs it: exit statuses, output, JSON, and
 //! agreement with the independent checker ../shared/tools/roce-check.
 
+use roxe_wire::cm::{self, reason, CmMad, CmMessage, RejRepr};
 use roxe_wire::frame::{build_datagram, IpFields};
 use roxe_wire::pcap::PcapWriter;
-use roxe_wire::{AethRepr, AethSyndrome, BthRepr, ExtHeaders, Opcode, PacketRepr, Psn};
+use roxe_wire::{AethRepr, AethSyndrome, BthRepr, DethRepr, ExtHeaders, Opcode, PacketRepr, Psn};
 use serde_json::Value;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -88,6 +89,128 @@ fn json_and_verbose_output() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("    BTH opcode=0x13") && text.contains("    ICRC wire="),
+        "{text}"
+    );
+}
+
+#[test]
+fn cm_mads_are_named_with_their_ids() {
+    let out = roxe(&["decode", &golden("rxe-rdmacm_rping_s64.pcap")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for name in [
+        "CM ConnectRequest",
+        "CM ConnectReply",
+        "CM ReadyToUse",
+        "CM DisconnectRequest",
+        "CM DisconnectReply",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    let cm_lines: Vec<_> = text.lines().filter(|l| l.contains(" CM ")).collect();
+    assert_eq!(cm_lines.len(), 5, "{text}");
+    assert!(cm_lines
+        .iter()
+        .all(|l| l.contains("UD_SEND_ONLY qp=0x000001")));
+    assert!(cm_lines[0].ends_with(
+        " CM ConnectRequest(local_comm_id=0xe3ebdbd1 service_id=0x0000000001061c06 \
+         qpn=0x00002b psn=0xb93b5a cma=10.47.91.12:53293>10.47.91.11)"
+    ));
+    assert!(cm_lines[1].ends_with(
+        " CM ConnectReply(local_comm_id=0xd267a808 remote_comm_id=0xe3ebdbd1 \
+         qpn=0x00002b psn=0xd5acfb)"
+    ));
+    assert!(cm_lines[3].ends_with(
+        " CM DisconnectRequest(local_comm_id=0xe3ebdbd1 remote_comm_id=0xd267a808 \
+         remote_qpn=0x00002b)"
+    ));
+
+    let out = roxe(&["decode", &golden("rxe-rdmacm_ud_udaddy_s64.pcap")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            " CM SIDR_REQ(request_id=0xe2ebdbd1 service_id=0x0000000001111c06 \
+             cma=10.47.91.12:40033>10.47.91.11)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(" CM SIDR_REP(request_id=0xe2ebdbd1 status=0 qpn=0x00002c qkey=0x01234567)"),
+        "{text}"
+    );
+
+    // JSON and -v carry it too.
+    let out = roxe(&[
+        "decode",
+        "--json",
+        "-v",
+        &golden("rxe-rdmacm_rping_s64.pcap"),
+    ]);
+    let v = json_of(&out);
+    let pkts = v["files"][0]["packets"].as_array().unwrap();
+    assert!(pkts[0]["cm"]
+        .as_str()
+        .unwrap()
+        .starts_with("ConnectRequest(local_comm_id=0xe3ebdbd1"));
+    assert!(pkts[3].get("cm").is_none(), "an RC packet has no CM field");
+    let out = roxe(&["decode", "-v", &golden("rxe-rdmacm_rping_s64.pcap")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("    MAD base=1 class=0x07 version=2 method=0x03 status=0x0000 tid=0x00000002d1dbebe3 attr=0x0010"),
+        "{text}"
+    );
+
+    // A MAD of another class to QP1 (the host's PerfMgt probe) is no CM MAD.
+    let out = roxe(&["decode", &golden("rxe-host_probe_mad_ping.pcap")]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(" CM "));
+}
+
+#[test]
+fn cm_reject_shows_its_reason() {
+    let rej = CmMad::send(
+        0x42,
+        CmMessage::Rej(RejRepr {
+            local_comm_id: 0x1111_2222,
+            remote_comm_id: 0x3333_4444,
+            msg_rejected: 0,
+            reason: reason::INVALID_SERVICE_ID,
+            ..RejRepr::default()
+        }),
+    )
+    .unwrap();
+    let mut mad = [0u8; cm::MAD_LEN];
+    rej.emit(&mut mad).unwrap();
+    let pkt = PacketRepr {
+        bth: BthRepr {
+            ack_req: true,
+            ..BthRepr::new(Opcode::UdSendOnly, cm::GSI_QPN, Psn::new(9))
+        },
+        ext: ExtHeaders {
+            deth: Some(DethRepr {
+                qkey: cm::GSI_QKEY,
+                src_qp: cm::GSI_QPN,
+                reserved: 0,
+            }),
+            ..ExtHeaders::NONE
+        },
+        payload: &mad,
+    };
+    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let mut buf = [0u8; 512];
+    let n = build_datagram(&mut buf, a, b, 0xc001, 4791, IpFields::default(), &pkt).unwrap();
+    let mut w = PcapWriter::new(Vec::new()).unwrap();
+    w.write_ip(1, &buf[..n]).unwrap();
+    let path = tmp("rej.pcap");
+    std::fs::write(&path, w.into_inner().unwrap()).unwrap();
+    let out = roxe(&["decode", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(
+            " CM ConnectReject(reason=8 InvalidServiceID local_comm_id=0x11112222 \
+             remote_comm_id=0x33334444 msg_rejected=0)"
+        ),
         "{text}"
     );
 }

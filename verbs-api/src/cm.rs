@@ -163,9 +163,11 @@ pub struct Event {
     pub ud: Option<UdParam>,
 }
 
+/// An event waiting in a channel. The id is weak: a queue (and the
+/// progress thread that fills it) must never hold the last reference, as
+/// dropping an id frees its QP, which takes the device lock.
 struct Queued {
-    id: Arc<IdInner>,
-    listen_id: Option<Arc<IdInner>>,
+    id: Weak<IdInner>,
     raw: Raw,
 }
 
@@ -227,34 +229,59 @@ impl EventChannel {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io("rdma_get_cm_event")(e)),
             }
-            let Some(q) = self.inner.queue.lock().pop_front() else {
-                continue;
-            };
-            if let Some(ev) = process(q)? {
+            if let Some(ev) = self.take_queued()? {
                 return Ok(ev);
             }
         }
     }
 
+    /// The next event if one is pending, without waiting.
+    pub fn try_get_event(&self) -> Result<Option<Event>> {
+        let mut b = [0u8; 1];
+        loop {
+            match rustix::net::recv(&self.inner.rx, &mut b, rustix::net::RecvFlags::DONTWAIT) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(io("rdma_get_cm_event")(e.into())),
+            }
+            if let Some(ev) = self.take_queued()? {
+                return Ok(Some(ev));
+            }
+        }
+    }
+
+    fn take_queued(&self) -> Result<Option<Event>> {
+        let Some(q) = self.inner.queue.lock().pop_front() else {
+            return Ok(None);
+        };
+        process(q)
+    }
+
     /// Wait at most `timeout` for the next event.
     pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<Event>> {
-        let rx = &self.inner.rx;
-        rx.set_read_timeout(Some(timeout.max(Duration::from_micros(1))))
-            .map_err(io("rdma_get_cm_event"))?;
-        let r = match self.get_event() {
-            Ok(e) => Ok(Some(e)),
-            Err(crate::Error::Io { source, .. })
-                if matches!(
-                    source.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.try_get_event()? {
+                return Ok(Some(e));
             }
-            Err(e) => Err(e),
-        };
-        rx.set_read_timeout(None).map_err(io("rdma_get_cm_event"))?;
-        r
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                &self.inner.rx,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io("rdma_get_cm_event")(e.into())),
+            }
+        }
     }
 
     /// Make [`get_event`](Self::get_event) fail with EAGAIN instead of
@@ -350,7 +377,8 @@ struct Router {
 
 #[derive(Default)]
 struct Routes {
-    ids: HashMap<u32, Weak<IdInner>>,
+    /// The id (weak, see `Queued`) and its channel.
+    ids: HashMap<u32, (Weak<IdInner>, Weak<ChannelInner>)>,
     /// Events for a connection whose id is not registered yet (the REJ of
     /// a REQ can overtake the registration).
     early: HashMap<u32, Vec<CmEvent>>,
@@ -402,17 +430,24 @@ impl Router {
             e => e.conn(),
         };
         let mut r = self.routes.lock();
-        match r.ids.get(&key).and_then(Weak::upgrade) {
-            Some(id) => deliver(&id, ev),
+        match r.ids.get(&key) {
+            // A channel's drop frees only queued events and sockets: safe
+            // here, under the device lock.
+            Some((id, ch)) => {
+                if let Some(ch) = ch.upgrade() {
+                    deliver(&ch, id.clone(), ev);
+                }
+            }
             None => r.early.entry(key).or_default().push(ev),
         }
     }
 
     fn register(&self, key: u32, id: &Arc<IdInner>) {
         let mut r = self.routes.lock();
-        r.ids.insert(key, Arc::downgrade(id));
+        r.ids
+            .insert(key, (Arc::downgrade(id), Arc::downgrade(&id.channel)));
         for ev in r.early.remove(&key).unwrap_or_default() {
-            deliver(id, ev);
+            deliver(&id.channel, Arc::downgrade(id), ev);
         }
     }
 
@@ -423,10 +458,9 @@ impl Router {
     }
 }
 
-fn deliver(id: &Arc<IdInner>, ev: CmEvent) {
-    id.channel.push(Queued {
-        id: Arc::clone(id),
-        listen_id: None,
+fn deliver(channel: &ChannelInner, id: Weak<IdInner>, ev: CmEvent) {
+    channel.push(Queued {
+        id,
         raw: Raw::Cm(ev),
     });
 }
@@ -595,8 +629,7 @@ impl CmId {
         st.state = IdState::AddrResolved;
         drop(st);
         self.inner.channel.push(Queued {
-            id: Arc::clone(&self.inner),
-            listen_id: None,
+            id: Arc::downgrade(&self.inner),
             raw: Raw::Local(EventKind::AddrResolved, 0),
         });
         Ok(())
@@ -612,8 +645,7 @@ impl CmId {
         st.state = IdState::RouteResolved;
         drop(st);
         self.inner.channel.push(Queued {
-            id: Arc::clone(&self.inner),
-            listen_id: None,
+            id: Arc::downgrade(&self.inner),
             raw: Raw::Local(EventKind::RouteResolved, 0),
         });
         Ok(())
@@ -690,7 +722,7 @@ impl CmId {
             path_mtu: mtu as u8,
             local_ack_timeout: st.ack_timeout,
             flow_label: 0,
-            packet_rate: 0x15,
+            packet_rate: 0,
         })
     }
 
@@ -859,19 +891,28 @@ impl CmId {
 }
 
 impl Drop for IdInner {
+    /// `rdma_destroy_id`: the CM forgets the connection or listener. The
+    /// drop may run on the progress thread (the last reference can be an
+    /// event sink's), which holds the device lock: the CM work is deferred.
     fn drop(&mut self) {
         let st = self.st.get_mut();
-        if let Some(ctx) = &st.ctx {
-            let router = device_cm(ctx);
-            let mut e = ctx.device().engine();
-            if let Some(c) = st.conn {
-                e.cm().destroy(c);
-                router.unregister(c);
-            }
-            if let Some(l) = st.listen {
-                e.cm().unlisten(l);
-                router.unregister(l);
-            }
+        let Some(ctx) = &st.ctx else {
+            return;
+        };
+        let (conn, listen) = (st.conn, st.listen);
+        let router = device_cm(ctx);
+        for key in [conn, listen].into_iter().flatten() {
+            router.unregister(key);
+        }
+        if conn.is_some() || listen.is_some() {
+            ctx.device().defer(Box::new(move |e| {
+                if let Some(c) = conn {
+                    e.cm().destroy(c);
+                }
+                if let Some(l) = listen {
+                    e.cm().unlisten(l);
+                }
+            }));
         }
     }
 }
@@ -976,14 +1017,18 @@ fn user_data(data: &[u8], has_cma_header: bool) -> Vec<u8> {
 /// Turn a queued event into what the user sees, doing librdmacm's part on
 /// the way (QP transitions, RTU, new ids). `None`: nothing to report.
 fn process(q: Queued) -> Result<Option<Event>> {
-    let Queued { id, listen_id, raw } = q;
+    let Queued { id, raw } = q;
+    // The id was destroyed while its event waited: nothing to report.
+    let Some(id) = id.upgrade() else {
+        return Ok(None);
+    };
     let ev = match raw {
         Raw::Local(kind, status) => Event {
             kind,
             id: CmId {
                 inner: Arc::clone(&id),
             },
-            listen_id: listen_id.map(|l| CmId { inner: l }),
+            listen_id: None,
             status,
             param: ConnParam::default(),
             ud: None,

@@ -299,3 +299,31 @@ fn ud_ids_resolve_through_sidr() {
     let e = expect(&cch2, EventKind::Rejected);
     assert_eq!(e.status, 1);
 }
+
+/// Ids dropped while their events are still on the way (the RTU, the
+/// Established): the last reference may then be released anywhere, and an
+/// id's drop frees its QP, which takes the device lock. This once
+/// deadlocked the progress thread (it dropped the id inside its event
+/// dispatch, under that lock). Bounded: the work runs in a thread.
+#[test]
+fn ids_dropped_with_events_in_flight_do_not_deadlock() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (sch, _l) = listener(13, 7300, PortSpace::Tcp);
+        for round in 0..20 {
+            let (_cch, cid) = resolved(14, addr(13, 7300), PortSpace::Tcp);
+            let _keep = qp_for(&cid);
+            cid.connect(&ConnParam::default()).unwrap();
+            let req = expect(&sch, EventKind::ConnectRequest);
+            let _skeep = qp_for(&req.id);
+            req.id.accept(&ConnParam::default()).unwrap();
+            // Drop both sides now, racing the REP/RTU and their events.
+            drop(req);
+            drop(cid);
+            let _ = round;
+        }
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(WAIT)
+        .expect("connections torn down mid-handshake: a deadlock?");
+}

@@ -87,7 +87,7 @@ pub enum Error {
     BadCmaHeader(&'static str),
 }
 
-/// Result with this crate's [`Error`].
+/// Result with this crate's [`Error`](enum@Error).
 pub type Result<T> = core::result::Result<T, Error>;
 
 /// Returns `Err(Truncated)` unless `buf` holds at least `needed` bytes.

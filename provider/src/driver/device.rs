@@ -124,8 +124,6 @@ pub(crate) struct Core {
     channels: Vec<(CqId, Arc<ChannelShared>)>,
     /// Who hears the engine's asynchronous events (`ibv_get_async_event`).
     event_sinks: Vec<Weak<EventSink>>,
-    /// Who hears the CM's events (rdma_cm ids).
-    cm_sinks: Vec<Weak<CmEventSink>>,
     stats: DriverStats,
 }
 
@@ -133,6 +131,10 @@ pub(crate) struct Core {
 /// progress thread under the device lock: it must be quick and must not
 /// call back into the device.
 pub type EventSink = dyn Fn(QpEvent) + Send + Sync;
+
+/// Work for the engine that must not wait for the device lock where it is
+/// created (see [`Device::defer`]).
+pub type DeferredJob = Box<dyn FnOnce(&mut Engine) + Send>;
 
 /// A receiver of the device's Communication Manager events. It runs under
 /// the device lock (on the progress thread or a verb's thread): it must be
@@ -153,6 +155,12 @@ struct Shared {
     /// Written and compared under the core lock.
     sleeping_until: AtomicU64,
     stop: AtomicBool,
+    /// Work to run under the core lock at the next pass ([`Device::defer`]).
+    deferred: Mutex<Vec<DeferredJob>>,
+    /// Who hears the CM's events (rdma_cm ids). Its own lock (taken inside
+    /// the core lock, never around it), so subscribing never waits for the
+    /// engine.
+    cm_sinks: Mutex<Vec<Weak<CmEventSink>>>,
     busy_poll: bool,
     /// UDP GRO is on for the socket (with `ROXE_GSO=1`).
     gro: bool,
@@ -283,12 +291,13 @@ impl Device {
                 tap,
                 channels: Vec::new(),
                 event_sinks: Vec::new(),
-                cm_sinks: Vec::new(),
                 stats: DriverStats::default(),
             }),
             wake,
             sleeping_until: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            deferred: Mutex::new(Vec::new()),
+            cm_sinks: Mutex::new(Vec::new()),
             busy_poll: config.busy_poll,
             gro,
         });
@@ -372,7 +381,16 @@ impl Device {
     /// Deliver the device's CM events to `sink` for as long as the caller
     /// keeps it alive. Events with no sink are dropped.
     pub fn subscribe_cm_events(&self, sink: &Arc<CmEventSink>) {
-        self.shared.core.lock().cm_sinks.push(Arc::downgrade(sink));
+        self.shared.cm_sinks.lock().push(Arc::downgrade(sink));
+    }
+
+    /// Run `job` on the engine at the next pass of the progress thread (or
+    /// of any verb), under the device lock. For work that may be started
+    /// where that lock is already held (a drop inside an event sink): it
+    /// never waits for the lock itself.
+    pub fn defer(&self, job: DeferredJob) {
+        self.shared.deferred.lock().push(job);
+        self.shared.wake();
     }
 
     /// Stop delivering events of `cq`.
@@ -424,6 +442,10 @@ impl Shared {
     /// Send what the engine has, signal channels, and make sure the
     /// progress thread wakes for the earliest timer. Runs under the lock.
     fn after_work(&self, core: &mut Core) {
+        let jobs = std::mem::take(&mut *self.deferred.lock());
+        for job in jobs {
+            job(&mut core.engine);
+        }
         let now = self.now();
         let Core {
             engine,
@@ -433,7 +455,6 @@ impl Shared {
             tap,
             channels,
             event_sinks,
-            cm_sinks,
             ..
         } = core;
         let sock = &self.socket;
@@ -475,9 +496,13 @@ impl Shared {
             }
         }
         if engine.cm().has_events() {
-            cm_sinks.retain(|s| s.strong_count() > 0);
+            let sinks: Vec<Arc<CmEventSink>> = {
+                let mut all = self.cm_sinks.lock();
+                all.retain(|s| s.strong_count() > 0);
+                all.iter().filter_map(Weak::upgrade).collect()
+            };
             while let Some(ev) = engine.cm().poll_event() {
-                for sink in cm_sinks.iter().filter_map(Weak::upgrade) {
+                for sink in &sinks {
                     sink(ev.clone());
                 }
             }
