@@ -45,16 +45,18 @@ fn endpoint(id: &CmId) -> Result<(Qp, Cq, Mr)> {
     Ok((qp, cq, mr))
 }
 
+fn post_recv(qp: &Qp, mr: &Mr) -> Result<()> {
+    qp.post_recv(RecvWr {
+        wr_id: 0,
+        sg_list: vec![mr.sge(1024, 8)],
+    })
+}
+
+/// A receive is always posted before the peer can send (the first one
+/// before the connection is accepted or made), so no message finds none,
+/// which would cost an RNR wait.
 fn pingpong(qp: &Qp, cq: &Cq, mr: &Mr, first: bool) -> Result<()> {
-    let recv = || {
-        qp.post_recv(RecvWr {
-            wr_id: 0,
-            sg_list: vec![mr.sge(1024, 8)],
-        })
-    };
-    // A receive is always posted before this side sends, so the peer's
-    // next message never finds none (which would cost an RNR wait).
-    recv()?;
+    let recv = || post_recv(qp, mr);
     for i in 0..ROUNDS {
         if first {
             mr.write(0, &i.to_le_bytes())?;
@@ -101,6 +103,7 @@ fn main() -> Result<()> {
             String::from_utf8_lossy(&req.param.private_data[..12])
         );
         let (qp, cq, mr) = endpoint(&req.id)?;
+        post_recv(&qp, &mr)?;
         req.id.accept(&ConnParam::default())?;
         event(&ch, EventKind::Established)?;
         pingpong(&qp, &cq, &mr, false)?;
@@ -118,6 +121,7 @@ fn main() -> Result<()> {
     id.resolve_route()?;
     event(&ch, EventKind::RouteResolved)?;
     let (qp, cq, mr) = endpoint(&id)?;
+    post_recv(&qp, &mr)?;
     id.connect(&ConnParam {
         private_data: b"hello server".to_vec(),
         ..ConnParam::default()
