@@ -160,12 +160,29 @@ pub struct DeviceConfig {
     pub fault: Option<FaultSpec>,
     /// Spin on the socket instead of sleeping (lower latency, one core busy).
     pub busy_poll: bool,
+    /// UDP GSO/GRO between roxe devices on loopback (`ROXE_GSO`).
+    pub gso: bool,
+}
+
+/// An on/off switch from the environment: `1`, `on`, `true`, `yes` or `0`,
+/// `off`, `false`, `no` (any case); anything else is an error naming the
+/// variable.
+pub fn parse_switch(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Ok(true),
+        "0" | "off" | "false" | "no" => Ok(false),
+        v => Err(invalid(
+            var,
+            format!("{v:?}: expected 1/0, on/off, true/false or yes/no"),
+        )),
+    }
 }
 
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
-    /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=1`.
+    /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
+    /// `ROXE_GSO=on|off` (switches: [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
     }
@@ -182,7 +199,12 @@ impl DeviceConfig {
         if let Some(v) = var("ROXE_FAULT") {
             base.fault = Some(v.parse()?);
         }
-        base.busy_poll = var("ROXE_BUSY_POLL").is_some_and(|v| v != "0");
+        if let Some(v) = var("ROXE_BUSY_POLL") {
+            base.busy_poll = parse_switch("ROXE_BUSY_POLL", &v)?;
+        }
+        if let Some(v) = var("ROXE_GSO") {
+            base.gso = parse_switch("ROXE_GSO", &v)?;
+        }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);
         };
@@ -232,6 +254,18 @@ mod tests {
         assert!("delay=5parsecs".parse::<FaultSpec>().is_err());
         assert!("jitter=1".parse::<FaultSpec>().is_err());
         assert_eq!("".parse::<FaultSpec>().unwrap().loss, 0.0);
+    }
+
+    #[test]
+    fn switches_share_one_syntax() {
+        for on in ["1", "on", "ON", "true", "yes"] {
+            assert_eq!(parse_switch("ROXE_GSO", on), Ok(true), "{on}");
+        }
+        for off in ["0", "off", "False", "no"] {
+            assert_eq!(parse_switch("ROXE_GSO", off), Ok(false), "{off}");
+        }
+        let e = parse_switch("ROXE_BUSY_POLL", "maybe").unwrap_err();
+        assert!(e.to_string().contains("ROXE_BUSY_POLL"), "{e}");
     }
 
     #[test]

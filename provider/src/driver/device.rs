@@ -162,7 +162,9 @@ struct Shared {
     /// engine.
     cm_sinks: Mutex<Vec<Weak<CmEventSink>>>,
     busy_poll: bool,
-    /// UDP GRO is on for the socket (with `ROXE_GSO=1`).
+    /// UDP GRO is on for the socket (with `ROXE_GSO=on`; see `batch.rs`:
+    /// segments the kernel builds get IPv4 identifications 1, 2, ..., so
+    /// their ICRCs fail at receivers that see the real header).
     gro: bool,
 }
 
@@ -259,7 +261,7 @@ impl Device {
             // IPv6: the UDP socket already shows every field the ICRC covers.
             _ => None,
         };
-        let gso = gso_from_env();
+        let gso = config.gso;
         let gro = gso && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
         ec.active_mtu = super::netdev::active_mtu(addr);
@@ -723,14 +725,6 @@ fn earliest(a: Option<Nanos>, b: Option<Nanos>) -> Option<Nanos> {
         (Some(x), Some(y)) => Some(x.min(y)),
         (x, y) => x.or(y),
     }
-}
-
-/// `ROXE_GSO=1` turns on UDP GSO for runs of equal-size packets. Off by
-/// default: segments the kernel builds get IPv4 identifications 1, 2, ...,
-/// so their ICRCs (computed for identification 0) fail at any receiver that
-/// sees the real header (rxe, a NIC); see `batch.rs`.
-fn gso_from_env() -> bool {
-    std::env::var_os("ROXE_GSO").is_some_and(|v| v == "1")
 }
 
 #[cfg(test)]
