@@ -336,6 +336,7 @@ impl Cm {
 
     fn send(&mut self, peer: IpAddr, mad: CmMad) {
         self.stats.tx_mads += 1;
+        tracing::debug!(%peer, msg = mad.message.name(), "CM send");
         self.tx.push_back((peer, mad));
     }
 
@@ -702,6 +703,10 @@ impl Cm {
             c.pending = None;
             match state {
                 ConnState::ReqSent | ConnState::RepSent => {
+                    tracing::debug!(
+                        conn = format_args!("{conn:#x}"),
+                        "CM retries exhausted: unreachable"
+                    );
                     c.state = ConnState::Idle;
                     self.events.push_back(CmEvent::Unreachable { conn });
                 }
@@ -732,6 +737,7 @@ impl Cm {
             return;
         }
         let tid = m.header.tid;
+        tracing::debug!(peer = %from, msg = m.message.name(), "CM receive");
         let handled = match m.message {
             CmMessage::Req(req) => self.on_req(now, from, tid, req),
             CmMessage::Rep(rep) => self.on_rep(from, rep),
@@ -746,6 +752,7 @@ impl Cm {
         };
         if !handled {
             self.stats.rx_unmatched += 1;
+            tracing::debug!(peer = %from, "CM message matches no connection: dropped");
         }
     }
 

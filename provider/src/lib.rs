@@ -17,4 +17,5 @@ pub mod cm;
 pub mod cq;
 pub mod driver;
 pub mod engine;
+pub mod logging;
 pub mod wr;

@@ -114,3 +114,36 @@ fn demo_honours_roxe_pcap() {
     assert!(summary.contains("UD_SEND_ONLY"), "{summary}");
     let _ = std::fs::remove_file(&pcap);
 }
+
+/// `ROXE_LOG=debug` on a demo under injected loss shows the QPs reaching
+/// RTS and the transport recovering (timeouts or go-back-N), on stderr.
+#[test]
+fn roxe_log_shows_qp_states_and_retransmissions() {
+    let out = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .args(["demo", "-n", "2"])
+        .env("ROXE_LOG", "debug")
+        .env("ROXE_FAULT", "loss=0.05,seed=3")
+        .env_remove("ROXE_ADDR")
+        .env_remove("ROXE_PCAP")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "roxe demo failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    );
+    let has = |what: &str| stderr.lines().any(|l| l.contains(what));
+    assert!(has("device open"), "no device line");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("QP state change") && l.contains("to=RTS")),
+        "no QP reached RTS in the log"
+    );
+    assert!(
+        has("go-back-N") || has("retransmission timeout"),
+        "no recovery logged under 5 % loss"
+    );
+}

@@ -243,6 +243,7 @@ fn bind_auto() -> io::Result<(IpAddr, UdpSocket)> {
 impl Device {
     /// Open a device: bind its socket, start its progress thread.
     pub fn open(config: &DeviceConfig) -> io::Result<Device> {
+        crate::logging::init_from_env();
         let (addr, socket) = match config.addr {
             Some(a) => (
                 a,
@@ -303,6 +304,7 @@ impl Device {
             busy_poll: config.busy_poll,
             gro,
         });
+        tracing::info!(%addr, gso, icrc = ?config.icrc, "device open");
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("roxe-progress {addr}"))

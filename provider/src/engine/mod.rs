@@ -680,6 +680,14 @@ impl Engine {
             &limits,
         )?;
         let old_state = q.state;
+        if old_state != new_state {
+            tracing::debug!(
+                qpn = format_args!("{qpn:#x}"),
+                from = %old_state,
+                to = %new_state,
+                "QP state change"
+            );
+        }
         qp_attr::apply(&mut q.attr, attr, mask, new_state);
         if mask.contains(AttrMask::AV) {
             q.peer = Some(addr_of_gid(q.attr.av.dgid));
@@ -864,6 +872,7 @@ impl Engine {
     /// A completion did not fit in `cq`: every QP feeding it goes to ERR
     /// (rxe's class G), and its outstanding WRs are flushed.
     fn cq_overflowed(&mut self, cq: CqId) {
+        tracing::warn!(cq = cq.0, "CQ overflow: the QPs feeding it go to ERR");
         {
             let victims: Vec<u32> = self
                 .qps
@@ -888,6 +897,10 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        tracing::debug!(
+            qpn = format_args!("{qpn:#x}"),
+            "QP entered ERR: WRs flushed"
+        );
         q.state = QpState::Err;
         if q.init.srq.is_some() {
             self.events.push(QpEvent {
@@ -980,6 +993,10 @@ impl Engine {
                 q.req.arm_retransmission(now, timeout);
             }
             self.stats.stalls_repaired += 1;
+            tracing::error!(
+                qpn = format_args!("{qpn:#x}"),
+                "liveness watchdog: a message in flight had no timer (an engine bug); timer armed"
+            );
             self.touched(qpn);
         }
         stalled.len()
@@ -1291,6 +1308,66 @@ mod watchdog_tests {
         let mut buf = vec![0u8; 8192];
         assert!(e.poll_transmit(0, &mut buf).is_some());
         (e, qpn)
+    }
+
+    /// A `tracing` writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn retry_exhaustion_is_logged_with_its_qp() {
+        let log = Captured::default();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .finish();
+        let (mut e, qpn) = engine_with_a_write_in_flight();
+        tracing::subscriber::with_default(sub, || {
+            let mut buf = vec![0u8; 8192];
+            for _ in 0..10 {
+                let Some(d) = e.poll_timeout() else { break };
+                e.handle_timeout(d);
+                while e.poll_transmit(d, &mut buf).is_some() {}
+            }
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let q = format!("qpn={qpn:#x}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("retransmission timeout") && l.contains(&q)),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.contains("go-back-N") && l.contains(&q)),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.contains("WARN")
+                && l.contains("retries exhausted")
+                && l.contains(&q)
+                && l.contains("RetryExcErr")),
+            "{text}"
+        );
+        assert!(text.contains("QP entered ERR"), "{text}");
     }
 
     #[test]

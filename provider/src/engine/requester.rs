@@ -646,6 +646,19 @@ impl Engine {
 
     /// Complete the oldest unfinished WQE with `status`, then fail the QP.
     fn fail_oldest(&mut self, qpn: u32, status: WcStatus) {
+        if status == WcStatus::RetryExcErr || status == WcStatus::RnrRetryExcErr {
+            tracing::warn!(
+                qpn = format_args!("{qpn:#x}"),
+                status = ?status,
+                "retries exhausted: the oldest WR fails, the QP goes to ERR"
+            );
+        } else {
+            tracing::debug!(
+                qpn = format_args!("{qpn:#x}"),
+                status = ?status,
+                "remote error: the oldest WR fails, the QP goes to ERR"
+            );
+        }
         if let Some(q) = self.qps.get_mut(&qpn) {
             if let Some(w) = q.req.sq.iter_mut().find(|w| w.done.is_none()) {
                 w.done = Some(status);
@@ -670,6 +683,13 @@ impl Engine {
         q.req.retry_left -= 1;
         q.req.retry_started = true;
         q.req.rewind_to(r);
+        tracing::debug!(
+            qpn = format_args!("{qpn:#x}"),
+            psn = %r,
+            retries_left = q.req.retry_left,
+            cause = if timeout { "timeout" } else { "NAK" },
+            "go-back-N"
+        );
         true
     }
 
@@ -705,6 +725,12 @@ impl Engine {
                 Some(AethSyndrome::RnrNak(t)) => {
                     implied = r.ack_upto(p - 1);
                     self.stats.rnr_naks_received += 1;
+                    tracing::debug!(
+                        qpn = format_args!("{qpn:#x}"),
+                        psn = %p,
+                        wait_us = t.micros(),
+                        "RNR NAK received"
+                    );
                     if implied.is_none() {
                         if r.rnr_left == 0 {
                             self.fail_oldest(qpn, WcStatus::RnrRetryExcErr);
@@ -874,6 +900,12 @@ impl Engine {
         }
         if r.rto.is_some_and(|d| d <= now) {
             self.stats.timeouts += 1;
+            tracing::debug!(
+                qpn = format_args!("{qpn:#x}"),
+                una = %r.una,
+                retries_left = r.retry_left,
+                "retransmission timeout"
+            );
             let una = r.una;
             r.rto = timeout.nanos().map(|t| now + t);
             if !self.retry_from(qpn, una, true) {

@@ -258,6 +258,12 @@ impl Engine {
                 let e = r.epsn;
                 r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
                 self.stats.naks_sent += 1;
+                tracing::debug!(
+                    qpn = format_args!("{qpn:#x}"),
+                    expected = %e,
+                    got = %p,
+                    "PSN gap: sequence-error NAK sent"
+                );
             }
             self.stats.rx_dropped += 1;
             return;
@@ -419,6 +425,11 @@ impl Engine {
                     let t = RnrTimer::new(min_rnr).unwrap_or(RnrTimer::LONGEST);
                     q.resp.nak(p, AethSyndrome::RnrNak(t));
                 }
+                tracing::debug!(
+                    qpn = format_args!("{qpn:#x}"),
+                    psn = %p,
+                    "no receive posted: RNR NAK sent"
+                );
                 self.stats.naks_sent += 1;
             }
             self.stats.rx_dropped += 1;
