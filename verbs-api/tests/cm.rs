@@ -327,3 +327,49 @@ fn ids_dropped_with_events_in_flight_do_not_deadlock() {
     rx.recv_timeout(WAIT)
         .expect("connections torn down mid-handshake: a deadlock?");
 }
+
+/// IPv6: one device on ::1 (the only IPv6 loopback address) connects to
+/// itself through the CM; the CMA header and GIDs carry IPv6 addresses.
+/// The only test of the workspace that binds [::1]:4791.
+#[test]
+fn ipv6_connects_to_itself_over_the_cm() {
+    let v6 = |port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    let sch = EventChannel::new().unwrap();
+    let listen = CmId::new(&sch, PortSpace::Tcp);
+    listen.bind_addr(v6(7400)).unwrap();
+    listen.listen(4).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let cid = CmId::new(&cch, PortSpace::Tcp);
+    cid.resolve_addr(Some(v6(0)), v6(7400)).unwrap();
+    expect(&cch, EventKind::AddrResolved);
+    cid.resolve_route().unwrap();
+    expect(&cch, EventKind::RouteResolved);
+    let (cqp, cside) = qp_for(&cid);
+    cid.connect(&ConnParam::default()).unwrap();
+    let req = expect(&sch, EventKind::ConnectRequest);
+    assert_eq!(
+        req.id.peer_addr().map(|a| a.ip()),
+        Some(std::net::Ipv6Addr::LOCALHOST.into())
+    );
+    assert_eq!(
+        req.id.peer_addr().map(|a| a.port()),
+        cid.local_addr().map(|a| a.port())
+    );
+    let (sqp, sside) = qp_for(&req.id);
+    sqp.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![sside.mr.sge(0, 64)],
+    })
+    .unwrap();
+    req.id.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventKind::Established);
+    expect(&sch, EventKind::Established);
+    cside.mr.write(0, b"over IPv6").unwrap();
+    cqp.post_send(SendWr::new(2, SendOpcode::Send, vec![cside.mr.sge(0, 9)]))
+        .unwrap();
+    let wc = sside.cq.poll_wait(1, WAIT).unwrap();
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 9));
+    let mut got = [0u8; 9];
+    sside.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"over IPv6");
+}
