@@ -181,6 +181,9 @@ pub struct CmStats {
     pub tx_retries: u64,
     /// REQs rejected because nobody listens on their service ID.
     pub rejected_no_listener: u64,
+    /// REQs dropped because the listener's backlog was full (the
+    /// requester resends them, as a TCP SYN meets a full queue).
+    pub dropped_backlog_full: u64,
 }
 
 /// Where a connection is (the kernel's `ib_cm_state`, as far as rdma_cm
@@ -226,6 +229,16 @@ struct Conn {
     /// The last REP or DREP sent, resent for a duplicate REQ/DREQ.
     last_reply: Option<CmMad>,
     remote_qpn: u32,
+    /// The listener whose backlog this passive request counts against.
+    listen: Option<ListenId>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Listener {
+    service_id: u64,
+    /// Requests not yet accepted or rejected that it may hold.
+    backlog: u32,
+    pending: u32,
 }
 
 /// One device's Communication Manager.
@@ -235,7 +248,8 @@ pub struct Cm {
     next_id: u32,
     next_tid: u64,
     listeners: HashMap<u64, ListenId>,
-    listener_ids: BTreeMap<ListenId, u64>,
+    /// Each listener's service ID and backlog.
+    listener_ids: BTreeMap<ListenId, Listener>,
     conns: HashMap<ConnId, Conn>,
     /// Passive connections by (peer, peer's comm ID), to spot resent REQs.
     by_remote: HashMap<(IpAddr, u32), ConnId>,
@@ -323,14 +337,40 @@ impl Cm {
         }
         let id = self.alloc_id();
         self.listeners.insert(service_id, id);
-        self.listener_ids.insert(id, service_id);
+        self.listener_ids.insert(
+            id,
+            Listener {
+                service_id,
+                backlog: 1024,
+                pending: 0,
+            },
+        );
         Ok(id)
+    }
+
+    /// How many requests `listen` may hold unanswered (`rdma_listen`'s
+    /// backlog; at least 1). Further REQs are dropped, not rejected: the
+    /// requester resends them until there is room or its retries run out.
+    pub fn set_backlog(&mut self, listen: ListenId, backlog: u32) {
+        if let Some(l) = self.listener_ids.get_mut(&listen) {
+            l.backlog = backlog.max(1);
+        }
+    }
+
+    /// A passive request left REQ_RCVD (answered or destroyed).
+    fn release_backlog(&mut self, conn: ConnId) {
+        let Some(l) = self.conns.get_mut(&conn).and_then(|c| c.listen.take()) else {
+            return;
+        };
+        if let Some(l) = self.listener_ids.get_mut(&l) {
+            l.pending = l.pending.saturating_sub(1);
+        }
     }
 
     /// Stop listening.
     pub fn unlisten(&mut self, listen: ListenId) {
-        if let Some(sid) = self.listener_ids.remove(&listen) {
-            self.listeners.remove(&sid);
+        if let Some(l) = self.listener_ids.remove(&listen) {
+            self.listeners.remove(&l.service_id);
         }
     }
 
@@ -392,6 +432,7 @@ impl Cm {
                 interval: CmConfig::timeout_ns(self.config.response_timeout),
                 last_reply: None,
                 remote_qpn: 0,
+                listen: None,
             },
         );
         id
@@ -450,6 +491,8 @@ impl Cm {
     /// (IDs filled in). The connection is established when the RTU comes.
     pub fn accept(&mut self, now: Nanos, conn: ConnId, mut rep: RepRepr) -> VerbsResult<()> {
         let guid = self.config.ca_guid;
+        self.conn_in("rdma_accept", conn, &[ConnState::ReqRcvd])?;
+        self.release_backlog(conn);
         let c = self.conn_in("rdma_accept", conn, &[ConnState::ReqRcvd])?;
         c.state = ConnState::RepSent;
         rep.local_comm_id = conn;
@@ -471,6 +514,12 @@ impl Cm {
     /// reason 28 (consumer reject) and `private_data` (at most 148 bytes).
     pub fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> VerbsResult<()> {
         let pd = private::<{ cm::REJ_PRIVATE_DATA }>("rdma_reject", private_data)?;
+        self.conn_in(
+            "rdma_reject",
+            conn,
+            &[ConnState::ReqRcvd, ConnState::RepRcvd],
+        )?;
+        self.release_backlog(conn);
         let c = self.conn_in(
             "rdma_reject",
             conn,
@@ -642,6 +691,7 @@ impl Cm {
     /// with the kernel's CM when a process dies.
     pub fn destroy(&mut self, conn: ConnId) {
         self.set_timer(conn, None);
+        self.release_backlog(conn);
         self.sidr_services.remove(&conn);
         if let Some(c) = self.conns.remove(&conn) {
             if self.by_remote.get(&(c.peer, c.remote_id)) == Some(&conn) {
@@ -802,8 +852,16 @@ impl Cm {
             );
             return true;
         };
+        if let Some(l) = self.listener_ids.get_mut(&listen) {
+            if l.pending >= l.backlog {
+                self.stats.dropped_backlog_full += 1;
+                return true;
+            }
+            l.pending += 1;
+        }
         let conn = self.new_conn(ConnState::ReqRcvd, from, req.local_comm_id, tid);
         if let Some(c) = self.conns.get_mut(&conn) {
+            c.listen = Some(listen);
             c.remote_qpn = req.local_qpn;
             // Our REP is resent within the requester's expectation.
             c.interval = CmConfig::timeout_ns(req.local_cm_response_timeout);

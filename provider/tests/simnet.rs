@@ -2824,3 +2824,61 @@ mod cm_tests {
         assert!(cm1.poll_event().is_none());
     }
 }
+
+mod cm_backlog {
+    use super::*;
+    use roxe_provider::cm::{self, CmEvent, ConnParams, RocePath};
+    use roxe_provider::wire::cm::rdma_cm;
+
+    #[test]
+    fn a_full_backlog_drops_reqs_until_there_is_room() {
+        let mut net = Net::new(2, 9, Faults::default());
+        let sid = rdma_cm::service_id(rdma_cm::PS_TCP, 9);
+        let listen = net.engines[1].cm().listen(sid).unwrap();
+        net.engines[1].cm().set_backlog(listen, 2);
+        let gid = |a: IpAddr| match a {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        let path = RocePath {
+            local_gid: gid(net.engines[0].addr()),
+            remote_gid: gid(net.engines[1].addr()),
+            path_mtu: 5,
+            local_ack_timeout: 14,
+            flow_label: 0,
+            packet_rate: 0,
+        };
+        let peer = net.engines[1].addr();
+        for _ in 0..4 {
+            let mut req = cm::rocev2_req(sid, &path, &ConnParams::default()).unwrap();
+            // Resend every ~4 ms so the test sees retries quickly.
+            req.remote_cm_response_timeout = 10;
+            let now = net.now;
+            net.engines[0].cm().connect(now, peer, req);
+        }
+        let mut requests = Vec::new();
+        net.run_until(100_000, |n| {
+            while let Some(e) = n.engines[1].cm().poll_event() {
+                requests.push(e);
+            }
+            n.engines[1].cm().stats().dropped_backlog_full >= 4
+        });
+        assert_eq!(requests.len(), 2, "{requests:?}");
+        // Room for one more: the next resend of a dropped REQ is taken.
+        let first = requests[0].conn();
+        let now = net.now;
+        net.engines[1]
+            .cm()
+            .accept(now, first, cm::rep_for(&ConnParams::default()).unwrap())
+            .unwrap();
+        let mut more = None;
+        net.run_until(100_000, |n| {
+            while let Some(e) = n.engines[1].cm().poll_event() {
+                if matches!(e, CmEvent::ConnectRequest { .. }) {
+                    more = Some(e);
+                }
+            }
+            more.is_some()
+        });
+    }
+}

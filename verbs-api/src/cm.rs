@@ -653,7 +653,9 @@ impl CmId {
 
     /// `rdma_listen`: take REQs (or SIDR_REQs, for UDP) to the bound port.
     /// EADDRINUSE if the port already has a listener on this device.
-    pub fn listen(&self, _backlog: i32) -> Result<()> {
+    /// `backlog` (≤ 0: 1024) bounds the requests not yet accepted or
+    /// rejected; further REQs are dropped and resent by their requesters.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
         let mut st = self.inner.st.lock();
         if st.state == IdState::Idle {
             drop(st);
@@ -667,7 +669,13 @@ impl CmId {
             return Err(cm_err("rdma_listen", "id not bound"));
         };
         let sid = rdma_cm::service_id(self.inner.ps.code(), local.port());
-        let lid = ctx.device().engine().cm().listen(sid)?;
+        let lid = {
+            let mut e = ctx.device().engine();
+            let lid = e.cm().listen(sid)?;
+            let backlog = if backlog <= 0 { 1024 } else { backlog as u32 };
+            e.cm().set_backlog(lid, backlog);
+            lid
+        };
         device_cm(&ctx).register(lid, &self.inner);
         st.listen = Some(lid);
         st.state = IdState::Listening;
