@@ -172,7 +172,7 @@ struct Queued {
 }
 
 enum Raw {
-    Local(EventKind, i32),
+    Local(EventKind),
     Cm(CmEvent),
 }
 
@@ -336,8 +336,29 @@ struct IdState2 {
     /// The active side reported Established with the REP: the CM's own
     /// Established (raised by `establish`) is not reported again.
     established_reported: bool,
-    /// UD (passive): the SIDR_REQ's requester.
-    sidr_peer_qpn: u32,
+}
+
+impl IdState2 {
+    /// A fresh id's state: `ack_timeout` 19 and CM timeouts (20, 15) as
+    /// the kernel's rdma_cm over RoCE, a random initial PSN.
+    fn new(state: IdState) -> IdState2 {
+        IdState2 {
+            state,
+            ctx: None,
+            local: None,
+            peer: None,
+            qp: None,
+            pd: None,
+            conn: None,
+            listen: None,
+            req: None,
+            offer: None,
+            psn: random_u32() & 0xff_ffff,
+            ack_timeout: 19,
+            cm_timeout: (20, 15),
+            established_reported: false,
+        }
+    }
 }
 
 struct IdInner {
@@ -492,23 +513,7 @@ impl CmId {
             inner: Arc::new(IdInner {
                 channel: Arc::clone(&channel.inner),
                 ps,
-                st: Mutex::new(IdState2 {
-                    state: IdState::Idle,
-                    ctx: None,
-                    local: None,
-                    peer: None,
-                    qp: None,
-                    pd: None,
-                    conn: None,
-                    listen: None,
-                    req: None,
-                    offer: None,
-                    psn: random_u32() & 0xff_ffff,
-                    ack_timeout: 19,
-                    cm_timeout: (20, 15),
-                    established_reported: false,
-                    sidr_peer_qpn: 0,
-                }),
+                st: Mutex::new(IdState2::new(IdState::Idle)),
             }),
         }
     }
@@ -577,7 +582,7 @@ impl CmId {
             return Err(cm_err(VERB, "id already bound"));
         }
         let ctx = if addr.ip().is_unspecified() {
-            Devices::default_context()?
+            default_context()?
         } else {
             open_at(addr.ip()).map_err(|e| match &e {
                 crate::Error::Io { source, .. } => {
@@ -614,7 +619,7 @@ impl CmId {
         let mut st = self.inner.st.lock();
         match st.state {
             IdState::Idle => {
-                let ctx = Devices::default_context()?;
+                let ctx = default_context()?;
                 st.local = Some(SocketAddr::new(ctx.addr(), ephemeral_port()));
                 st.ctx = Some(ctx);
             }
@@ -630,7 +635,7 @@ impl CmId {
         drop(st);
         self.inner.channel.push(Queued {
             id: Arc::downgrade(&self.inner),
-            raw: Raw::Local(EventKind::AddrResolved, 0),
+            raw: Raw::Local(EventKind::AddrResolved),
         });
         Ok(())
     }
@@ -646,7 +651,7 @@ impl CmId {
         drop(st);
         self.inner.channel.push(Queued {
             id: Arc::downgrade(&self.inner),
-            raw: Raw::Local(EventKind::RouteResolved, 0),
+            raw: Raw::Local(EventKind::RouteResolved),
         });
         Ok(())
     }
@@ -883,13 +888,7 @@ impl CmId {
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "not connected"))?;
         if let Some(qp) = &st.qp {
-            let _ = qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Err,
-                    ..QpAttr::default()
-                },
-                AttrMask::STATE,
-            );
+            qp_to_err(qp);
         }
         let now = ctx.device().now();
         ctx.device().engine().cm().disconnect(now, conn, &[])?;
@@ -908,20 +907,22 @@ impl Drop for IdInner {
             return;
         };
         let (conn, listen) = (st.conn, st.listen);
+        if conn.is_none() && listen.is_none() {
+            return;
+        }
         let router = device_cm(ctx);
-        for key in [conn, listen].into_iter().flatten() {
-            router.unregister(key);
-        }
-        if conn.is_some() || listen.is_some() {
-            ctx.device().defer(Box::new(move |e| {
-                if let Some(c) = conn {
-                    e.cm().destroy(c);
-                }
-                if let Some(l) = listen {
-                    e.cm().unlisten(l);
-                }
-            }));
-        }
+        ctx.device().defer(Box::new(move |e| {
+            // Unregistered only once the CM has forgotten the IDs: no
+            // later event can then park in the router's `early` buffer.
+            if let Some(c) = conn {
+                e.cm().destroy(c);
+                router.unregister(c);
+            }
+            if let Some(l) = listen {
+                e.cm().unlisten(l);
+                router.unregister(l);
+            }
+        }));
     }
 }
 
@@ -971,13 +972,7 @@ fn to_rts(
         rq_psn: rq_psn & 0xff_ffff,
         max_dest_rd_atomic: max_dest_rd_atomic.max(1),
         min_rnr_timer: 12,
-        av: AddressVector {
-            dgid: gid(peer),
-            is_global: true,
-            hop_limit: 64,
-            port_num: 1,
-            ..AddressVector::default()
-        },
+        av: av_to(peer),
         ..QpAttr::default()
     };
     qp.modify(
@@ -1031,19 +1026,62 @@ fn process(q: Queued) -> Result<Option<Event>> {
         return Ok(None);
     };
     let ev = match raw {
-        Raw::Local(kind, status) => Event {
+        Raw::Local(kind) => Event {
             kind,
             id: CmId {
                 inner: Arc::clone(&id),
             },
             listen_id: None,
-            status,
+            status: 0,
             param: ConnParam::default(),
             ud: None,
         },
         Raw::Cm(cm_ev) => return process_cm(id, cm_ev),
     };
     Ok(Some(ev))
+}
+
+/// The id a connection request creates on the listener's channel.
+fn passive_child(
+    listener: &IdInner,
+    ctx: Context,
+    local: Option<SocketAddr>,
+    peer: IpAddr,
+    hdr: Option<rdma_cm::CmaHeader>,
+    conn: ConnId,
+) -> Arc<IdInner> {
+    let mut st = IdState2::new(IdState::Requested);
+    st.ctx = Some(ctx);
+    st.local = local;
+    st.peer = Some(SocketAddr::new(peer, hdr.map(|h| h.port).unwrap_or(0)));
+    st.conn = Some(conn);
+    Arc::new(IdInner {
+        channel: Arc::clone(&listener.channel),
+        ps: listener.ps,
+        st: Mutex::new(st),
+    })
+}
+
+/// How to reach the device at `peer` (RoCEv2: by GID).
+fn av_to(peer: IpAddr) -> AddressVector {
+    AddressVector {
+        dgid: gid(peer),
+        is_global: true,
+        hop_limit: 64,
+        port_num: 1,
+        ..AddressVector::default()
+    }
+}
+
+/// librdmacm moves a disconnected id's QP to ERR (its WRs flush).
+fn qp_to_err(qp: &Qp) {
+    let _ = qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        },
+        AttrMask::STATE,
+    );
 }
 
 fn event(id: &Arc<IdInner>, kind: EventKind) -> Event {
@@ -1071,28 +1109,13 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             let Some(ctx) = ctx else { return Ok(None) };
             let hdr = rdma_cm::CmaHeader::parse(&req.private_data).ok();
             let child = CmId {
-                inner: Arc::new(IdInner {
-                    channel: Arc::clone(&id.channel),
-                    ps: id.ps,
-                    st: Mutex::new(IdState2 {
-                        state: IdState::Requested,
-                        ctx: Some(ctx.clone()),
-                        local,
-                        peer: Some(SocketAddr::new(peer, hdr.map(|h| h.port).unwrap_or(0))),
-                        qp: None,
-                        pd: None,
-                        conn: Some(conn),
-                        listen: None,
-                        req: Some(req.clone()),
-                        offer: None,
-                        psn: random_u32() & 0xff_ffff,
-                        ack_timeout: req.primary.local_ack_timeout,
-                        cm_timeout: (20, 15),
-                        established_reported: false,
-                        sidr_peer_qpn: 0,
-                    }),
-                }),
+                inner: passive_child(&id, ctx.clone(), local, peer, hdr, conn),
             };
+            {
+                let mut st = child.inner.st.lock();
+                st.ack_timeout = req.primary.local_ack_timeout;
+                st.req = Some(req.clone());
+            }
             device_cm(&ctx).register(conn, &child.inner);
             let mut e = event(&child.inner, EventKind::ConnectRequest);
             e.listen_id = Some(CmId { inner: id });
@@ -1116,39 +1139,13 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             };
             let Some(ctx) = ctx else { return Ok(None) };
             let hdr = rdma_cm::CmaHeader::parse(&req.private_data).ok();
-            let child = Arc::new(IdInner {
-                channel: Arc::clone(&id.channel),
-                ps: id.ps,
-                st: Mutex::new(IdState2 {
-                    state: IdState::Requested,
-                    ctx: Some(ctx),
-                    local,
-                    peer: Some(SocketAddr::new(peer, hdr.map(|h| h.port).unwrap_or(0))),
-                    qp: None,
-                    pd: None,
-                    conn: Some(conn),
-                    listen: None,
-                    req: None,
-                    offer: None,
-                    psn: 0,
-                    ack_timeout: 19,
-                    cm_timeout: (20, 15),
-                    established_reported: false,
-                    sidr_peer_qpn: 0,
-                }),
-            });
+            let child = passive_child(&id, ctx, local, peer, hdr, conn);
             let mut e = event(&child, EventKind::ConnectRequest);
             e.listen_id = Some(CmId { inner: id });
             e.ud = Some(UdParam {
                 qp_num: 0,
                 qkey: RDMA_UDP_QKEY,
-                ah_attr: AddressVector {
-                    dgid: gid(peer),
-                    is_global: true,
-                    hop_limit: 64,
-                    port_num: 1,
-                    ..AddressVector::default()
-                },
+                ah_attr: av_to(peer),
                 private_data: user_data(&req.private_data, hdr.is_some()),
             });
             e.param.private_data =
@@ -1245,13 +1242,7 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
         CmEvent::Disconnected { .. } => {
             let st = id.st.lock();
             if let Some(qp) = &st.qp {
-                let _ = qp.modify(
-                    &QpAttr {
-                        qp_state: QpState::Err,
-                        ..QpAttr::default()
-                    },
-                    AttrMask::STATE,
-                );
+                qp_to_err(qp);
             }
             drop(st);
             Ok(Some(event(&id, EventKind::Disconnected)))
@@ -1263,19 +1254,12 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             match rep {
                 Some(rep) if rep.status == 0 => {
                     st.state = IdState::Connected;
-                    st.sidr_peer_qpn = rep.qpn;
                     drop(st);
                     let mut e = event(&id, EventKind::Established);
                     e.ud = Some(UdParam {
                         qp_num: rep.qpn,
                         qkey: rep.qkey,
-                        ah_attr: AddressVector {
-                            dgid: gid(peer.unwrap_or(IpAddr::from([0, 0, 0, 0]))),
-                            is_global: true,
-                            hop_limit: 64,
-                            port_num: 1,
-                            ..AddressVector::default()
-                        },
+                        ah_attr: av_to(peer.unwrap_or(IpAddr::from([0, 0, 0, 0]))),
                         private_data: rep.private_data.to_vec(),
                     });
                     Ok(Some(e))
@@ -1301,14 +1285,10 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
 
 /// The process's default device for rdma_cm (`ROXE_ADDR`'s first, else
 /// the first free loopback address).
-struct Devices;
-
-impl Devices {
-    fn default_context() -> Result<Context> {
-        crate::devices()?
-            .into_iter()
-            .next()
-            .ok_or_else(|| verbs("rdma_bind_addr", Errno(19), "no roxe device"))?
-            .open()
-    }
+fn default_context() -> Result<Context> {
+    crate::devices()?
+        .into_iter()
+        .next()
+        .ok_or_else(|| verbs("rdma_bind_addr", Errno(19), "no roxe device"))?
+        .open()
 }
