@@ -513,6 +513,17 @@ impl Cm {
     /// `rdma_reject`: refuse a REQ (passive) or a REP (active) with
     /// reason 28 (consumer reject) and `private_data` (at most 148 bytes).
     pub fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> VerbsResult<()> {
+        self.reject_with_reason(conn, reason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// [`reject`](Self::reject) with another REJ reason (librdmacm's
+    /// `rdma_reject_ece` sends 35, vendor option not supported).
+    pub fn reject_with_reason(
+        &mut self,
+        conn: ConnId,
+        why: u16,
+        private_data: &[u8],
+    ) -> VerbsResult<()> {
         let pd = private::<{ cm::REJ_PRIVATE_DATA }>("rdma_reject", private_data)?;
         self.conn_in(
             "rdma_reject",
@@ -528,7 +539,7 @@ impl Cm {
         let msg_rejected = if c.state == ConnState::ReqRcvd { 0 } else { 1 };
         let (peer, remote, tid) = (c.peer, c.remote_id, c.tid);
         c.state = ConnState::Idle;
-        let rej = reject_message(conn, remote, msg_rejected, reason::CONSUMER_DEFINED, pd);
+        let rej = reject_message(conn, remote, msg_rejected, why, pd);
         self.send(
             peer,
             CmMad {

@@ -55,22 +55,24 @@ fn main() {
     link_soname_dir(Path::new(&out_dir));
 }
 
-/// `target/<profile>/ibverbs/libibverbs.so.1 -> ../libibverbs.so`: the
-/// directory to put on `LD_LIBRARY_PATH` (cargo names the cdylib
-/// `libibverbs.so`; the loader looks for its SONAME). OUT_DIR is
+/// `target/<profile>/ibverbs/libibverbs.so.1 -> ../libibverbs.so`, and
+/// `librdmacm.so.1` to the same object: the directory to put on
+/// `LD_LIBRARY_PATH` (cargo names the cdylib `libibverbs.so`; the loader
+/// looks for the names programs were linked with). OUT_DIR is
 /// `target/<profile>/build/<package>-<hash>/out`.
 fn link_soname_dir(out_dir: &Path) {
     let Some(profile_dir) = out_dir.ancestors().nth(3) else {
         return;
     };
     let dir = profile_dir.join("ibverbs");
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).is_ok() {
-        return;
-    }
     // Best effort: a read-only target dir only costs the convenience.
     let _ = std::fs::create_dir_all(&dir);
-    let _ = std::os::unix::fs::symlink("../libibverbs.so", &link);
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).is_err() {
+            let _ = std::os::unix::fs::symlink("../libibverbs.so", &link);
+        }
+    }
 }
 
 /// The version node names the map defines (`NAME { ... } [PARENT];`).

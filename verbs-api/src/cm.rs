@@ -329,6 +329,10 @@ struct IdState2 {
     req: Option<Box<ReqRepr>>,
     /// Our offer (for the QP transitions after the REP).
     offer: Option<ConnParam>,
+    /// The REP an active id received (its QP's RTR/RTS attributes).
+    rep: Option<Box<RepRepr>>,
+    /// `RDMA_OPTION_ID_TOS`: the traffic class of the path and QP.
+    tos: u8,
     psn: u32,
     ack_timeout: u8,
     /// CM response timeout exponent and retries for this id's REQ.
@@ -353,6 +357,8 @@ impl IdState2 {
             listen: None,
             req: None,
             offer: None,
+            rep: None,
+            tos: 0,
             psn: random_u32() & 0xff_ffff,
             ack_timeout: 19,
             cm_timeout: (20, 15),
@@ -362,7 +368,8 @@ impl IdState2 {
 }
 
 struct IdInner {
-    channel: Arc<ChannelInner>,
+    /// Replaced by [`CmId::migrate`].
+    channel: Mutex<Arc<ChannelInner>>,
     ps: PortSpace,
     st: Mutex<IdState2>,
 }
@@ -465,10 +472,11 @@ impl Router {
 
     fn register(&self, key: u32, id: &Arc<IdInner>) {
         let mut r = self.routes.lock();
+        let channel = Arc::clone(&id.channel.lock());
         r.ids
-            .insert(key, (Arc::downgrade(id), Arc::downgrade(&id.channel)));
+            .insert(key, (Arc::downgrade(id), Arc::downgrade(&channel)));
         for ev in r.early.remove(&key).unwrap_or_default() {
-            deliver(&id.channel, Arc::downgrade(id), ev);
+            deliver(&channel, Arc::downgrade(id), ev);
         }
     }
 
@@ -511,7 +519,7 @@ impl CmId {
     pub fn new(channel: &EventChannel, ps: PortSpace) -> CmId {
         CmId {
             inner: Arc::new(IdInner {
-                channel: Arc::clone(&channel.inner),
+                channel: Mutex::new(Arc::clone(&channel.inner)),
                 ps,
                 st: Mutex::new(IdState2::new(IdState::Idle)),
             }),
@@ -633,7 +641,7 @@ impl CmId {
         st.peer = Some(dst);
         st.state = IdState::AddrResolved;
         drop(st);
-        self.inner.channel.push(Queued {
+        self.channel().push(Queued {
             id: Arc::downgrade(&self.inner),
             raw: Raw::Local(EventKind::AddrResolved),
         });
@@ -649,7 +657,7 @@ impl CmId {
         }
         st.state = IdState::RouteResolved;
         drop(st);
-        self.inner.channel.push(Queued {
+        self.channel().push(Queued {
             id: Arc::downgrade(&self.inner),
             raw: Raw::Local(EventKind::RouteResolved),
         });
@@ -703,25 +711,138 @@ impl CmId {
             return Err(cm_err(VERB, "PD of another device"));
         }
         let qp = pd.create_qp(init)?;
-        if init.qp_type == QpType::Ud {
+        self.attach_qp(&qp, &pd)?;
+        Ok(qp)
+    }
+
+    /// Make `qp` (created on the id's device by other means, as the
+    /// drop-in librdmacm's `rdma_create_qp` does) the id's QP, brought to
+    /// INIT (UD: to RTS with rdma_cm's Q_Key). EINVAL if the id already has
+    /// a QP or `qp` is of another device.
+    pub fn attach_qp(&self, qp: &Qp, pd: &Pd) -> Result<()> {
+        const VERB: &str = "rdma_create_qp";
+        let ctx = self
+            .context()
+            .ok_or_else(|| cm_err(VERB, "id has no device"))?;
+        if pd.context().addr() != ctx.addr() {
+            return Err(cm_err(VERB, "PD of another device"));
+        }
+        if self.inner.st.lock().qp.is_some() {
+            return Err(cm_err(VERB, "the id already has a QP"));
+        }
+        if qp.qp_type() == QpType::Ud {
             qp.ready_ud(RDMA_UDP_QKEY, random_u32() & 0xff_ffff)?;
         } else {
-            let a = QpAttr {
-                qp_state: QpState::Init,
-                pkey_index: 0,
-                port_num: 1,
-                qp_access_flags: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-                ..QpAttr::default()
-            };
-            qp.modify(
-                &a,
-                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            )?;
+            let (a, m) = init_attr(false);
+            qp.modify(&a, m)?;
         }
         let mut st = self.inner.st.lock();
         st.qp = Some(qp.clone());
-        st.pd = Some(pd);
-        Ok(qp)
+        st.pd = Some(pd.clone());
+        Ok(())
+    }
+
+    /// `rdma_destroy_qp`: the id forgets its QP (returned).
+    pub fn detach_qp(&self) -> Option<Qp> {
+        self.inner.st.lock().qp.take()
+    }
+
+    /// A key that identifies this id (and its clones) for as long as it
+    /// lives: the drop-in librdmacm maps ids to its C objects with it.
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the traffic class of the
+    /// connection's packets.
+    pub fn set_tos(&self, tos: u8) {
+        self.inner.st.lock().tos = tos;
+    }
+
+    /// `rdma_init_qp_attr`: the attributes (and mask) that move a QP of
+    /// this id to `state` (INIT, RTR or RTS), for programs that move their
+    /// QP themselves. RTR and RTS need the REQ (passive) or REP (active):
+    /// EINVAL before.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, AttrMask)> {
+        const VERB: &str = "rdma_init_qp_attr";
+        let st = self.inner.st.lock();
+        let ctx = st
+            .ctx
+            .clone()
+            .ok_or_else(|| cm_err(VERB, "id has no device"))?;
+        if state == QpState::Init {
+            return Ok(init_attr(self.inner.ps.is_ud()));
+        }
+        if self.inner.ps.is_ud() {
+            return Err(cm_err(VERB, "UD QPs go to RTR and RTS without attributes"));
+        }
+        let plan = if let Some(rep) = &st.rep {
+            active_plan(&st, &ctx, rep)?
+        } else if let Some(req) = &st.req {
+            passive_plan(&st, &ctx, req, req.initiator_depth, req.responder_resources)?
+        } else {
+            return Err(cm_err(VERB, "no REQ or REP yet"));
+        };
+        match state {
+            QpState::Rtr => Ok(rtr_attr(&plan)),
+            QpState::Rts => Ok(rts_attr(&plan)),
+            _ => Err(cm_err(VERB, "only INIT, RTR and RTS")),
+        }
+    }
+
+    /// `rdma_establish`: an active id without a QP got `ConnectResponse`
+    /// and has moved its QP itself: send the RTU.
+    pub fn establish(&self) -> Result<()> {
+        const VERB: &str = "rdma_establish";
+        let mut st = self.inner.st.lock();
+        if st.qp.is_some() {
+            return Err(cm_err(
+                VERB,
+                "the id has a QP (its REP already sent the RTU)",
+            ));
+        }
+        let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
+        let conn = st.conn.ok_or_else(|| cm_err(VERB, "not connecting"))?;
+        ctx.device().engine().cm().establish(conn, &[])?;
+        st.state = IdState::Connected;
+        Ok(())
+    }
+
+    /// `rdma_migrate_id`: the id's future events (and those waiting in its
+    /// old channel) go to `channel`.
+    pub fn migrate(&self, channel: &EventChannel) {
+        let old = std::mem::replace(&mut *self.inner.channel.lock(), Arc::clone(&channel.inner));
+        let (ctx, keys) = {
+            let st = self.inner.st.lock();
+            (st.ctx.clone(), [st.conn, st.listen])
+        };
+        if let Some(ctx) = ctx {
+            let router = device_cm(&ctx);
+            for k in keys.into_iter().flatten() {
+                router.register(k, &self.inner);
+            }
+        }
+        let moved: Vec<Queued> = {
+            let mut q = old.queue.lock();
+            let (mine, rest): (VecDeque<Queued>, VecDeque<Queued>) = q
+                .drain(..)
+                .partition(|e| std::ptr::eq(e.id.as_ptr(), Arc::as_ptr(&self.inner)));
+            *q = rest;
+            mine.into()
+        };
+        for e in moved {
+            channel.inner.push(e);
+        }
+    }
+
+    /// `rdma_reject` with an explicit REJ reason (rdma_reject_ece: 35,
+    /// vendor option not supported).
+    pub fn reject_with_reason(&self, private_data: &[u8], reason: u16) -> Result<()> {
+        self.reject_inner(private_data, reason)
+    }
+
+    fn channel(&self) -> Arc<ChannelInner> {
+        Arc::clone(&self.inner.channel.lock())
     }
 
     fn path(st: &IdState2, ctx: &Context) -> Result<RocePath> {
@@ -829,21 +950,14 @@ impl CmId {
             .clone()
             .ok_or_else(|| cm_err(VERB, "no connection request"))?;
         if let Some(qp) = st.qp.clone() {
-            let peer = st.peer.map(|p| p.ip()).unwrap_or(ctx.addr());
-            let mtu = mtu_min(req.path_mtu, ctx.query_port(1)?.active_mtu as u8);
-            to_rts(
-                &qp,
-                peer,
-                req.local_qpn,
-                req.starting_psn,
-                st.psn,
-                mtu,
-                param.responder_resources.min(req.initiator_depth.max(1)),
-                param.initiator_depth.min(req.responder_resources.max(1)),
-                req.primary.local_ack_timeout,
-                req.retry_count,
-                req.rnr_retry_count,
+            let plan = passive_plan(
+                &st,
+                &ctx,
+                &req,
+                param.responder_resources,
+                param.initiator_depth,
             )?;
+            to_rts(&qp, &plan)?;
         }
         let qpn = st.qp.as_ref().map(Qp::qp_num).unwrap_or(param.qp_num);
         let rep: RepRepr = pcm::rep_for(&ConnParams {
@@ -864,6 +978,10 @@ impl CmId {
     /// `rdma_reject` with `private_data` (at most 148 bytes); UDP ids
     /// answer the SIDR_REQ with status "rejected".
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_inner(private_data, reason::CONSUMER_DEFINED)
+    }
+
+    fn reject_inner(&self, private_data: &[u8], reason: u16) -> Result<()> {
         const VERB: &str = "rdma_reject";
         let mut st = self.inner.st.lock();
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
@@ -874,7 +992,10 @@ impl CmId {
                 .cm()
                 .sidr_reply(conn, pcm::SIDR_REJECT, 0, 0, private_data)?;
         } else {
-            ctx.device().engine().cm().reject(conn, private_data)?;
+            ctx.device()
+                .engine()
+                .cm()
+                .reject_with_reason(conn, reason, private_data)?;
         }
         st.state = IdState::Rejected;
         Ok(())
@@ -944,11 +1065,9 @@ fn mtu_of(code: u8) -> crate::Mtu {
     }
 }
 
-/// INIT → RTR → RTS towards `peer`'s QP `dest_qpn`, as librdmacm does with
-/// `rdma_init_qp_attr` (the kernel's `cm_init_qp_rtr_attr`/`_rts_attr`).
-#[allow(clippy::too_many_arguments)]
-fn to_rts(
-    qp: &Qp,
+/// What a connected QP needs for RTR and RTS: from the REQ (passive) or
+/// the REP (active), as the kernel's `cm_init_qp_rtr_attr`/`_rts_attr`.
+struct QpPlan {
     peer: IpAddr,
     dest_qpn: u32,
     rq_psn: u32,
@@ -959,48 +1078,122 @@ fn to_rts(
     timeout: u8,
     retry: u8,
     rnr_retry: u8,
-) -> Result<()> {
+    traffic_class: u8,
+}
+
+/// The passive side's plan: the REQ, and what it grants in `accept`.
+fn passive_plan(
+    st: &IdState2,
+    ctx: &Context,
+    req: &ReqRepr,
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> Result<QpPlan> {
+    Ok(QpPlan {
+        peer: st.peer.map(|p| p.ip()).unwrap_or(ctx.addr()),
+        dest_qpn: req.local_qpn,
+        rq_psn: req.starting_psn,
+        sq_psn: st.psn,
+        mtu: mtu_min(req.path_mtu, ctx.query_port(1)?.active_mtu as u8),
+        max_dest_rd_atomic: responder_resources.min(req.initiator_depth.max(1)),
+        max_rd_atomic: initiator_depth.min(req.responder_resources.max(1)),
+        timeout: req.primary.local_ack_timeout,
+        retry: req.retry_count,
+        rnr_retry: req.rnr_retry_count,
+        traffic_class: st.tos,
+    })
+}
+
+/// The active side's plan: our offer and the REP.
+fn active_plan(st: &IdState2, ctx: &Context, rep: &RepRepr) -> Result<QpPlan> {
+    let offer = st.offer.clone().unwrap_or_default();
+    Ok(QpPlan {
+        peer: st.peer.map(|p| p.ip()).unwrap_or(ctx.addr()),
+        dest_qpn: rep.local_qpn,
+        rq_psn: rep.starting_psn,
+        sq_psn: st.psn,
+        mtu: ctx.query_port(1)?.active_mtu as u8,
+        max_dest_rd_atomic: offer.responder_resources.min(rep.initiator_depth.max(1)),
+        max_rd_atomic: offer.initiator_depth.min(rep.responder_resources.max(1)),
+        timeout: st.ack_timeout,
+        retry: offer.retry_count,
+        rnr_retry: offer.rnr_retry_count,
+        traffic_class: st.tos,
+    })
+}
+
+fn rtr_attr(p: &QpPlan) -> (QpAttr, AttrMask) {
     let mut access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    if max_dest_rd_atomic > 0 {
+    if p.max_dest_rd_atomic > 0 {
         access = access | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     }
-    let mut a = QpAttr {
+    let mut av = av_to(p.peer);
+    av.traffic_class = p.traffic_class;
+    let a = QpAttr {
         qp_state: QpState::Rtr,
         qp_access_flags: access,
-        path_mtu: mtu_of(mtu),
-        dest_qp_num: dest_qpn,
-        rq_psn: rq_psn & 0xff_ffff,
-        max_dest_rd_atomic: max_dest_rd_atomic.max(1),
+        path_mtu: mtu_of(p.mtu),
+        dest_qp_num: p.dest_qpn,
+        rq_psn: p.rq_psn & 0xff_ffff,
+        max_dest_rd_atomic: p.max_dest_rd_atomic.max(1),
         min_rnr_timer: 12,
-        av: av_to(peer),
+        av,
         ..QpAttr::default()
     };
-    qp.modify(
-        &a,
-        AttrMask::STATE
-            | AttrMask::ACCESS_FLAGS
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    a.sq_psn = sq_psn & 0xff_ffff;
-    a.timeout = timeout;
-    a.retry_cnt = retry & 7;
-    a.rnr_retry = rnr_retry & 7;
-    a.max_rd_atomic = max_rd_atomic.max(1);
-    qp.modify(
-        &a,
-        AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
+    let mask = AttrMask::STATE
+        | AttrMask::ACCESS_FLAGS
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    (a, mask)
+}
+
+fn rts_attr(p: &QpPlan) -> (QpAttr, AttrMask) {
+    let a = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: p.sq_psn & 0xff_ffff,
+        timeout: p.timeout,
+        retry_cnt: p.retry & 7,
+        rnr_retry: p.rnr_retry & 7,
+        max_rd_atomic: p.max_rd_atomic.max(1),
+        ..QpAttr::default()
+    };
+    let mask = AttrMask::STATE
+        | AttrMask::SQ_PSN
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::MAX_QP_RD_ATOMIC;
+    (a, mask)
+}
+
+/// INIT → RTR → RTS, as librdmacm does with `rdma_init_qp_attr`.
+fn to_rts(qp: &Qp, plan: &QpPlan) -> Result<()> {
+    let (a, m) = rtr_attr(plan);
+    qp.modify(&a, m)?;
+    let (a, m) = rts_attr(plan);
+    qp.modify(&a, m)
+}
+
+/// The INIT attributes librdmacm gives a new QP (UD: with rdma_cm's Q_Key).
+fn init_attr(ud: bool) -> (QpAttr, AttrMask) {
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey: RDMA_UDP_QKEY,
+        qp_access_flags: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    let common = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+    if ud {
+        (a, common | AttrMask::QKEY)
+    } else {
+        (a, common | AttrMask::ACCESS_FLAGS)
+    }
 }
 
 fn ephemeral_port() -> u16 {
@@ -1056,7 +1249,7 @@ fn passive_child(
     st.peer = Some(SocketAddr::new(peer, hdr.map(|h| h.port).unwrap_or(0)));
     st.conn = Some(conn);
     Arc::new(IdInner {
-        channel: Arc::clone(&listener.channel),
+        channel: Mutex::new(Arc::clone(&listener.channel.lock())),
         ps: listener.ps,
         st: Mutex::new(st),
     })
@@ -1168,28 +1361,14 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
                 qp_num: rep.local_qpn,
                 srq: rep.srq,
             };
+            st.rep = Some(rep.clone());
             let Some(qp) = st.qp.clone() else {
                 drop(st);
                 let mut e = event(&id, EventKind::ConnectResponse);
                 e.param = param;
                 return Ok(Some(e));
             };
-            let offer = st.offer.clone().unwrap_or_default();
-            let peer = st.peer.map(|p| p.ip()).unwrap_or(ctx.addr());
-            let mtu = ctx.query_port(1)?.active_mtu as u8;
-            let moved = to_rts(
-                &qp,
-                peer,
-                rep.local_qpn,
-                rep.starting_psn,
-                st.psn,
-                mtu,
-                offer.responder_resources.min(rep.initiator_depth.max(1)),
-                offer.initiator_depth.min(rep.responder_resources.max(1)),
-                st.ack_timeout,
-                offer.retry_count,
-                offer.rnr_retry_count,
-            );
+            let moved = active_plan(&st, &ctx, &rep).and_then(|plan| to_rts(&qp, &plan));
             match moved {
                 Ok(()) => {
                     // The RTU goes out; this is the id's Established (the
@@ -1230,7 +1409,6 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             let mut e = event(&id, EventKind::Rejected);
             e.status = i32::from(r);
             e.param.private_data = private_data;
-            let _ = reason::CONSUMER_DEFINED;
             Ok(Some(e))
         }
         CmEvent::Unreachable { .. } => {

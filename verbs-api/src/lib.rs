@@ -210,6 +210,17 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         .collect())
 }
 
+/// A device named `name` at `addr`, with the environment's other
+/// settings (the defaults where the environment does not parse): how the
+/// drop-in librdmacm names a device it opened by address.
+pub fn device_at(name: impl Into<String>, addr: IpAddr) -> DeviceInfo {
+    let config = DeviceConfig {
+        addr: Some(addr),
+        ..DeviceConfig::from_env().unwrap_or_default()
+    };
+    device_with(name, config)
+}
+
 /// A device described in code rather than by the environment.
 pub fn device_with(name: impl Into<String>, config: DeviceConfig) -> DeviceInfo {
     DeviceInfo {

@@ -84,8 +84,11 @@ pub struct verbs_context {
     /// ABI_placeholder1, open_qp.
     pub _unsupported1: [*const c_void; 5],
     pub create_qp_ex: Option<CreateQpExFn>,
-    /// get_srq_num, create_srq_ex, open_xrcd, close_xrcd, placeholder3.
-    pub _unsupported2: [*const c_void; 5],
+    /// get_srq_num.
+    pub _unsupported2: [*const c_void; 1],
+    pub create_srq_ex: Option<CreateSrqExFn>,
+    /// open_xrcd, close_xrcd, placeholder3.
+    pub _unsupported3: [*const c_void; 3],
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -234,6 +237,7 @@ pub struct ibv_qp_attr {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ibv_qp_init_attr {
     pub qp_context: *mut c_void,
     pub send_cq: *mut ibv_cq,
@@ -269,6 +273,8 @@ pub struct ibv_qp_init_attr_ex {
 
 pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type CreateSrqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
 
 /// `struct ibv_data_buf` (inline data lists of the `ibv_wr_*` API).
 #[repr(C)]
@@ -322,6 +328,24 @@ pub struct ibv_srq_init_attr {
     pub srq_context: *mut c_void,
     pub attr: ibv_srq_attr,
 }
+
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    /// struct ibv_tm_cap (max_num_tags, max_ops).
+    pub tm_cap: [u32; 2],
+}
+
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+pub const IBV_SRQT_BASIC: u32 = 0;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
@@ -579,6 +603,176 @@ const MUTEX: usize = 48;
 
 // The layouts the C side sees (../shared/docs/libibverbs-abi.md §4.1,
 // §4.3: only the mutex size differs between x86_64 and aarch64).
+// ------------------------------------------------ <rdma/rdma_cma.h>
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct ibv_sa_path_rec` (`<infiniband/sa.h>`): `id->route.path_rec`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: u16,
+    pub slid: u16,
+    pub raw_traffic: c_int,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: c_int,
+    pub numb_path: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: the source and destination unions are each a
+/// `sockaddr_storage`.
+#[repr(C)]
+pub struct rdma_addr {
+    pub src_addr: libc::sockaddr_storage,
+    pub dst_addr: libc::sockaddr_storage,
+    pub addr: rdma_ib_addr,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut ibv_sa_path_rec,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_cm_id`.
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: u32,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: u32,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// The `param` union of `struct rdma_cm_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_cm_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+/// `struct rdma_cm_event`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: u32,
+    pub status: c_int,
+    pub param: rdma_cm_event_param,
+}
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `struct ibv_ece` (`<infiniband/verbs.h>`): enhanced connection
+/// establishment options.
+#[repr(C)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
+pub const RDMA_PS_IPOIB: u32 = 0x0002;
+pub const RDMA_PS_TCP: u32 = 0x0106;
+pub const RDMA_PS_UDP: u32 = 0x0111;
+pub const RDMA_PS_IB: u32 = 0x013F;
+pub const RAI_PASSIVE: c_int = 0x1;
+pub const RAI_NUMERICHOST: c_int = 0x2;
+pub const RAI_NOROUTE: c_int = 0x4;
+pub const RAI_FAMILY: c_int = 0x8;
+pub const RDMA_OPTION_ID: c_int = 0;
+pub const RDMA_OPTION_IB: c_int = 1;
+pub const RDMA_OPTION_ID_TOS: c_int = 0;
+pub const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
+pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+pub const RDMA_OPTION_IB_PATH: c_int = 1;
+pub const RDMA_MAX_RESP_RES: u8 = 0xff;
+pub const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
+
 const _: () = {
     assert!(size_of::<pthread_mutex_t>() == MUTEX);
     assert!(size_of::<pthread_cond_t>() == 48);

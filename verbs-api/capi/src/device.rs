@@ -38,37 +38,43 @@ fn devices() -> Result<&'static [DeviceEntry], i32> {
                 eprintln!("roxe: {e}");
                 e.errno()
             })?;
-            Ok(infos
-                .into_iter()
-                .map(|info| {
-                    // SAFETY: ibv_device is plain data; all-zero is a valid
-                    // (empty-named) value.
-                    let mut dev: Box<ibv_device> = Box::new(unsafe { zeroed() });
-                    dev.node_type = IBV_NODE_CA;
-                    dev.transport_type = IBV_TRANSPORT_IB;
-                    copy_cstr(&mut dev.name, info.name());
-                    copy_cstr(&mut dev.dev_name, &format!("u{}", info.name()));
-                    copy_cstr(
-                        &mut dev.dev_path,
-                        &format!("/sys/class/infiniband_verbs/u{}", info.name()),
-                    );
-                    copy_cstr(
-                        &mut dev.ibdev_path,
-                        &format!("/sys/class/infiniband/{}", info.name()),
-                    );
-                    DeviceEntry {
-                        dev: Box::into_raw(dev),
-                        info,
-                    }
-                })
-                .collect())
+            Ok(infos.into_iter().map(new_device_entry).collect())
         })
         .as_ref()
         .map(|v| v.as_slice())
         .map_err(|e| *e)
 }
 
+/// Devices rdma_cm opened by address that the list does not name
+/// (`rdma_bind_addr(127.0.0.5)`): created on first use, never freed.
+static EXTRA_DEVICES: Mutex<Vec<&'static DeviceEntry>> = Mutex::new(Vec::new());
+
+fn new_device_entry(info: DeviceInfo) -> DeviceEntry {
+    // SAFETY: ibv_device is plain data; all-zero is a valid (empty-named)
+    // value.
+    let mut dev: Box<ibv_device> = Box::new(unsafe { zeroed() });
+    dev.node_type = IBV_NODE_CA;
+    dev.transport_type = IBV_TRANSPORT_IB;
+    copy_cstr(&mut dev.name, info.name());
+    copy_cstr(&mut dev.dev_name, &format!("u{}", info.name()));
+    copy_cstr(
+        &mut dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/u{}", info.name()),
+    );
+    copy_cstr(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", info.name()),
+    );
+    DeviceEntry {
+        dev: Box::into_raw(dev),
+        info,
+    }
+}
+
 fn entry_of(dev: *mut ibv_device) -> Option<&'static DeviceEntry> {
+    if let Some(e) = EXTRA_DEVICES.lock().iter().find(|e| e.dev == dev) {
+        return Some(e);
+    }
     devices().ok()?.iter().find(|e| e.dev == dev)
 }
 
@@ -187,13 +193,20 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 return null_mut();
             }
         };
-        let (async_read, async_write) = match rustix_pipe() {
-            Ok(p) => p,
+        match open_context(device, ctx) {
+            Ok(c) => c,
             Err(e) => {
                 set_errno(e);
-                return null_mut();
+                null_mut()
             }
-        };
+        }
+    })
+}
+
+/// The C context of an opened device.
+fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_context, i32> {
+    {
+        let (async_read, async_write) = rustix_pipe()?;
         let qps: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
         let event_sink = async_sink(async_write, Arc::clone(&qps));
         ctx.device().subscribe_events(&event_sink);
@@ -204,6 +217,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         vctx.query_port = Some(query_port_ex);
         vctx.query_device_ex = Some(query_device_ex);
         vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
+        vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         let c = &mut vctx.context;
         c.device = device;
         c.cmd_fd = -1;
@@ -222,8 +236,79 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         });
         let raw = Box::into_raw(rc);
         // SAFETY: raw is a live, uniquely owned allocation.
-        unsafe { ptr::addr_of_mut!((*raw).vctx.context) }
-    })
+        Ok(unsafe { ptr::addr_of_mut!((*raw).vctx.context) })
+    }
+}
+
+/// What librdmacm keeps per device (`struct cma_device`): the context all
+/// ids on the device share (`id->verbs`) and its PD (`id->pd`).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedDevice {
+    pub ctx: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub max_responder_resources: u8,
+    pub max_initiator_depth: u8,
+}
+
+// SAFETY: the pointers are to leaked, never-freed objects whose public
+// fields C reads from any thread, as with librdmacm's.
+unsafe impl Send for SharedDevice {}
+
+/// rdma_cm's contexts, by device address: opened on first use and kept
+/// for the life of the process, as librdmacm keeps its devices open.
+static SHARED: Mutex<Vec<(std::net::IpAddr, SharedDevice)>> = Mutex::new(Vec::new());
+
+/// The shared context of the device `ctx` is open on: the device of the
+/// list with that name, else a new entry for it.
+pub(crate) fn shared_device(ctx: &Context) -> Result<SharedDevice, i32> {
+    let mut shared = SHARED.lock();
+    let addr = ctx.addr();
+    if let Some((_, d)) = shared.iter().find(|(a, _)| *a == addr) {
+        return Ok(*d);
+    }
+    let listed = devices()
+        .ok()
+        .and_then(|l| l.iter().find(|e| e.info.name() == ctx.name()));
+    let entry: &'static DeviceEntry = match listed {
+        Some(e) => e,
+        None => {
+            let mut extra = EXTRA_DEVICES.lock();
+            match extra.iter().find(|e| e.info.name() == ctx.name()) {
+                Some(e) => e,
+                None => {
+                    let info = roxe_verbs::device_at(ctx.name(), addr);
+                    let e: &'static DeviceEntry = Box::leak(Box::new(new_device_entry(info)));
+                    extra.push(e);
+                    e
+                }
+            }
+        }
+    };
+    let c = open_context(entry.dev, ctx.clone())?;
+    // SAFETY: c is the context just opened.
+    let pd = unsafe { crate::verbs::ibv_alloc_pd(c) };
+    if pd.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    let attr = ctx.query_device();
+    let d = SharedDevice {
+        ctx: c,
+        pd,
+        max_responder_resources: attr.max_qp_rd_atom.min(255) as u8,
+        max_initiator_depth: attr.max_qp_init_rd_atom.min(255) as u8,
+    };
+    shared.push((addr, d));
+    Ok(d)
+}
+
+/// `rdma_get_devices`: every listed device, opened for rdma_cm, and those
+/// opened by address since.
+pub(crate) fn all_shared_devices() -> Result<Vec<*mut ibv_context>, i32> {
+    for e in devices()? {
+        let ctx = e.info.open().map_err(|e| e.errno())?;
+        shared_device(&ctx)?;
+    }
+    Ok(SHARED.lock().iter().map(|(_, d)| d.ctx).collect())
 }
 
 /// The async event pipe: the read end blocking (programs may make it

@@ -23,8 +23,10 @@
 pub mod abi;
 #[cfg(test)]
 mod abi_probe;
+mod cm;
 mod device;
 mod qp_ex;
+mod rsocket;
 mod stubs;
 mod symbols;
 mod verbs;

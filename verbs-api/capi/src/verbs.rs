@@ -527,6 +527,47 @@ pub unsafe extern "C" fn ibv_create_srq(
     })
 }
 
+/// `vctx->create_srq_ex`, which the inline `ibv_create_srq_ex` calls for
+/// anything beyond a basic SRQ with a PD: basic SRQs only (XRC and
+/// tag-matching SRQs: EOPNOTSUPP); a CQ is accepted and unused, as it only
+/// matters to those types.
+pub(crate) unsafe extern "C" fn create_srq_ex(
+    _ctx: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    guard(null_mut(), || {
+        // SAFETY: attr is the caller's.
+        let Some(a) = (unsafe { attr.as_mut() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        let known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type != IBV_SRQT_BASIC)
+        {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 {
+            return fail_null(libc::EINVAL);
+        }
+        // SAFETY: ibv_srq_init_attr_ex starts with ibv_srq_init_attr's
+        // layout (srq_context, attr), and the PD is NULL or ours.
+        unsafe { ibv_create_srq(a.pd, attr.cast()) }
+    })
+}
+
+/// The roxe QP and PD behind a QP this library created (rdma_cm attaches
+/// them to an id).
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of this library.
+pub(crate) unsafe fn qp_parts(qp: *mut ibv_qp) -> Option<(Qp, Pd)> {
+    // SAFETY: per the contract; a live QP's PD outlives it (users count).
+    let q = unsafe { obj::<RoxeQp, _>(qp) }?;
+    // SAFETY: as above.
+    let pd = unsafe { q.pd.as_ref() }?;
+    Some((q.qp.clone(), pd.pd.clone()))
+}
+
 /// Resizing an SRQ and its limit event are not supported.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_srq(
@@ -853,7 +894,7 @@ fn av_from_c(a: &ibv_ah_attr) -> AddressVector {
     }
 }
 
-fn av_to_c(a: &AddressVector) -> ibv_ah_attr {
+pub(crate) fn av_to_c(a: &AddressVector) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: a.dgid },
@@ -933,6 +974,37 @@ pub unsafe extern "C" fn ibv_modify_qp(
     })
 }
 
+pub(crate) fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
+    ibv_qp_attr {
+        qp_state: a.qp_state as u32,
+        cur_qp_state: a.qp_state as u32,
+        path_mtu: a.path_mtu as u32,
+        path_mig_state: 0,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.0,
+        cap,
+        ah_attr: av_to_c(&a.av),
+        alt_ah_attr: ibv_ah_attr::default(),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: 0,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: 0,
+        alt_timeout: 0,
+        rate_limit: 0,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
@@ -952,34 +1024,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             Ok(a) => a,
             Err(e) => return e.errno(),
         };
-        let out = ibv_qp_attr {
-            qp_state: a.qp_state as u32,
-            cur_qp_state: a.qp_state as u32,
-            path_mtu: a.path_mtu as u32,
-            path_mig_state: 0,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags.0,
-            cap: q.cap,
-            ah_attr: av_to_c(&a.av),
-            alt_ah_attr: ibv_ah_attr::default(),
-            pkey_index: a.pkey_index,
-            alt_pkey_index: 0,
-            en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-            sq_draining: u8::from(a.sq_draining),
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            alt_port_num: 0,
-            alt_timeout: 0,
-            rate_limit: 0,
-        };
+        let out = qp_attr_to_c(&a, q.cap);
         // SAFETY: attr and init are the caller's.
         unsafe {
             attr.write(out);

@@ -1,6 +1,7 @@
 //! The built `libibverbs.so` exports rdma-core 44's ABI: SONAME
-//! `libibverbs.so.1`, the 13 `IBVERBS_*` version nodes, and every one of the
-//! 146 symbols of `symbols.txt` as its default version `name@@NODE`
+//! `libibverbs.so.1`, the 13 `IBVERBS_*` and 4 `RDMACM_*` version nodes
+//! (the object is the drop-in `librdmacm.so.1` too), and every one of the
+//! 146 + 68 symbols of `symbols.txt` as its default version `name@@NODE`
 //! (docs/libibverbs-abi.md §1.3, §2, §3.2 step 5).
 //!
 //! Programs linked against the real library fail to load if a node or a
@@ -14,9 +15,9 @@ use common::library;
 use std::collections::HashMap;
 use std::process::Command;
 
-/// The version definitions of the real library (`readelf -V`, Debian
-/// libibverbs1 44.0): node and parent.
-const NODES: [(&str, Option<&str>); 13] = [
+/// The version definitions of the real libraries (`readelf -V`, Debian
+/// libibverbs1 and librdmacm1 44.0): node and parent.
+const NODES: [(&str, Option<&str>); 17] = [
     ("IBVERBS_1.0", None),
     ("IBVERBS_1.1", Some("IBVERBS_1.0")),
     ("IBVERBS_1.5", Some("IBVERBS_1.1")),
@@ -30,6 +31,10 @@ const NODES: [(&str, Option<&str>); 13] = [
     ("IBVERBS_1.13", Some("IBVERBS_1.12")),
     ("IBVERBS_1.14", Some("IBVERBS_1.13")),
     ("IBVERBS_PRIVATE_34", None),
+    ("RDMACM_1.0", None),
+    ("RDMACM_1.1", Some("RDMACM_1.0")),
+    ("RDMACM_1.2", Some("RDMACM_1.1")),
+    ("RDMACM_1.3", Some("RDMACM_1.2")),
 ];
 
 /// `target/<profile>/libibverbs.so`, from `target/<profile>/deps/<this test>`.
@@ -72,8 +77,8 @@ fn golden() -> Vec<(String, String)> {
         .collect();
     assert_eq!(
         list.len(),
-        146,
-        "rdma-core 44 has 146 default-version symbols"
+        146 + 68,
+        "rdma-core 44 has 146 (libibverbs) + 68 (librdmacm) default-version symbols"
     );
     list
 }
@@ -172,7 +177,10 @@ fn version_nodes_are_defined() {
     }
     let unexpected: Vec<&String> = defined
         .keys()
-        .filter(|n| n.starts_with("IBVERBS") && !NODES.iter().any(|(x, _)| x == n))
+        .filter(|n| {
+            (n.starts_with("IBVERBS") || n.starts_with("RDMACM"))
+                && !NODES.iter().any(|(x, _)| x == n)
+        })
         .collect();
     if !unexpected.is_empty() {
         errors.push(format!("unexpected version nodes: {unexpected:?}"));

@@ -104,10 +104,11 @@ pub fn lib_dir() -> &'static Path {
         let lib = library()
             .canonicalize()
             .expect("canonicalize the library path");
-        std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1"))
-            .expect("symlink libibverbs.so.1");
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            std::os::unix::fs::symlink(&lib, dir.join(name)).expect("symlink the library");
+        }
         eprintln!(
-            "programs: LD_LIBRARY_PATH={} (libibverbs.so.1 -> {})",
+            "programs: LD_LIBRARY_PATH={} (libibverbs.so.1, librdmacm.so.1 -> {})",
             dir.display(),
             lib.display()
         );
