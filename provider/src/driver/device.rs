@@ -217,6 +217,11 @@ impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
             self.shared.after_work(&mut core);
+            // A verb's packets reach the capture file now: a program may
+            // exit right after its last verb (rping's DREP).
+            if let Some(tap) = core.tap.as_mut() {
+                tap.flush_pending();
+            }
             MutexGuard::unlock_fair(core);
         }
     }
@@ -696,6 +701,12 @@ impl Shared {
                 MutexGuard::unlock_fair(core);
                 std::hint::spin_loop();
                 continue;
+            }
+            // Going idle: what the capture holds reaches the file, so it is
+            // complete even if the process exits without closing the device
+            // (librdmacm keeps its devices open until exit).
+            if let Some(tap) = core.tap.as_mut() {
+                tap.flush_pending();
             }
             self.sleeping_until
                 .store(deadline.unwrap_or(u64::MAX), Ordering::Release);

@@ -104,6 +104,13 @@ impl Tap {
         }
     }
 
+    /// Flush if packets were written since the last flush.
+    pub(crate) fn flush_pending(&mut self) {
+        if self.unflushed > 0 {
+            self.flush();
+        }
+    }
+
     pub(crate) fn flush(&mut self) {
         self.unflushed = 0;
         if self.writer.flush().is_err() {

@@ -19,7 +19,10 @@
 
 mod common;
 
-use common::{lib_dir, run_one, run_pair, run_pair_within, scratch, Net, Pair, Side};
+use common::{
+    captured, check_captures, lib_dir, roce_check, run_one, run_pair, run_pair_within, scratch,
+    Net, Pair, Side,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -704,93 +707,6 @@ fn tutorial_lid_only() {
 
 // ---------------------------------------------------------------------------
 // ROXE_PCAP captures checked by roce-check
-
-/// The `roce-check` script: `ROXE_ROCE_CHECK`, or shared/tools next to
-/// the workspace.
-fn roce_check() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ROXE_ROCE_CHECK") {
-        return Some(PathBuf::from(p));
-    }
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    [
-        here.join("../../../shared/tools/roce-check"),
-        PathBuf::from("/work/shared/tools/roce-check"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-}
-
-/// `roce-check --strict -q` on each capture: exit 0, no bad ICRC, nothing
-/// malformed. Returns the problems found (empty: all good).
-fn check_captures(tool: &Path, files: &[PathBuf]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for f in files {
-        let out = Command::new("python3")
-            .arg(tool)
-            .args(["--strict", "-q"])
-            .arg(f)
-            .output()
-            .expect("run python3 roce-check");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!(
-            "roce-check --strict -q {}: {}\n{text}",
-            f.display(),
-            out.status
-        );
-        let bad_icrc = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("ICRC: "))
-            .and_then(|l| l.split(", ").nth(1))
-            .map(|b| b.trim_end_matches(" bad").to_string());
-        let malformed = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("malformed packets: "))
-            .map(|l| l.split(';').next().unwrap_or("").to_string());
-        if !out.status.success()
-            || bad_icrc.as_deref() != Some("0")
-            || malformed.as_deref() != Some("0")
-        {
-            problems.push(format!(
-                "python3 {} --strict -q {}: {} (bad ICRC {bad_icrc:?}, malformed {malformed:?})\n{text}",
-                tool.display(),
-                f.display(),
-                out.status
-            ));
-        }
-    }
-    problems
-}
-
-/// Run `pair` with ROXE_PCAP on both sides; the capture files.
-fn captured(
-    dir: &Path,
-    name: &str,
-    run: impl FnOnce(&dyn Fn(Side, &str) -> Side) -> Pair,
-) -> (Pair, Vec<PathBuf>) {
-    let files = [
-        dir.join(format!("{name}-server.pcap")),
-        dir.join(format!("{name}-client.pcap")),
-    ];
-    let f2 = files.clone();
-    let with_pcap = move |s: Side, who: &str| {
-        let f = if who == "server" { &f2[0] } else { &f2[1] };
-        s.env("ROXE_PCAP", f.as_os_str())
-    };
-    let p = run(&with_pcap);
-    for f in &files {
-        let len = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-        assert!(
-            len > 24,
-            "{} missing or empty ({len} bytes)\n{p:?}",
-            f.display()
-        );
-    }
-    (p, files.to_vec())
-}
 
 #[test]
 fn pcap_captures_pass_roce_check() {

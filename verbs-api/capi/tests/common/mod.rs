@@ -529,10 +529,198 @@ pub fn run_pair_within(server: &Side, client: &Side, port: u16, limit: Duration)
     pair
 }
 
+/// Whether a roxe device is open at IPv4 `addr` (its UDP port 4791 is
+/// bound there).
+fn roce_bound(addr: &str) -> bool {
+    let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else {
+        return false;
+    };
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(ip.octets()));
+    std::fs::read_to_string("/proc/net/udp").is_ok_and(|t| {
+        t.lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+    })
+}
+
+/// How often [`run_pair_cm`] starts a client whose connection was refused.
+const CM_ATTEMPTS: u32 = 3;
+
+/// A server/client pair that connect through rdma_cm, whose listen the
+/// test cannot see (no kernel socket): wait until the server's device is
+/// open at its address, give it a moment to listen, then start the
+/// client; a client that fails while the server still waits is started
+/// again (at most [`CM_ATTEMPTS`] times, each attempt logged), as a
+/// refused connection only means it came before the listen. All within
+/// `limit` (at least [`deadline`]).
+pub fn run_pair_cm(server: &Side, client: &Side, limit: Duration) -> Pair {
+    let limit = limit.max(deadline());
+    let start = Instant::now();
+    let end = start + limit;
+    let mut s = server.spawn("server");
+    loop {
+        if roce_bound(&server.addr) {
+            break;
+        }
+        if let Some(st) = s.poll() {
+            return Pair {
+                server: s.collect(Some(st)),
+                client: Run::not_started("the server exited before its device opened"),
+            };
+        }
+        if Instant::now() >= end {
+            return Pair {
+                server: s.collect(None),
+                client: Run::not_started("the server's device did not open in time"),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut attempt = 1;
+    let mut c = client.spawn("client");
+    let (mut s_st, mut c_st) = (None, None);
+    let (mut end_s, mut end_c) = (end, end);
+    loop {
+        let now = Instant::now();
+        if s_st.is_none() {
+            s_st = s.poll();
+            if s_st.is_some_and(|x: ExitStatus| !x.success()) {
+                end_c = end_c.min(now + GRACE);
+            }
+        }
+        if c_st.is_none() {
+            c_st = c.poll();
+            if let Some(st) = c_st.filter(|x| !x.success()) {
+                if s_st.is_none() && attempt < CM_ATTEMPTS && now + GRACE < end {
+                    let failed = std::mem::replace(&mut c, client.spawn("client"));
+                    eprintln!(
+                        "client attempt {attempt} failed ({st}), started again:\n{:?}",
+                        failed.collect(Some(st))
+                    );
+                    attempt += 1;
+                    c_st = None;
+                    std::thread::sleep(Duration::from_millis(300));
+                    continue;
+                }
+                end_s = end_s.min(now + GRACE);
+            }
+        }
+        let s_done = s_st.is_some() || now >= end_s;
+        let c_done = c_st.is_some() || now >= end_c;
+        if s_done && c_done {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pair = Pair {
+        server: s.collect(s_st),
+        client: c.collect(c_st),
+    };
+    eprintln!(
+        "pair: server {:?} ({:.2} s), client {:?} ({:.2} s, attempt {attempt}), {:.2} s in all",
+        pair.server.status,
+        pair.server.secs,
+        pair.client.status,
+        pair.client.secs,
+        start.elapsed().as_secs_f64()
+    );
+    pair
+}
+
 /// `cc` on PATH, if there is one.
 pub fn c_compiler() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|d| d.join("cc"))
         .find(|p| p.is_file())
+}
+
+// ROXE_PCAP captures checked by roce-check
+
+/// The `roce-check` script: `ROXE_ROCE_CHECK`, or shared/tools next to
+/// the workspace.
+pub fn roce_check() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ROXE_ROCE_CHECK") {
+        return Some(PathBuf::from(p));
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        here.join("../../../shared/tools/roce-check"),
+        PathBuf::from("/work/shared/tools/roce-check"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// `roce-check --strict -q` on each capture: exit 0, no bad ICRC, nothing
+/// malformed. Returns the problems found (empty: all good).
+pub fn check_captures(tool: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for f in files {
+        let out = Command::new("python3")
+            .arg(tool)
+            .args(["--strict", "-q"])
+            .arg(f)
+            .output()
+            .expect("run python3 roce-check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "roce-check --strict -q {}: {}\n{text}",
+            f.display(),
+            out.status
+        );
+        let bad_icrc = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("ICRC: "))
+            .and_then(|l| l.split(", ").nth(1))
+            .map(|b| b.trim_end_matches(" bad").to_string());
+        let malformed = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("malformed packets: "))
+            .map(|l| l.split(';').next().unwrap_or("").to_string());
+        if !out.status.success()
+            || bad_icrc.as_deref() != Some("0")
+            || malformed.as_deref() != Some("0")
+        {
+            problems.push(format!(
+                "python3 {} --strict -q {}: {} (bad ICRC {bad_icrc:?}, malformed {malformed:?})\n{text}",
+                tool.display(),
+                f.display(),
+                out.status
+            ));
+        }
+    }
+    problems
+}
+
+/// Run `pair` with ROXE_PCAP on both sides; the capture files.
+pub fn captured(
+    dir: &Path,
+    name: &str,
+    run: impl FnOnce(&dyn Fn(Side, &str) -> Side) -> Pair,
+) -> (Pair, Vec<PathBuf>) {
+    let files = [
+        dir.join(format!("{name}-server.pcap")),
+        dir.join(format!("{name}-client.pcap")),
+    ];
+    let f2 = files.clone();
+    let with_pcap = move |s: Side, who: &str| {
+        let f = if who == "server" { &f2[0] } else { &f2[1] };
+        s.env("ROXE_PCAP", f.as_os_str())
+    };
+    let p = run(&with_pcap);
+    for f in &files {
+        let len = std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            len > 24,
+            "{} missing or empty ({len} bytes)\n{p:?}",
+            f.display()
+        );
+    }
+    (p, files.to_vec())
 }
