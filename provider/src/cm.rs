@@ -336,6 +336,7 @@ impl Cm {
             ));
         }
         let id = self.alloc_id();
+        tracing::debug!(service_id = format_args!("{service_id:#x}"), "CM listen");
         self.listeners.insert(service_id, id);
         self.listener_ids.insert(
             id,
@@ -370,6 +371,10 @@ impl Cm {
     /// Stop listening.
     pub fn unlisten(&mut self, listen: ListenId) {
         if let Some(l) = self.listener_ids.remove(&listen) {
+            tracing::debug!(
+                service_id = format_args!("{:#x}", l.service_id),
+                "CM unlisten"
+            );
             self.listeners.remove(&l.service_id);
         }
     }
@@ -701,6 +706,7 @@ impl Cm {
     /// still up is not told: the peer finds out by its own timeouts, as
     /// with the kernel's CM when a process dies.
     pub fn destroy(&mut self, conn: ConnId) {
+        self.farewell(conn);
         self.set_timer(conn, None);
         self.release_backlog(conn);
         self.sidr_services.remove(&conn);
@@ -709,6 +715,58 @@ impl Cm {
                 self.by_remote.remove(&(c.peer, c.remote_id));
             }
         }
+    }
+
+    /// What the kernel's `cm_destroy_id` sends for a connection destroyed
+    /// in mid-life, so the peer is not left resending: a REJ for a request
+    /// or reply not yet answered, a DREQ for a live connection, the DREP a
+    /// received DREQ is owed.
+    fn farewell(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let (peer, remote, tid, state) = (c.peer, c.remote_id, c.tid, c.state);
+        let message = match state {
+            ConnState::ReqRcvd | ConnState::RepRcvd => {
+                let msg_rejected = if state == ConnState::ReqRcvd { 0 } else { 1 };
+                let rej = reject_message(
+                    conn,
+                    remote,
+                    msg_rejected,
+                    reason::CONSUMER_DEFINED,
+                    [0; cm::REJ_PRIVATE_DATA],
+                );
+                (attr::REJ, tid, CmMessage::Rej(rej))
+            }
+            ConnState::Established | ConnState::RepSent => {
+                let dreq = DreqRepr {
+                    local_comm_id: conn,
+                    remote_comm_id: remote,
+                    remote_qpn: c.remote_qpn,
+                    ..DreqRepr::default()
+                };
+                let tid = self.alloc_tid();
+                (attr::DREQ, tid, CmMessage::Dreq(dreq))
+            }
+            ConnState::DreqRcvd => (
+                attr::DREP,
+                tid,
+                CmMessage::Drep(DrepRepr {
+                    local_comm_id: conn,
+                    remote_comm_id: remote,
+                    private_data: [0; cm::DREP_PRIVATE_DATA],
+                }),
+            ),
+            _ => return,
+        };
+        let (attr, tid, message) = message;
+        self.send(
+            peer,
+            CmMad {
+                header: MadHeaderRepr::cm(attr, tid),
+                message,
+            },
+        );
     }
 
     /// The next MAD to send and its destination device.
@@ -986,27 +1044,14 @@ impl Cm {
             return false;
         };
         match c.state {
-            ConnState::Established | ConnState::RepSent => {
+            // Both sides disconnecting at once (DreqSent) is handled as the
+            // kernel's cm_dreq_handler does: our DREQ stops, the user gets
+            // Disconnected, and its disconnect (or destroy) sends the DREP.
+            ConnState::Established | ConnState::RepSent | ConnState::DreqSent => {
                 c.state = ConnState::DreqRcvd;
                 c.tid = tid;
                 self.answered(local);
                 self.events.push_back(CmEvent::Disconnected { conn: local });
-                true
-            }
-            ConnState::DreqSent => {
-                // Both sides disconnect at once: answer, and count ours
-                // as answered too.
-                let (peer, remote) = (c.peer, c.remote_id);
-                let drep = CmMad {
-                    header: MadHeaderRepr::cm(attr::DREP, tid),
-                    message: CmMessage::Drep(DrepRepr {
-                        local_comm_id: local,
-                        remote_comm_id: remote,
-                        private_data: [0; cm::DREP_PRIVATE_DATA],
-                    }),
-                };
-                c.last_reply = Some(drep.clone());
-                self.send(peer, drep);
                 true
             }
             ConnState::TimeWait => {

@@ -2550,6 +2550,90 @@ mod cm_tests {
         net.engines[a].cm().connect(now, peer, req)
     }
 
+    /// Both sides call rdma_disconnect before either DREQ arrives (perftest
+    /// -R's server and client do): as the kernel's cm_dreq_handler, each
+    /// DREQ stops the other's retransmission and raises Disconnected once;
+    /// each side's second disconnect sends the owed DREP; both reach
+    /// TimeWait and nothing is resent afterwards.
+    #[test]
+    fn both_sides_disconnect_at_once() {
+        let mut net = Net::new(2, 1, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let ca = connect(&mut net, 0, 1, b"");
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { conn, .. } => conn,
+            e => panic!("{e:?}"),
+        };
+        let now = net.now;
+        net.engines[1]
+            .cm()
+            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
+            .unwrap();
+        assert!(matches!(
+            next_event(&mut net, 0),
+            CmEvent::ConnectResponse { .. }
+        ));
+        net.engines[0].cm().establish(ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        let now = net.now;
+        net.engines[0].cm().disconnect(now, ca, &[]).unwrap();
+        net.engines[1].cm().disconnect(now, cb, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::Disconnected { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::Disconnected { conn: cb });
+        assert_eq!(net.engines[0].cm().state(ca), Some(ConnState::DreqRcvd));
+        let now = net.now;
+        net.engines[0].cm().disconnect(now, ca, &[]).unwrap();
+        net.engines[1].cm().disconnect(now, cb, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::TimewaitExit { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::TimewaitExit { conn: cb });
+        let sent = net.engines[0].cm().stats().tx_mads;
+        // Up to a minute of virtual time (or until nothing is pending): no
+        // DREQ is resent, no event repeats.
+        let until = net.now + 60_000_000_000;
+        for _ in 0..2_000_000 {
+            if !net.step() || net.now >= until {
+                break;
+            }
+            assert_eq!(net.engines[0].cm().poll_event(), None);
+            assert_eq!(net.engines[1].cm().poll_event(), None);
+        }
+        assert_eq!(net.engines[0].cm().stats().tx_mads, sent);
+    }
+
+    /// Destroying a connection in mid-life tells the peer (the kernel's
+    /// cm_destroy_id): a live connection's destroy sends a DREQ, so the
+    /// peer sees Disconnected instead of a silent peer; a received DREQ's
+    /// destroy sends the owed DREP.
+    #[test]
+    fn destroy_tells_the_peer() {
+        let mut net = Net::new(2, 1, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let ca = connect(&mut net, 0, 1, b"");
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { conn, .. } => conn,
+            e => panic!("{e:?}"),
+        };
+        let now = net.now;
+        net.engines[1]
+            .cm()
+            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
+            .unwrap();
+        assert!(matches!(
+            next_event(&mut net, 0),
+            CmEvent::ConnectResponse { .. }
+        ));
+        net.engines[0].cm().establish(ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        net.engines[0].cm().destroy(ca);
+        assert_eq!(next_event(&mut net, 1), CmEvent::Disconnected { conn: cb });
+        // The peer's DREP finds no connection: dropped, counted, harmless.
+        let now = net.now;
+        net.engines[1].cm().disconnect(now, cb, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 1), CmEvent::TimewaitExit { conn: cb });
+    }
+
     #[test]
     fn connect_accept_rtu_then_disconnect_from_either_side() {
         for active_disconnects in [true, false] {

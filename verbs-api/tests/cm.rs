@@ -373,3 +373,26 @@ fn ipv6_connects_to_itself_over_the_cm() {
     sside.mr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"over IPv6");
 }
+
+/// A listener destroyed and another listening on its port at once (the
+/// server of perftest -R does this between its control and test
+/// connections): the port is free again when `listen` is called, and the
+/// new listener takes connections.
+#[test]
+fn a_port_is_free_again_right_after_its_listener_is_dropped() {
+    for round in 0..20 {
+        let (ch, l) = listener(40, 7300, PortSpace::Tcp);
+        drop(l);
+        drop(ch);
+        let (lch, l2) = listener(40, 7300, PortSpace::Tcp);
+        if round == 19 {
+            let (cch, c) = resolved(41, addr(40, 7300), PortSpace::Tcp);
+            let (_qp, _side) = qp_for(&c);
+            c.connect(&ConnParam::default()).unwrap();
+            let req = expect(&lch, EventKind::ConnectRequest);
+            assert_eq!(req.listen_id.as_ref(), Some(&l2));
+            req.id.reject(&[]).unwrap();
+            expect(&cch, EventKind::Rejected);
+        }
+    }
+}

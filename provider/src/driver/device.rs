@@ -217,11 +217,6 @@ impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
             self.shared.after_work(&mut core);
-            // A verb's packets reach the capture file now: a program may
-            // exit right after its last verb (rping's DREP).
-            if let Some(tap) = core.tap.as_mut() {
-                tap.flush_pending();
-            }
             MutexGuard::unlock_fair(core);
         }
     }
@@ -340,10 +335,24 @@ impl Device {
         self.shared.now()
     }
 
+    /// Write what the capture (`ROXE_PCAP`) holds to its file: for
+    /// devices that are never closed (the drop-in librdmacm's, flushed when
+    /// the process exits).
+    pub fn flush_capture(&self) {
+        if let Some(tap) = self.shared.core.lock().tap.as_mut() {
+            tap.flush_pending();
+        }
+    }
+
     /// Lock the engine for a verbs call.
     pub fn engine(&self) -> EngineGuard<'_> {
+        let mut core = self.shared.core.lock();
+        // Work deferred by earlier calls happens before this one: a verb
+        // sees what the drops before it did (a listener destroyed just
+        // before another listens on its port has released it).
+        self.shared.run_deferred(&mut core);
         EngineGuard {
-            core: Some(self.shared.core.lock()),
+            core: Some(core),
             shared: &self.shared,
         }
     }
@@ -450,11 +459,15 @@ impl Shared {
 
     /// Send what the engine has, signal channels, and make sure the
     /// progress thread wakes for the earliest timer. Runs under the lock.
-    fn after_work(&self, core: &mut Core) {
+    fn run_deferred(&self, core: &mut Core) {
         let jobs = std::mem::take(&mut *self.deferred.lock());
         for job in jobs {
             job(&mut core.engine);
         }
+    }
+
+    fn after_work(&self, core: &mut Core) {
+        self.run_deferred(core);
         let now = self.now();
         let Core {
             engine,

@@ -301,6 +301,26 @@ pub(crate) fn shared_device(ctx: &Context) -> Result<SharedDevice, i32> {
     Ok(d)
 }
 
+/// At exit, the captures of rdma_cm's devices (never closed) reach
+/// their files. A `.fini_array` entry runs when the process exits normally,
+/// after `main` returns or `exit()` is called.
+extern "C" fn flush_shared_captures() {
+    let _ = crate::guard((), || {
+        if let Some(shared) = SHARED.try_lock() {
+            for (_, d) in shared.iter() {
+                // SAFETY: shared contexts are never freed.
+                if let Some(c) = unsafe { context(d.ctx) } {
+                    c.ctx.device().flush_capture();
+                }
+            }
+        }
+    });
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static FLUSH_AT_EXIT: extern "C" fn() = flush_shared_captures;
+
 /// `rdma_get_devices`: every listed device, opened for rdma_cm, and those
 /// opened by address since.
 pub(crate) fn all_shared_devices() -> Result<Vec<*mut ibv_context>, i32> {

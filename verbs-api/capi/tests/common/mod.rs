@@ -544,16 +544,16 @@ fn roce_bound(addr: &str) -> bool {
 }
 
 /// How often [`run_pair_cm`] starts a client whose connection was refused.
-const CM_ATTEMPTS: u32 = 3;
+pub const CM_ATTEMPTS: u32 = 3;
 
 /// A server/client pair that connect through rdma_cm, whose listen the
 /// test cannot see (no kernel socket): wait until the server's device is
 /// open at its address, give it a moment to listen, then start the
 /// client; a client that fails while the server still waits is started
-/// again (at most [`CM_ATTEMPTS`] times, each attempt logged), as a
-/// refused connection only means it came before the listen. All within
-/// `limit` (at least [`deadline`]).
-pub fn run_pair_cm(server: &Side, client: &Side, limit: Duration) -> Pair {
+/// again (at most `attempts` times, each attempt logged), as a refused
+/// connection only means it came before the listen. All within `limit`
+/// (at least [`deadline`]).
+pub fn run_pair_cm(server: &Side, client: &Side, limit: Duration, attempts: u32) -> Pair {
     let limit = limit.max(deadline());
     let start = Instant::now();
     let end = start + limit;
@@ -592,7 +592,7 @@ pub fn run_pair_cm(server: &Side, client: &Side, limit: Duration) -> Pair {
         if c_st.is_none() {
             c_st = c.poll();
             if let Some(st) = c_st.filter(|x| !x.success()) {
-                if s_st.is_none() && attempt < CM_ATTEMPTS && now + GRACE < end {
+                if s_st.is_none() && attempt < attempts && now + GRACE < end {
                     let failed = std::mem::replace(&mut c, client.spawn("client"));
                     eprintln!(
                         "client attempt {attempt} failed ({st}), started again:\n{:?}",
