@@ -25,6 +25,7 @@ use std::path::Path;
 use std::process::Command;
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
+const CM_HEADER: &str = "/usr/include/rdma/rdma_cma.h";
 
 /// How a Rust field maps onto the C struct.
 enum CField {
@@ -139,6 +140,8 @@ fn layouts() -> Vec<Layout> {
             _unsupported1: starts_at "ibv_destroy_flow",
             create_qp_ex,
             _unsupported2: starts_at "get_srq_num",
+            create_srq_ex,
+            _unsupported3: starts_at "open_xrcd",
             sz,
             context,
         }
@@ -182,6 +185,39 @@ fn layouts() -> Vec<Layout> {
         }
         ibv_srq_attr { max_wr, max_sge, srq_limit }
         ibv_srq_init_attr { srq_context, attr }
+        ibv_srq_init_attr_ex {
+            srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap,
+        }
+        ibv_ece { vendor_id, options, comp_mask }
+        rdma_event_channel { fd }
+        ibv_sa_path_rec {
+            dgid, sgid, dlid, slid, raw_traffic, flow_label, hop_limit, traffic_class,
+            reversible, numb_path, pkey, sl, mtu_selector, mtu, rate_selector, rate,
+            packet_life_time_selector, packet_life_time, preference,
+        }
+        rdma_ib_addr { sgid, dgid, pkey }
+        rdma_addr {
+            src_addr: member "src_storage",
+            dst_addr: member "dst_storage",
+            addr,
+        }
+        rdma_route { addr, path_rec, num_paths }
+        rdma_cm_id {
+            verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel,
+            send_cq, recv_cq_channel, recv_cq, srq, pd, qp_type,
+        }
+        rdma_conn_param {
+            private_data, private_data_len, responder_resources, initiator_depth,
+            flow_control, retry_count, rnr_retry_count, srq, qp_num,
+        }
+        rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
+        rdma_cm_event_param = "__typeof__(((struct rdma_cm_event *)0)->param)" { conn, ud }
+        rdma_cm_event { id, listen_id, event, status, param }
+        rdma_addrinfo {
+            ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len,
+            ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len,
+            ai_route, ai_connect_len, ai_connect, ai_next,
+        }
         ibv_sge { addr, length, lkey }
         ibv_send_wr_rdma = "__typeof__(((struct ibv_send_wr *)0)->wr.rdma)" {
             remote_addr, rkey,
@@ -295,6 +331,27 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
         IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
         IBV_QP_EX_WITH_SEND_WITH_INV,
+        IBV_SRQ_INIT_ATTR_TYPE,
+        IBV_SRQ_INIT_ATTR_PD,
+        IBV_SRQ_INIT_ATTR_CQ,
+        IBV_SRQT_BASIC,
+        RDMA_PS_IPOIB,
+        RDMA_PS_TCP,
+        RDMA_PS_UDP,
+        RDMA_PS_IB,
+        RAI_PASSIVE,
+        RAI_NUMERICHOST,
+        RAI_NOROUTE,
+        RAI_FAMILY,
+        RDMA_OPTION_ID,
+        RDMA_OPTION_IB,
+        RDMA_OPTION_ID_TOS,
+        RDMA_OPTION_ID_REUSEADDR,
+        RDMA_OPTION_ID_AFONLY,
+        RDMA_OPTION_ID_ACK_TIMEOUT,
+        RDMA_OPTION_IB_PATH,
+        RDMA_MAX_RESP_RES,
+        RDMA_MAX_INIT_DEPTH,
     ]
 }
 
@@ -339,7 +396,7 @@ fn rust_lines() -> Vec<(String, String)> {
 fn c_source() -> String {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <pthread.h>\n\
-         #include <infiniband/verbs.h>\n\n\
+         #include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n\n\
          #define FIELD_SIZE(T, m) sizeof(((T *)0)->m)\n\
          #define END_OF(T, m) (offsetof(T, m) + FIELD_SIZE(T, m))\n\n\
          int main(void)\n{\n",
@@ -419,8 +476,10 @@ fn mismatches(c_output: &str, rust: &[(String, String)]) -> Vec<String> {
 
 #[test]
 fn rust_layouts_match_verbs_h() {
-    if !Path::new(HEADER).exists() {
-        println!("skipped: {HEADER} not found (install libibverbs-dev)");
+    if !Path::new(HEADER).exists() || !Path::new(CM_HEADER).exists() {
+        println!(
+            "skipped: {HEADER} or {CM_HEADER} not found (install libibverbs-dev librdmacm-dev)"
+        );
         return;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
@@ -491,8 +550,14 @@ fn declared_in_abi_rs() -> (Vec<(String, Vec<String>)>, Vec<String>) {
         if let Some(rest) = decl {
             let name = rest.split([' ', '{']).next().unwrap().to_string();
             current = Some((name, Vec::new()));
-        } else if let Some(rest) = line.strip_prefix("pub const IBV_") {
-            consts.push(format!("IBV_{}", rest.split(':').next().unwrap().trim()));
+        } else if let Some((prefix, rest)) = ["IBV_", "RDMA_", "RAI_"]
+            .iter()
+            .find_map(|p| Some((*p, line.strip_prefix("pub const ")?.strip_prefix(p)?)))
+        {
+            consts.push(format!(
+                "{prefix}{}",
+                rest.split(':').next().unwrap().trim()
+            ));
         }
     }
     (items, consts)

@@ -305,7 +305,7 @@ pub(crate) fn shared_device(ctx: &Context) -> Result<SharedDevice, i32> {
 /// their files. A `.fini_array` entry runs when the process exits normally,
 /// after `main` returns or `exit()` is called.
 extern "C" fn flush_shared_captures() {
-    let _ = crate::guard((), || {
+    crate::guard((), || {
         if let Some(shared) = SHARED.try_lock() {
             for (_, d) in shared.iter() {
                 // SAFETY: shared contexts are never freed.
