@@ -33,6 +33,9 @@
 # ib_write_bw, ...) in the netns over roxe's drop-in libibverbs.so.1
 # (LD_LIBRARY_PATH=DIR, device roxe0, GID index 0) against the same program
 # in the guest on rxe0, both roles, every run captured and roce-checked.
+# rping and perftest `-R` connect through rdma_cm (the drop-in librdmacm.so.1
+# in the same directory against the kernel's CM): their MADs on QP1 are in
+# the captures too.
 #   sudo tests/rxe/interop.sh --c-programs [--libdir /path/to/release/ibverbs]
 # Settings of this mode (besides OUT, RXE_PEER, ROCE_CHECK, RXEPEER_NETNS, WAIT):
 #   LIBDIR       dir holding roxe's libibverbs.so.1 (default: --libdir, else
@@ -63,7 +66,8 @@ while [ $# -gt 0 ]; do
 done
 c_cases_default="ibv_rc_pingpong; ibv_rc_pingpong -s 1; ibv_rc_pingpong -s 65536 -m 1024;\
  ibv_ud_pingpong; ibv_ud_pingpong -s 1;\
- ib_write_bw -n 1000; ib_send_bw -n 1000; ib_read_bw -n 1000; ib_write_lat -n 1000"
+ ib_write_bw -n 1000; ib_send_bw -n 1000; ib_read_bw -n 1000; ib_write_lat -n 1000;\
+ rping -C 200 -V -v; ib_send_bw -R -n 1000"
 if [ $MODE = c ]; then
   : "${C_CASES:=$c_cases_default}"
   : "${RXEPEER_MTU:=9000}"
@@ -338,7 +342,9 @@ run_c_case() { # roxe-role(server|client) "PROGRAM ARGS"
   local gflag kind
   case $prog in
     ibv_*_pingpong) kind=pp gflag=-g ;;
-    ib_*) kind=pt gflag=-x ;;
+    rping) kind=cm ;;                       # rdma_cm: connects through CM MADs
+    ib_*) kind=pt gflag=-x
+          printf ' %s' "${args[@]}" | grep -qw -- -R && kind=ptcm ;;
     *) say "unknown program kind: $prog"; failures=$((failures + 1)); return ;;
   esac
   local argtag; argtag=$(printf '%s' "${args[*]}" | tr -d ' ')
@@ -365,26 +371,49 @@ run_c_case() { # roxe-role(server|client) "PROGRAM ARGS"
 
   local renv=(LD_LIBRARY_PATH="$LIBDIR" ROXE_ADDR="$HOST_IP")
   [ "$ROXE_SIDE_PCAP" = 1 ] && renv+=(ROXE_PCAP="$OUT/$tag.roxe-side.pcap")
-  local rcmd=(timeout $((WAIT + 30)) "$RXE_PEER/ns" env "${renv[@]}"
-    timeout "$WAIT" "/usr/bin/$prog" -d roxe0 "$gflag" 0 -p "$port" "${args[@]}")
-  local gcmd="timeout $((WAIT + 20)) $prog -d rxe0 $gflag $GUEST_GIDX -p $port ${args[*]}"
+  # What each side runs; the client's last argument is the server address
+  # (rping names it with -a on both sides instead).
+  local -a rprog gprog
+  local rsrv="$GUEST_IP" gsrv="$HOST_IP"
+  case $kind in
+    cm)
+      local sa="$HOST_IP"; [ "$role" = client ] && sa="$GUEST_IP"
+      if [ "$role" = server ]; then rprog=(-s) gprog=(-c); else rprog=(-c) gprog=(-s); fi
+      rprog=(/usr/bin/rping "${rprog[@]}" -a "$sa" -p "$port" "${args[@]}")
+      gprog=(rping "${gprog[@]}" -a "$sa" -p "$port" "${args[@]}")
+      rsrv="" gsrv="" ;;
+    ptcm)
+      rprog=("/usr/bin/$prog" -d roxe0 -p "$port" "${args[@]}")
+      gprog=("$prog" -d rxe0 -p "$port" "${args[@]}") ;;
+    *)
+      rprog=("/usr/bin/$prog" -d roxe0 "$gflag" 0 -p "$port" "${args[@]}")
+      gprog=("$prog" -d rxe0 "$gflag" "$GUEST_GIDX" -p "$port" "${args[@]}") ;;
+  esac
+  local rcmd=(timeout $((WAIT + 30)) "$RXE_PEER/ns" env "${renv[@]}" timeout "$WAIT" "${rprog[@]}")
+  local gcmd="timeout $((WAIT + 20)) ${gprog[*]}"
   local rrc grc
   if [ "$role" = client ]; then
-    # rxe server first; rdma-core/perftest clients do not retry a refused connect
+    # rxe server first; rdma-core/perftest clients do not retry a refused
+    # connect: wait for its TCP listener, or (rdma_cm) its listening cm_id
     timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd" >"$glog" 2>&1 &
     local gp=$!; bg_pids+=("$gp")
-    timeout 40 "$RXE_PEER/exec" 1 "timeout 30 sh -c 'until ss -Hltn \"sport = :$port\" | grep -q .; do sleep 0.2; done'" ||
+    local ready="ss -Hltn \"sport = :$port\" | grep -q ."
+    case $kind in cm|ptcm) ready="rdma res show cm_id 2>/dev/null | grep LISTEN | grep -q :$port" ;; esac
+    timeout 40 "$RXE_PEER/exec" 1 "timeout 30 sh -c 'until $ready; do sleep 0.2; done'" >/dev/null 2>&1 ||
       say "WARNING: $prog in the guest not listening on $port after 30 s"
-    "${rcmd[@]}" "$GUEST_IP" >"$rlog" 2>&1; rrc=$?
+    "${rcmd[@]}" $rsrv >"$rlog" 2>&1; rrc=$?
     [ $rrc = 0 ] || rxe_qp_state "$tag"
     wait "$gp"; grc=$?
   else
     "${rcmd[@]}" >"$rlog" 2>&1 &
     local rp=$!; bg_pids+=("$rp")
-    if ! wait_for 15 sh -c "'$RXE_PEER/ns' ss -Hltn 'sport = :$port' | grep -q ."; then
-      say "WARNING: $prog over roxe not listening on $port after 15 s"
-    fi
-    timeout $((WAIT + 50)) "$RXE_PEER/exec" 1 "$gcmd $HOST_IP" >"$glog" 2>&1 &
+    case $kind in
+      cm|ptcm) sleep 3 ;;   # roxe's listen is not visible to ss: give it time
+      *) if ! wait_for 15 sh -c "'$RXE_PEER/ns' ss -Hltn 'sport = :$port' | grep -q ."; then
+           say "WARNING: $prog over roxe not listening on $port after 15 s"
+         fi ;;
+    esac
+    timeout $((WAIT + 50)) "$RXE_PEER/exec" 1 "$gcmd $gsrv" >"$glog" 2>&1 &
     local gp=$!; bg_pids+=("$gp")
     wait "$rp"; rrc=$?
     [ $rrc = 0 ] || rxe_qp_state "$tag"
@@ -398,7 +427,12 @@ run_c_case() { # roxe-role(server|client) "PROGRAM ARGS"
   drops=$(sed -n 's/^\([0-9]*\) packets\{0,1\} dropped by kernel.*/\1/p' "$OUT/$tag.tcpdump.txt")
   csum=$(check_capture_c "$pcap" "$span" "${drops:-0}"); crc=$?
   local rres gres rok=1 gok=1
-  if [ $kind = pp ]; then
+  if [ $kind = cm ]; then  # rping -v prints each ping on the client side
+    local want; want=$(opt_val -C 0 "${args[@]}")
+    rres="$(grep -c 'ping data: rdma-ping-' "$rlog") pings"; gres="$(grep -c 'ping data: rdma-ping-' "$glog") pings"
+    local cres=$rres; [ "$role" = server ] && cres=$gres
+    [ "${cres%% *}" = "$want" ] || { rok=0; gok=0; }
+  elif [ $kind = pp ]; then
     rres=$(iters_line "$rlog"); gres=$(iters_line "$glog")
     [ "${rres%% *}" = "$iters" ] || rok=0; [ "${gres%% *}" = "$iters" ] || gok=0
     rres="${rres:-<no result>} | $(mbit_line "$rlog")"; gres="${gres:-<no result>} | $(mbit_line "$glog")"
