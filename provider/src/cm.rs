@@ -1181,6 +1181,8 @@ pub struct RocePath {
     pub local_ack_timeout: u8,
     /// The IPv6 flow label (0: none).
     pub flow_label: u32,
+    /// The traffic class (`RDMA_OPTION_ID_TOS`).
+    pub traffic_class: u8,
     /// Packet rate (`enum ib_rate`).
     pub packet_rate: u8,
 }
@@ -1195,7 +1197,7 @@ pub fn rocev2_req(service_id: u64, path: &RocePath, p: &ConnParams) -> VerbsResu
         remote_gid: path.remote_gid,
         flow_label: path.flow_label,
         packet_rate: path.packet_rate,
-        traffic_class: 0,
+        traffic_class: path.traffic_class,
         hop_limit: 64,
         sl: 0,
         subnet_local: false,

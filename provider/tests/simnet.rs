@@ -2516,6 +2516,7 @@ mod cm_tests {
             path_mtu: 5,
             local_ack_timeout: 14,
             flow_label: 0,
+            traffic_class: 0,
             packet_rate: 0,
         }
     }
@@ -2930,6 +2931,7 @@ mod cm_backlog {
             path_mtu: 5,
             local_ack_timeout: 14,
             flow_label: 0,
+            traffic_class: 0,
             packet_rate: 0,
         };
         let peer = net.engines[1].addr();

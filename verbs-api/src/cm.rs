@@ -850,12 +850,14 @@ impl CmId {
             .peer
             .ok_or_else(|| cm_err("rdma_connect", "no destination"))?;
         let mtu = ctx.query_port(1)?.active_mtu;
+        let src_port = st.local.map_or(0, |l| l.port());
         Ok(RocePath {
             local_gid: gid(ctx.addr()),
             remote_gid: gid(peer.ip()),
             path_mtu: mtu as u8,
             local_ack_timeout: st.ack_timeout,
-            flow_label: 0,
+            flow_label: rdma_cm::roce_flow_label(src_port, peer.port()),
+            traffic_class: st.tos,
             packet_rate: 0,
         })
     }
@@ -1079,6 +1081,8 @@ struct QpPlan {
     retry: u8,
     rnr_retry: u8,
     traffic_class: u8,
+    /// The REQ's primary flow label (the QP's GRH carries it).
+    flow_label: u32,
 }
 
 /// The passive side's plan: the REQ, and what it grants in `accept`.
@@ -1101,6 +1105,7 @@ fn passive_plan(
         retry: req.retry_count,
         rnr_retry: req.rnr_retry_count,
         traffic_class: st.tos,
+        flow_label: req.primary.flow_label,
     })
 }
 
@@ -1119,6 +1124,10 @@ fn active_plan(st: &IdState2, ctx: &Context, rep: &RepRepr) -> Result<QpPlan> {
         retry: offer.retry_count,
         rnr_retry: offer.rnr_retry_count,
         traffic_class: st.tos,
+        flow_label: rdma_cm::roce_flow_label(
+            st.local.map_or(0, |l| l.port()),
+            st.peer.map_or(0, |p| p.port()),
+        ),
     })
 }
 
@@ -1129,6 +1138,7 @@ fn rtr_attr(p: &QpPlan) -> (QpAttr, AttrMask) {
     }
     let mut av = av_to(p.peer);
     av.traffic_class = p.traffic_class;
+    av.flow_label = p.flow_label;
     let a = QpAttr {
         qp_state: QpState::Rtr,
         qp_access_flags: access,

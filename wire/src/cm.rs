@@ -1409,6 +1409,16 @@ pub mod rdma_cm {
         u64::from(ps) << 16 | u64::from(port)
     }
 
+    /// The flow label the kernel's rdma_cm puts in a RoCEv2 REQ's primary
+    /// path (`cma_get_roce_udp_flow_label`, IPv4 or an IPv6 source without
+    /// a flow label): `(src_port * 31 + dst_port) & 0xFFFFF`.
+    pub fn roce_flow_label(src_port: u16, dst_port: u16) -> u32 {
+        (u32::from(src_port)
+            .wrapping_mul(31)
+            .wrapping_add(u32::from(dst_port)))
+            & 0xF_FFFF
+    }
+
     /// The (port space, port) of an rdma_cm service ID; `None` unless its
     /// top 32 bits are 0 and the port space is one of the four above.
     pub fn port_space_of(service_id: u64) -> Option<(u16, u16)> {

@@ -240,8 +240,15 @@ fn check_rxe_rep(m: &Mad, r: &RepRepr) {
     assert!(r.private_data.iter().all(|&b| b == 0));
 }
 
-/// The REQ's flow label is the one the connection's data packets use.
+/// The REQ's flow label is the one the connection's data packets use,
+/// and the kernel derives it from the rdma_cm ports.
 fn check_flow_label(c: &Capture, r: &ReqRepr, p: &RepRepr) {
+    let src_port = rdma_cm::CmaHeader::parse(&r.private_data).unwrap().port;
+    let (_, dst_port) = rdma_cm::port_space_of(r.service_id).unwrap();
+    assert_eq!(
+        r.primary.flow_label,
+        rdma_cm::roce_flow_label(src_port, dst_port)
+    );
     let want = flow_label_to_udp_sport(r.primary.flow_label);
     for qpn in [r.local_qpn, p.local_qpn] {
         let ports = c.data_ports.get(&qpn).expect("data packets to the QP");
