@@ -1069,6 +1069,11 @@ fn mtu_of(code: u8) -> crate::Mtu {
 
 /// What a connected QP needs for RTR and RTS: from the REQ (passive) or
 /// the REP (active), as the kernel's `cm_init_qp_rtr_attr`/`_rts_attr`.
+///
+/// PSNs as the kernel's rdma_cm sets them (and the golden captures show):
+/// the starting PSN a side puts in its REQ or REP is the PSN *it* will
+/// receive first (`rdma_init_qp_attr` sets `rq_psn = id_priv->seq_num`),
+/// and each side sends from the PSN the other advertised.
 struct QpPlan {
     peer: IpAddr,
     dest_qpn: u32,
@@ -1096,8 +1101,8 @@ fn passive_plan(
     Ok(QpPlan {
         peer: st.peer.map(|p| p.ip()).unwrap_or(ctx.addr()),
         dest_qpn: req.local_qpn,
-        rq_psn: req.starting_psn,
-        sq_psn: st.psn,
+        rq_psn: st.psn,
+        sq_psn: req.starting_psn,
         mtu: mtu_min(req.path_mtu, ctx.query_port(1)?.active_mtu as u8),
         max_dest_rd_atomic: responder_resources.min(req.initiator_depth.max(1)),
         max_rd_atomic: initiator_depth.min(req.responder_resources.max(1)),
@@ -1115,8 +1120,8 @@ fn active_plan(st: &IdState2, ctx: &Context, rep: &RepRepr) -> Result<QpPlan> {
     Ok(QpPlan {
         peer: st.peer.map(|p| p.ip()).unwrap_or(ctx.addr()),
         dest_qpn: rep.local_qpn,
-        rq_psn: rep.starting_psn,
-        sq_psn: st.psn,
+        rq_psn: st.psn,
+        sq_psn: rep.starting_psn,
         mtu: ctx.query_port(1)?.active_mtu as u8,
         max_dest_rd_atomic: offer.responder_resources.min(rep.initiator_depth.max(1)),
         max_rd_atomic: offer.initiator_depth.min(rep.responder_resources.max(1)),

@@ -54,6 +54,62 @@ fn cm_pair_unchecked(
     })
 }
 
+/// What a capture shows of rdma_cm: the CM MADs (by name), and for each
+/// connection (REQ, REP) whether both directions' first RC requests used
+/// the PSNs the kernel's rdma_cm would: each side sends from the starting
+/// PSN its *peer* advertised (`rdma_init_qp_attr` gives a QP the rq_psn
+/// its own REQ/REP announced), as the golden rxe captures show.
+struct CmView {
+    mads: Vec<&'static str>,
+    /// (REQ's or REP's sender, its QPN, its starting PSN).
+    offers: Vec<(std::net::IpAddr, u32, u32)>,
+    /// (sender, destination QPN, first request PSN), in capture order.
+    first_requests: Vec<(std::net::IpAddr, u32, u32)>,
+}
+
+fn cm_view(path: &Path) -> CmView {
+    use roxe_wire::cm::{CmMad, CmMessage, GSI_QPN};
+    use roxe_wire::frame::Datagram;
+    use roxe_wire::pcap::{self, L3};
+    use roxe_wire::PacketRepr;
+    let mut v = CmView {
+        mads: Vec::new(),
+        offers: Vec::new(),
+        first_requests: Vec::new(),
+    };
+    for rec in pcap::open(path).expect("open the capture") {
+        let rec = rec.expect("a pcap record");
+        let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = pcap::link_payload(rec.link, &rec.data) else {
+            continue;
+        };
+        let Ok(dg) = Datagram::parse(ip) else {
+            continue;
+        };
+        let Ok(p) = PacketRepr::parse_bytes(dg.payload) else {
+            continue;
+        };
+        if p.bth.dest_qp == GSI_QPN {
+            let mad = CmMad::parse(p.payload).expect("a CM MAD on QP1");
+            v.mads.push(mad.message.name());
+            match &mad.message {
+                CmMessage::Req(r) => v.offers.push((dg.src, r.local_qpn, r.starting_psn)),
+                CmMessage::Rep(r) => v.offers.push((dg.src, r.local_qpn, r.starting_psn)),
+                _ => {}
+            }
+        } else if p.bth.opcode.transport() == roxe_wire::Transport::Rc
+            && !p.bth.opcode.is_response()
+            && !v
+                .first_requests
+                .iter()
+                .any(|(s, q, _)| *s == dg.src && *q == p.bth.dest_qp)
+        {
+            v.first_requests
+                .push((dg.src, p.bth.dest_qp, p.bth.psn.value()));
+        }
+    }
+    v
+}
+
 fn check_cm_captures(p: &Pair, files: &[PathBuf]) {
     match roce_check() {
         Some(tool) => {
@@ -62,43 +118,33 @@ fn check_cm_captures(p: &Pair, files: &[PathBuf]) {
         }
         None => eprintln!("roce-check not found: captures not checked (set ROXE_ROCE_CHECK)"),
     }
-    // The connection was set up by CM MADs (UD to QP1) in both captures.
     for f in files {
-        let bytes = std::fs::read(f).expect("read the capture");
-        assert!(
-            count_cm_mads(&bytes) >= 3,
-            "{}: fewer than 3 CM MADs (REQ, REP, RTU)\n{p:?}",
-            f.display()
-        );
-    }
-}
-
-/// RoCEv2 packets to QP1 whose MAD is of the CM class (0x07), in a pcap
-/// of Ethernet (linktype 1, what ROXE_PCAP writes) or raw IP frames.
-fn count_cm_mads(pcap: &[u8]) -> usize {
-    if pcap.len() < 24 {
-        return 0;
-    }
-    let linktype = u32::from_le_bytes(pcap[20..24].try_into().unwrap());
-    let l2 = if linktype == 1 { 14 } else { 0 };
-    let mut n = 0;
-    let mut off = 24;
-    while off + 16 <= pcap.len() {
-        let caplen = u32::from_le_bytes(pcap[off + 8..off + 12].try_into().unwrap()) as usize;
-        let frame = &pcap[(off + 16).min(pcap.len())..(off + 16 + caplen).min(pcap.len())];
-        off += 16 + caplen;
-        // [Ethernet] + IPv4 (20) + UDP (8) + BTH (12) + DETH (8) + MAD header.
-        let Some(ip) = frame.get(l2..) else { continue };
-        if ip.len() < 20 + 8 + 12 + 8 + 2 || ip[0] >> 4 != 4 {
-            continue;
+        let v = cm_view(f);
+        // The connections were set up by CM MADs on QP1.
+        for name in ["ConnectRequest", "ConnectReply", "ReadyToUse"] {
+            assert!(
+                v.mads.contains(&name),
+                "{}: no {name} in {:?}\n{p:?}",
+                f.display(),
+                v.mads
+            );
         }
-        let bth = &ip[28..];
-        let dest_qp = u32::from_be_bytes([0, bth[5], bth[6], bth[7]]);
-        if dest_qp == 1 && bth[20 + 1] == 0x07 {
-            n += 1;
+        // Each direction's first request carries the PSN the receiving
+        // side advertised.
+        for (src, dest_qp, psn) in &v.first_requests {
+            if let Some((_, _, advertised)) =
+                v.offers.iter().find(|(s, q, _)| s != src && q == dest_qp)
+            {
+                assert_eq!(
+                    psn,
+                    advertised,
+                    "{}: {src}'s first request to QP {dest_qp:#x} starts at PSN {psn:#x}, \
+                     not at the {advertised:#x} that QP's side advertised\n{p:?}",
+                    f.display()
+                );
+            }
         }
     }
-    n
 }
 
 #[test]
