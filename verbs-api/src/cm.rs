@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use roxe_provider::cm::{self as pcm, CmEvent, ConnId, ConnParams, RocePath};
 use roxe_provider::wire::cm::{rdma_cm, reason, RepRepr, ReqRepr};
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixDatagram;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -143,6 +143,79 @@ pub struct UdParam {
     pub ah_attr: AddressVector,
     /// Private data.
     pub private_data: Vec<u8>,
+}
+
+/// One answer of [`getaddrinfo`] (`struct rdma_addrinfo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrInfo {
+    /// `RAI_PASSIVE`: `src` is the address to bind and listen on.
+    pub passive: bool,
+    /// The address to bind (passive) or the source given in `hints`.
+    pub src: Option<SocketAddr>,
+    /// The address to connect to (active).
+    pub dst: Option<SocketAddr>,
+    /// The port space (from `hints`).
+    pub port_space: PortSpace,
+    /// The QP type the port space implies (UD for [`PortSpace::Udp`]).
+    pub qp_type: QpType,
+}
+
+/// `rdma_getaddrinfo`: resolve `node` (a name or a numeric address; None
+/// with `passive`: the wildcard) and `service` (a port number) into addresses for `rdma_bind_addr` (passive) or
+/// `rdma_resolve_addr` (active), in `port_space`, IPv4 and IPv6 answers
+/// both. `src` is carried into active answers as their source.
+pub fn getaddrinfo(
+    node: Option<&str>,
+    service: &str,
+    passive: bool,
+    port_space: PortSpace,
+    src: Option<SocketAddr>,
+) -> Result<Vec<AddrInfo>> {
+    const VERB: &str = "rdma_getaddrinfo";
+    let port: u16 = service.parse().map_err(|_| {
+        verbs(
+            VERB,
+            Errno::EINVAL,
+            format!("{service:?} is not a port number"),
+        )
+    })?;
+    let addrs: Vec<SocketAddr> = match node {
+        None if passive => vec![SocketAddr::new(IpAddr::from([0u8; 4]), port)],
+        None => vec![SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port)],
+        Some(n) => (n, port)
+            .to_socket_addrs()
+            .map_err(|e| verbs(VERB, Errno(2), format!("{n}: {e}")))?
+            .collect(),
+    };
+    let qp_type = if port_space.is_ud() {
+        QpType::Ud
+    } else {
+        QpType::Rc
+    };
+    let mut out: Vec<AddrInfo> = Vec::new();
+    for a in addrs {
+        let info = if passive {
+            AddrInfo {
+                passive,
+                src: Some(a),
+                dst: None,
+                port_space,
+                qp_type,
+            }
+        } else {
+            AddrInfo {
+                passive,
+                src,
+                dst: Some(a),
+                port_space,
+                qp_type,
+            }
+        };
+        if !out.contains(&info) {
+            out.push(info);
+        }
+    }
+    Ok(out)
 }
 
 /// `struct rdma_cm_event`.

@@ -396,3 +396,47 @@ fn a_port_is_free_again_right_after_its_listener_is_dropped() {
         }
     }
 }
+
+/// `getaddrinfo` gives what `bind_addr` (passive) and `resolve_addr`
+/// (active) take, and a connection made from its answers works.
+#[test]
+fn getaddrinfo_answers_connect() {
+    let passive = getaddrinfo(Some("127.0.61.42"), "7301", true, PortSpace::Tcp, None).unwrap();
+    assert_eq!(passive.len(), 1);
+    assert_eq!(passive[0].src, Some(addr(42, 7301)));
+    assert_eq!(passive[0].qp_type, QpType::Rc);
+    let wildcard = getaddrinfo(None, "7301", true, PortSpace::Udp, None).unwrap();
+    assert_eq!(wildcard[0].src, Some("0.0.0.0:7301".parse().unwrap()));
+    assert_eq!(wildcard[0].qp_type, QpType::Ud);
+    let src = Some(addr(43, 0));
+    let active = getaddrinfo(Some("127.0.61.42"), "7301", false, PortSpace::Tcp, src).unwrap();
+    assert_eq!((active[0].src, active[0].dst), (src, Some(addr(42, 7301))));
+    assert!(getaddrinfo(Some("127.0.61.42"), "http", false, PortSpace::Tcp, None).is_err());
+    assert!(getaddrinfo(
+        Some("no-such-host.invalid"),
+        "1",
+        false,
+        PortSpace::Tcp,
+        None
+    )
+    .is_err());
+
+    let lch = EventChannel::new().unwrap();
+    let l = CmId::new(&lch, PortSpace::Tcp);
+    l.bind_addr(passive[0].src.unwrap()).unwrap();
+    l.listen(1).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let c = CmId::new(&cch, PortSpace::Tcp);
+    c.resolve_addr(active[0].src, active[0].dst.unwrap())
+        .unwrap();
+    expect(&cch, EventKind::AddrResolved);
+    c.resolve_route().unwrap();
+    expect(&cch, EventKind::RouteResolved);
+    let (_qp, _side) = qp_for(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let req = expect(&lch, EventKind::ConnectRequest);
+    let (_sqp, _sside) = qp_for(&req.id);
+    req.id.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventKind::Established);
+    expect(&lch, EventKind::Established);
+}
