@@ -256,11 +256,38 @@ struct ChannelInner {
 }
 
 impl ChannelInner {
+    /// Queue an event. The fd is readable exactly while the queue holds
+    /// events: one byte is written when the queue stops being empty and
+    /// drained when it empties (both under the queue lock), so no burst of
+    /// events can fill the socket and leave events without a wake-up.
     fn push(&self, q: Queued) {
-        self.queue.lock().push_back(q);
-        // One byte per event makes the fd readable; a full socket buffer
-        // only delays the wake-up (the queue holds the event).
-        let _ = self.tx.send(&[1]);
+        let mut queue = self.queue.lock();
+        let was_empty = queue.is_empty();
+        queue.push_back(q);
+        if was_empty {
+            let _ = self.tx.send(&[1]);
+        }
+    }
+
+    /// The next queued event, if any.
+    fn pop(&self) -> Option<Queued> {
+        let mut queue = self.queue.lock();
+        let q = queue.pop_front();
+        if queue.is_empty() {
+            self.drain_wakeup();
+        }
+        q
+    }
+
+    /// Read the wake-up byte (call with the queue lock held, queue empty).
+    fn drain_wakeup(&self) {
+        let mut b = [0u8; 8];
+        while let Ok((n, _)) = rustix::net::recv(&self.rx, &mut b, rustix::net::RecvFlags::DONTWAIT)
+        {
+            if n == 0 {
+                break;
+            }
+        }
     }
 }
 
@@ -297,38 +324,27 @@ impl EventChannel {
     pub fn get_event(&self) -> Result<Event> {
         let mut b = [0u8; 1];
         loop {
-            match self.inner.rx.recv(&mut b) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io("rdma_get_cm_event")(e)),
-            }
-            if let Some(ev) = self.take_queued()? {
+            if let Some(ev) = self.try_get_event()? {
                 return Ok(ev);
+            }
+            // Wait until an event is queued: a peek blocks unless the fd
+            // was made non-blocking (then EAGAIN, as librdmacm's read).
+            match rustix::net::recv(&self.inner.rx, &mut b, rustix::net::RecvFlags::PEEK) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io("rdma_get_cm_event")(e.into())),
             }
         }
     }
 
     /// The next event if one is pending, without waiting.
     pub fn try_get_event(&self) -> Result<Option<Event>> {
-        let mut b = [0u8; 1];
-        loop {
-            match rustix::net::recv(&self.inner.rx, &mut b, rustix::net::RecvFlags::DONTWAIT) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::AGAIN) => return Ok(None),
-                Err(e) => return Err(io("rdma_get_cm_event")(e.into())),
-            }
-            if let Some(ev) = self.take_queued()? {
+        // Events of ids dropped since they were queued are skipped.
+        while let Some(q) = self.inner.pop() {
+            if let Some(ev) = process(q)? {
                 return Ok(Some(ev));
             }
         }
-    }
-
-    fn take_queued(&self) -> Result<Option<Event>> {
-        let Some(q) = self.inner.queue.lock().pop_front() else {
-            return Ok(None);
-        };
-        process(q)
+        Ok(None)
     }
 
     /// Wait at most `timeout` for the next event.
@@ -901,6 +917,9 @@ impl CmId {
                 .drain(..)
                 .partition(|e| std::ptr::eq(e.id.as_ptr(), Arc::as_ptr(&self.inner)));
             *q = rest;
+            if q.is_empty() {
+                old.drain_wakeup();
+            }
             mine.into()
         };
         for e in moved {

@@ -440,3 +440,40 @@ fn getaddrinfo_answers_connect() {
     expect(&cch, EventKind::Established);
     expect(&lch, EventKind::Established);
 }
+
+/// A burst of events larger than the channel's socket buffer holds (2,000
+/// ADDR_RESOLVED at once: 256 lost wake-ups before) is delivered in full,
+/// and the fd is readable exactly while events wait.
+#[test]
+fn a_burst_of_events_is_never_stranded() {
+    use std::os::fd::AsFd;
+    let readable = |ch: &EventChannel| {
+        let mut fds = [rustix::event::PollFd::new(ch, rustix::event::PollFlags::IN)];
+        rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default())).unwrap() == 1
+    };
+    let ch = EventChannel::new().unwrap();
+    let _ = ch.as_fd();
+    let ids: Vec<CmId> = (0..2000)
+        .map(|_| {
+            let id = CmId::new(&ch, PortSpace::Tcp);
+            id.resolve_addr(Some(addr(44, 0)), addr(45, 7302)).unwrap();
+            id
+        })
+        .collect();
+    assert!(readable(&ch));
+    let mut n = 0;
+    while let Some(e) = ch.try_get_event().unwrap() {
+        assert_eq!(e.kind, EventKind::AddrResolved);
+        n += 1;
+        if n == 1000 {
+            // Half way: a blocking wait still finds the rest.
+            assert_eq!(ch.get_event().unwrap().kind, EventKind::AddrResolved);
+            n += 1;
+        }
+    }
+    assert_eq!(n, ids.len());
+    assert!(
+        !readable(&ch),
+        "no events left, the fd must not be readable"
+    );
+}
