@@ -5,12 +5,15 @@
  * listens, EINVAL for too much private data, a bind to an address of no
  * device, reject with private data, accept with rdma_init_qp_attr and the
  * rdma_verbs.h helpers, disconnect (QP to ERR), rdma_destroy_id blocking
- * while an event is unacknowledged, and UD through SIDR.
+ * while an event is unacknowledged, UD through SIDR, rdma_set_option,
+ * rdma_migrate_id (to another channel, then synchronous) and
+ * rdma_create_srq.
  *
  * Usage: rdmacm_edges ADDR PORT (ADDR: this process's roxe device, as
  * ROXE_ADDR). Prints "ok <check>" per check; exits 0 only if all pass.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -337,6 +340,74 @@ int main(int argc, char **argv)
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(c) == 0, "rdma_destroy_id");
 	CHECK(rdma_destroy_id(l) == 0, "rdma_destroy_id");
+
+	/* rdma_set_option: TOS and ACK timeout; a wrong length is EINVAL, an
+	 * unknown option ENOSYS. */
+	CHECK(rdma_create_id(ch, &bad, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+	{
+		uint8_t tos = 0x20, ack = 14;
+		int four = 4;
+
+		CHECK(rdma_set_option(bad, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0,
+		      "TOS");
+		CHECK(rdma_set_option(bad, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, 1) == 0,
+		      "ACK timeout");
+		errno = 0;
+		CHECK(rdma_set_option(bad, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &four, 4) == -1 &&
+			      errno == EINVAL, "TOS of 4 bytes");
+		errno = 0;
+		CHECK(rdma_set_option(bad, RDMA_OPTION_ID, 99, &four, 4) == -1 && errno == ENOSYS,
+		      "unknown option");
+	}
+	CHECK(rdma_destroy_id(bad) == 0, "rdma_destroy_id");
+	printf("ok rdma_set_option\n");
+
+	/* rdma_migrate_id: a queued event follows the id to its new channel;
+	 * migrated to NULL, the id is synchronous (its event in id->event). */
+	{
+		struct rdma_event_channel *ch2 = rdma_create_event_channel();
+		struct sockaddr_in dst = sin_of(addr, port);
+		struct rdma_cm_id *m;
+
+		CHECK(ch2, "rdma_create_event_channel");
+		CHECK(rdma_create_id(ch, &m, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+		CHECK(rdma_resolve_addr(m, NULL, (struct sockaddr *)&dst, 2000) == 0,
+		      "rdma_resolve_addr");
+		CHECK(rdma_migrate_id(m, ch2) == 0 && m->channel == ch2, "rdma_migrate_id");
+		ev = expect(ch2, RDMA_CM_EVENT_ADDR_RESOLVED, 2000);
+		CHECK(ev->id == m, "the event moved with its id");
+		ack(ev);
+		CHECK(rdma_migrate_id(m, NULL) == 0, "rdma_migrate_id to synchronous");
+		CHECK(rdma_resolve_route(m, 2000) == 0, "synchronous rdma_resolve_route");
+		CHECK(m->event && m->event->event == RDMA_CM_EVENT_ROUTE_RESOLVED,
+		      "the synchronous id keeps its event");
+		CHECK(rdma_destroy_id(m) == 0, "rdma_destroy_id");
+		rdma_destroy_event_channel(ch2);
+	}
+	printf("ok rdma_migrate_id\n");
+
+	/* rdma_create_srq: the id's QP uses it. */
+	{
+		struct ibv_srq_init_attr sattr;
+
+		c = connector(ch, port, RDMA_PS_TCP, 0);
+		memset(&sattr, 0, sizeof(sattr));
+		sattr.attr.max_wr = 16;
+		sattr.attr.max_sge = 1;
+		CHECK(rdma_create_srq(c, NULL, &sattr) == 0 && c->srq, "rdma_create_srq");
+		memset(&qinit, 0, sizeof(qinit));
+		qinit.qp_type = IBV_QPT_RC;
+		qinit.cap.max_send_wr = qinit.cap.max_recv_wr = 8;
+		qinit.cap.max_send_sge = qinit.cap.max_recv_sge = 1;
+		CHECK(rdma_create_qp(c, NULL, &qinit) == 0 && c->qp->srq == c->srq,
+		      "rdma_create_qp on the id's SRQ");
+		rdma_destroy_qp(c);
+		rdma_destroy_srq(c);
+		CHECK(c->srq == NULL, "rdma_destroy_srq");
+		CHECK(rdma_destroy_id(c) == 0, "rdma_destroy_id");
+	}
+	printf("ok rdma_create_srq\n");
+
 	rdma_destroy_event_channel(ch);
 	printf("all ok\n");
 	return 0;
