@@ -1,10 +1,11 @@
 //! `roxe devices` and `roxe devinfo`: what `ibv_devices` and `ibv_devinfo`
 //! print, for roxe's soft devices.
 
-use roxe_verbs::{devices, Mtu};
+use roxe_verbs::{devices, hardware_devices, Backend, Mtu};
 use std::process::ExitCode;
 
-/// `roxe devices`.
+/// `roxe devices`: the devices `ROXE_BACKEND` offers, with their backend;
+/// when no hardware device is listed, one line says why.
 pub fn run_devices() -> ExitCode {
     let list = match devices() {
         Ok(l) => l,
@@ -13,14 +14,43 @@ pub fn run_devices() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    println!("    {:<16}\t   {:<16}\taddress", "device", "node GUID");
-    println!("    {:<16}\t{:<16}\t-------", "------", "----------------");
-    for d in list {
-        let addr = d
-            .addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "auto (first free 127.0.0.N)".into());
-        println!("    {:<16}\t{:016x}\t{addr}", d.name(), d.guid());
+    println!(
+        "    {:<16}\t   {:<16}\t{:<8}\taddress",
+        "device", "node GUID", "backend"
+    );
+    println!(
+        "    {:<16}\t{:<16}\t{:<8}\t-------",
+        "------", "----------------", "-------"
+    );
+    for d in &list {
+        let (backend, addr) = match d.backend() {
+            Backend::Soft => (
+                "soft",
+                d.addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "auto (first free 127.0.0.N)".into()),
+            ),
+            Backend::Hardware => ("hardware", "-".into()),
+        };
+        println!(
+            "    {:<16}\t{:016x}\t{backend:<8}\t{addr}",
+            d.name(),
+            d.guid()
+        );
+    }
+    if !list.iter().any(|d| d.backend() == Backend::Hardware) {
+        match (hardware_devices(), roxe_verbs::hw::system()) {
+            (Err(why), _) => println!("hardware: none ({why})"),
+            (Ok(h), Ok(sys)) if h.is_empty() => println!(
+                "hardware: none ({} lists no RDMA device)",
+                sys.path().display()
+            ),
+            // Listed by the library but not offered: ROXE_BACKEND=soft.
+            (Ok(h), _) => println!(
+                "hardware: {} device(s) not offered (ROXE_BACKEND=soft)",
+                h.len()
+            ),
+        }
     }
     ExitCode::SUCCESS
 }

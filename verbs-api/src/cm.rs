@@ -1571,7 +1571,7 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
 /// The process's default device for rdma_cm (`ROXE_ADDR`'s first, else
 /// the first free loopback address).
 fn default_context() -> Result<Context> {
-    crate::devices()?
+    crate::soft_devices()?
         .into_iter()
         .next()
         .ok_or_else(|| verbs("rdma_bind_addr", Errno(19), "no roxe device"))?

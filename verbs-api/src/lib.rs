@@ -17,9 +17,11 @@
 //! # Ok::<(), Error>(())
 //! ```
 //!
-//! The backend is chosen per device ([`Backend`]); today only the soft
-//! backend (roxe's own transport over UDP) exists. A hardware backend over
-//! the system's libibverbs will implement the same handles.
+//! The backend is chosen per device ([`Backend`]). The soft backend is
+//! roxe's own transport over UDP. The system's real RDMA devices are listed
+//! as [`Backend::Hardware`] (`hw`: the system libibverbs, loaded at run
+//! time); opening them is not built yet. `ROXE_BACKEND=soft|hardware|auto`
+//! chooses what [`devices`] offers.
 
 use parking_lot::Mutex;
 use roxe_provider::driver::{self, Device};
@@ -41,6 +43,7 @@ pub use roxe_provider::wr::{
 pub use roxe_provider::{driver as soft, wire};
 
 pub mod cm;
+pub mod hw;
 pub use roxe_provider::{AccessFlags, Errno, VerbsError, WcOpcode, WcStatus};
 
 /// A failed verb.
@@ -102,6 +105,9 @@ fn verbs(verb: &'static str, errno: Errno, detail: impl Into<String>) -> Error {
 pub enum Backend {
     /// roxe's own transport over UDP port 4791.
     Soft,
+    /// A real RDMA device of the system's libibverbs (mlx5, the kernel's
+    /// rxe, ...).
+    Hardware,
 }
 
 /// A device that can be opened (`struct ibv_device`).
@@ -109,6 +115,8 @@ pub enum Backend {
 pub struct DeviceInfo {
     name: String,
     config: DeviceConfig,
+    /// Set for a device of the system library.
+    hardware: Option<hw::HardwareDevice>,
 }
 
 impl DeviceInfo {
@@ -118,7 +126,11 @@ impl DeviceInfo {
     }
     /// The backend.
     pub fn backend(&self) -> Backend {
-        Backend::Soft
+        if self.hardware.is_some() {
+            Backend::Hardware
+        } else {
+            Backend::Soft
+        }
     }
     /// The configured address (`None`: picked at open).
     pub fn addr(&self) -> Option<IpAddr> {
@@ -128,11 +140,25 @@ impl DeviceInfo {
     /// rxe derives it from the MAC (EUI-64 style); 0 until the address is
     /// known.
     pub fn guid(&self) -> u64 {
+        if let Some(h) = &self.hardware {
+            return h.guid;
+        }
         self.config.addr.map(guid_of).unwrap_or(0)
     }
     /// `ibv_open_device`: bind the device's socket and start it. Opening the
-    /// same device twice in one process shares it.
+    /// same device twice in one process shares it. A hardware device:
+    /// EOPNOTSUPP (its contexts are not built yet).
     pub fn open(&self) -> Result<Context> {
+        if self.hardware.is_some() {
+            return Err(verbs(
+                "ibv_open_device",
+                Errno(95),
+                format!(
+                    "{} is a hardware device; roxe lists them but cannot open them yet",
+                    self.name
+                ),
+            ));
+        }
         let mut open = open_devices().lock();
         // A device already open at the configured address is that device,
         // whatever it was opened as (rdma_cm opens devices by address).
@@ -175,7 +201,7 @@ fn open_devices() -> &'static Mutex<HashMap<String, Weak<Device>>> {
 /// socket can be bound there (`EADDRNOTAVAIL`: not an address of this host;
 /// `EADDRINUSE`: another process has it).
 pub fn open_at(addr: IpAddr) -> Result<Context> {
-    if let Some(info) = devices()?.into_iter().find(|d| d.addr() == Some(addr)) {
+    if let Some(info) = soft_devices()?.into_iter().find(|d| d.addr() == Some(addr)) {
         return info.open();
     }
     let live = open_devices().lock().iter().find_map(|(name, d)| {
@@ -197,15 +223,47 @@ fn guid_of(addr: IpAddr) -> u64 {
     u64::from_be_bytes([g[10], g[11], g[12], 0xff, 0xfe, g[13], g[14], g[15]])
 }
 
-/// `ibv_get_device_list`: one soft device per address in `ROXE_ADDR`
-/// (comma-separated), or one that takes the first free loopback address.
+/// `ibv_get_device_list`: what `ROXE_BACKEND` (default auto) offers, soft
+/// devices first ([`soft_devices`]), then the system's real devices
+/// ([`hardware_devices`]; none where there is no system library).
 pub fn devices() -> Result<Vec<DeviceInfo>> {
+    let choice = hw::BackendChoice::from_env()
+        .map_err(|e| verbs("ibv_get_device_list", Errno::EINVAL, e))?;
+    let mut list = Vec::new();
+    if choice != hw::BackendChoice::Hardware {
+        list = soft_devices()?;
+    }
+    if choice != hw::BackendChoice::Soft {
+        list.extend(hardware_devices().unwrap_or_default());
+    }
+    Ok(list)
+}
+
+/// roxe's soft devices: one per address in `ROXE_ADDR` (comma-separated),
+/// or one that takes the first free loopback address.
+pub fn soft_devices() -> Result<Vec<DeviceInfo>> {
     Ok(DeviceConfig::all_from_env()?
         .into_iter()
         .enumerate()
         .map(|(i, config)| DeviceInfo {
             name: format!("roxe{i}"),
             config,
+            hardware: None,
+        })
+        .collect())
+}
+
+/// The system's real RDMA devices; Err says in one line why there are
+/// none to offer (no system library, or it failed to load).
+pub fn hardware_devices() -> std::result::Result<Vec<DeviceInfo>, String> {
+    let sys = hw::system().as_ref().map_err(Clone::clone)?;
+    Ok(sys
+        .devices()
+        .into_iter()
+        .map(|h| DeviceInfo {
+            name: h.name.clone(),
+            config: DeviceConfig::default(),
+            hardware: Some(h),
         })
         .collect())
 }
@@ -226,6 +284,7 @@ pub fn device_with(name: impl Into<String>, config: DeviceConfig) -> DeviceInfo 
     DeviceInfo {
         name: name.into(),
         config,
+        hardware: None,
     }
 }
 

@@ -34,7 +34,7 @@ static DEVICES: OnceLock<Result<Vec<DeviceEntry>, i32>> = OnceLock::new();
 fn devices() -> Result<&'static [DeviceEntry], i32> {
     DEVICES
         .get_or_init(|| {
-            let infos = roxe_verbs::devices().map_err(|e| {
+            let infos = roxe_verbs::soft_devices().map_err(|e| {
                 eprintln!("roxe: {e}");
                 e.errno()
             })?;

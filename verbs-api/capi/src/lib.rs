@@ -33,6 +33,11 @@ mod verbs;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Tells roxe's hardware backend that this file is the drop-in, not the
+/// system's libibverbs (it searches library files for the string).
+#[used]
+static DROP_IN_MARKER: &str = roxe_verbs::hw::DROP_IN_MARKER;
+
 /// Set the calling thread's `errno`.
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: __errno_location returns the calling thread's errno slot,

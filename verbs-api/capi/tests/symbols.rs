@@ -265,3 +265,10 @@ fn disassociate_flag_is_a_one_byte_data_object() {
     assert_eq!(s.kind, "OBJECT", "{full} must be data (libmlx5 reads it)");
     assert_eq!(s.size, 1, "{full} is a C bool");
 }
+
+/// The built library carries the marker that keeps roxe's hardware
+/// backend from loading it as the system's libibverbs.
+#[test]
+fn the_library_is_marked_as_the_drop_in() {
+    assert!(roxe_verbs::hw::is_drop_in(&library()));
+}

@@ -1,0 +1,71 @@
+//! `roxe devices` as a user runs it: the backend column, `ROXE_BACKEND`,
+//! and the one line that says why no hardware device is listed.
+
+use std::process::{Command, Output};
+
+fn roxe_devices(env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_roxe"));
+    cmd.arg("devices")
+        .env_remove("ROXE_BACKEND")
+        .env_remove("ROXE_SYSTEM_LIBIBVERBS")
+        // A configured address: listing opens nothing, but keep it ours.
+        .env("ROXE_ADDR", "127.0.233.1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run roxe devices")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn soft_devices_are_listed_with_their_backend() {
+    let o = roxe_devices(&[]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert!(out.contains("backend"), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("roxe0"))
+        .unwrap_or_else(|| panic!("no roxe0 line:\n{out}"));
+    assert!(
+        line.contains("soft") && line.contains("127.0.233.1"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_missing_system_library_is_one_line_and_no_failure() {
+    let o = roxe_devices(&[("ROXE_SYSTEM_LIBIBVERBS", "/nonexistent/libibverbs.so.1")]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    let why: Vec<&str> = out.lines().filter(|l| l.starts_with("hardware:")).collect();
+    assert_eq!(why.len(), 1, "{out}");
+    assert!(
+        why[0].contains("ROXE_SYSTEM_LIBIBVERBS") && why[0].contains("no such file"),
+        "{out}"
+    );
+}
+
+#[test]
+fn roxe_backend_selects_what_is_offered() {
+    // Hardware only: no soft device; on a machine without RDMA devices
+    // the list is empty and the reason line says so.
+    let o = roxe_devices(&[("ROXE_BACKEND", "hardware")]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert!(!out.contains("roxe0"), "{out}");
+    for l in out.lines().skip(2).filter(|l| !l.starts_with("hardware:")) {
+        assert!(l.contains("hardware"), "a non-hardware device listed: {l}");
+    }
+    let o = roxe_devices(&[("ROXE_BACKEND", "soft")]);
+    assert!(stdout(&o).contains("roxe0"));
+    let o = roxe_devices(&[("ROXE_BACKEND", "mlx5")]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("expected soft, hardware or auto"),
+        "{o:?}"
+    );
+}

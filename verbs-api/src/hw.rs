@@ -1,0 +1,358 @@
+//! The system's libibverbs, for the hardware backend: found, loaded at run
+//! time, and asked for the real RDMA devices.
+//!
+//! Which file: `ROXE_SYSTEM_LIBIBVERBS=/path`, else the `libibverbs.so.1`
+//! the linker cache (`ldconfig -p`) names, else the first of the standard
+//! library directories that has one. Never roxe's own drop-in (recognised
+//! by the marker string it carries), whatever `LD_LIBRARY_PATH` says.
+//!
+//! How: `dlmopen` into a new link-map namespace. In a process that runs on
+//! roxe's drop-in, the name `libibverbs.so.1` is already taken by the
+//! drop-in; the providers the system library loads (`libmlx5`, `librxe`)
+//! would bind their `verbs_register_driver_34` to it and register with
+//! the wrong library. In its own namespace the system library and its
+//! providers resolve among themselves.
+//!
+//! Opening a hardware device (contexts, PDs, QPs over the real calls) is
+//! not built yet: [`crate::DeviceInfo::open`] says so with EOPNOTSUPP.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The string every build of roxe's drop-in `libibverbs.so.1` carries
+/// (`verbs-api/capi/src/lib.rs`), so the loader never takes it for the
+/// system's.
+pub const DROP_IN_MARKER: &str = "roxe drop-in libibverbs: not the system library";
+
+/// Where the system library is looked for after `ROXE_SYSTEM_LIBIBVERBS`
+/// and the linker cache.
+const STANDARD_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+    "/lib",
+];
+
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type GetDeviceGuid = unsafe extern "C" fn(*mut c_void) -> u64;
+
+/// The loaded system library: its path and the entry points used.
+pub struct SystemVerbs {
+    path: PathBuf,
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    get_device_guid: GetDeviceGuid,
+}
+
+impl std::fmt::Debug for SystemVerbs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SystemVerbs")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A real device the system library lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardwareDevice {
+    /// `mlx5_0`, `rxe0`, ...
+    pub name: String,
+    /// Node GUID (host byte order).
+    pub guid: u64,
+}
+
+impl SystemVerbs {
+    /// The file loaded.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `ibv_get_device_list` of the system library, names and GUIDs.
+    pub fn devices(&self) -> Vec<HardwareDevice> {
+        let mut n: c_int = 0;
+        // SAFETY: the system library's ibv_get_device_list with a valid
+        // out-pointer; it returns NULL or an array of n device pointers.
+        let list = unsafe { (self.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: i < n entries of the list just returned.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: dev is a device of that list (alive until freed);
+            // the name is a NUL-terminated string inside it.
+            let name = unsafe { (self.get_device_name)(dev) };
+            if name.is_null() {
+                continue;
+            }
+            out.push(HardwareDevice {
+                // SAFETY: as above.
+                name: unsafe { CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned(),
+                // SAFETY: as above; the GUID comes in network byte order.
+                guid: u64::from_be(unsafe { (self.get_device_guid)(dev) }),
+            });
+        }
+        // SAFETY: the list from get_device_list, freed once.
+        unsafe { (self.free_device_list)(list) };
+        out
+    }
+}
+
+/// The system library, loaded on first use; Err says in one line why
+/// there is none.
+pub fn system() -> &'static Result<SystemVerbs, String> {
+    static SYSTEM: OnceLock<Result<SystemVerbs, String>> = OnceLock::new();
+    SYSTEM.get_or_init(|| {
+        let path = find(
+            std::env::var_os("ROXE_SYSTEM_LIBIBVERBS").map(PathBuf::from),
+            &linker_cache(),
+        )?;
+        load(&path)
+    })
+}
+
+/// Which file to load: the override, else the cache's entries, else the
+/// standard directories; roxe's drop-in is skipped (and refused when it is
+/// the override).
+pub fn find(override_path: Option<PathBuf>, cache: &[PathBuf]) -> Result<PathBuf, String> {
+    if let Some(p) = override_path {
+        if !p.is_file() {
+            return Err(format!(
+                "ROXE_SYSTEM_LIBIBVERBS={}: no such file",
+                p.display()
+            ));
+        }
+        if is_drop_in(&p) {
+            return Err(format!(
+                "ROXE_SYSTEM_LIBIBVERBS={} is roxe's own drop-in library",
+                p.display()
+            ));
+        }
+        return Ok(p);
+    }
+    let standard = STANDARD_DIRS
+        .iter()
+        .map(|d| Path::new(d).join("libibverbs.so.1"));
+    cache
+        .iter()
+        .cloned()
+        .chain(standard)
+        .find(|p| p.is_file() && !is_drop_in(p))
+        .ok_or_else(|| {
+            "no system libibverbs.so.1 (install libibverbs1, or set ROXE_SYSTEM_LIBIBVERBS)"
+                .to_string()
+        })
+}
+
+/// The `libibverbs.so.1` paths `ldconfig -p` prints, in its order.
+fn linker_cache() -> Vec<PathBuf> {
+    ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .iter()
+        .find_map(|l| std::process::Command::new(l).arg("-p").output().ok())
+        .map(|out| parse_ldconfig(&String::from_utf8_lossy(&out.stdout)))
+        .unwrap_or_default()
+}
+
+/// `\tlibibverbs.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libibverbs.so.1`
+pub fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|l| {
+            let (lhs, path) = l.split_once("=>")?;
+            (lhs.split_whitespace().next()? == "libibverbs.so.1")
+                .then(|| PathBuf::from(path.trim()))
+        })
+        .collect()
+}
+
+/// Whether `path` is a build of roxe's drop-in (it carries the marker).
+pub fn is_drop_in(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|bytes| {
+        bytes
+            .windows(DROP_IN_MARKER.len())
+            .any(|w| w == DROP_IN_MARKER.as_bytes())
+    })
+}
+
+/// dlmopen `path` into a namespace of its own and find the entry points.
+fn load(path: &Path) -> Result<SystemVerbs, String> {
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: a path with a NUL byte", path.display()))?;
+    // SAFETY: dlmopen with a valid C string; LM_ID_NEWLM asks for a new
+    // namespace. The handle is never closed (the library stays loaded for
+    // the process's life, as a linked libibverbs would).
+    let handle = unsafe {
+        libc::dlmopen(
+            libc::LM_ID_NEWLM,
+            c_path.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    };
+    if handle.is_null() {
+        return Err(format!("cannot load {}: {}", path.display(), dlerror()));
+    }
+    let sym = |name: &str| -> Result<*mut c_void, String> {
+        let c = CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: dlsym on the live handle with a valid C string.
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        if p.is_null() {
+            Err(format!("{}: no symbol {name}", path.display()))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: each symbol is the libibverbs function of that name, whose C
+    // signature the type states (infiniband/verbs.h).
+    unsafe {
+        Ok(SystemVerbs {
+            path: path.to_path_buf(),
+            get_device_list: std::mem::transmute::<*mut c_void, GetDeviceList>(sym(
+                "ibv_get_device_list",
+            )?),
+            free_device_list: std::mem::transmute::<*mut c_void, FreeDeviceList>(sym(
+                "ibv_free_device_list",
+            )?),
+            get_device_name: std::mem::transmute::<*mut c_void, GetDeviceName>(sym(
+                "ibv_get_device_name",
+            )?),
+            get_device_guid: std::mem::transmute::<*mut c_void, GetDeviceGuid>(sym(
+                "ibv_get_device_guid",
+            )?),
+        })
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated message valid until
+    // the next dl* call on this thread.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+/// `ROXE_BACKEND`: which devices [`crate::devices`] offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// roxe's soft devices only.
+    Soft,
+    /// The system's RDMA devices only.
+    Hardware,
+    /// Soft devices first, then the system's (the default).
+    Auto,
+}
+
+impl BackendChoice {
+    /// Parse `ROXE_BACKEND` (unset or empty: auto).
+    pub fn parse(v: Option<&str>) -> Result<BackendChoice, String> {
+        match v.map(str::trim) {
+            None | Some("") | Some("auto") => Ok(BackendChoice::Auto),
+            Some("soft") => Ok(BackendChoice::Soft),
+            Some("hardware") | Some("hw") => Ok(BackendChoice::Hardware),
+            Some(other) => Err(format!(
+                "ROXE_BACKEND={other:?}: expected soft, hardware or auto"
+            )),
+        }
+    }
+
+    /// From the environment.
+    pub fn from_env() -> Result<BackendChoice, String> {
+        BackendChoice::parse(std::env::var("ROXE_BACKEND").ok().as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_choice_parses() {
+        assert_eq!(BackendChoice::parse(None), Ok(BackendChoice::Auto));
+        assert_eq!(BackendChoice::parse(Some("")), Ok(BackendChoice::Auto));
+        assert_eq!(BackendChoice::parse(Some("soft")), Ok(BackendChoice::Soft));
+        assert_eq!(
+            BackendChoice::parse(Some("hardware")),
+            Ok(BackendChoice::Hardware)
+        );
+        assert!(BackendChoice::parse(Some("mlx5")).is_err());
+    }
+
+    #[test]
+    fn ldconfig_output_parses() {
+        let text = "1234 libs found in cache `/etc/ld.so.cache'\n\
+            \tlibibverbs.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libibverbs.so.1\n\
+            \tlibibverbs.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libibverbs.so\n\
+            \tlibrdmacm.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/librdmacm.so.1\n";
+        assert_eq!(
+            parse_ldconfig(text),
+            [PathBuf::from("/usr/lib/x86_64-linux-gnu/libibverbs.so.1")]
+        );
+    }
+
+    #[test]
+    fn a_missing_override_is_one_clear_line() {
+        let e = find(Some("/nonexistent/libibverbs.so.1".into()), &[]).unwrap_err();
+        assert!(
+            e.contains("ROXE_SYSTEM_LIBIBVERBS") && e.contains("no such file"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn the_drop_in_is_never_taken_for_the_system_library() {
+        let dir = std::env::temp_dir().join(format!("roxe-hw-find-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("libibverbs.so.1");
+        std::fs::write(&fake, format!("\x7fELF ... {DROP_IN_MARKER} ...")).unwrap();
+        let e = find(Some(fake.clone()), &[]).unwrap_err();
+        assert!(e.contains("roxe's own drop-in"), "{e}");
+        // In the cache it is skipped for the next candidate.
+        let real = dir.join("real.so");
+        std::fs::write(&real, b"\x7fELF a system library").unwrap();
+        assert_eq!(find(None, &[fake, real.clone()]), Ok(real));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn loading_a_file_that_is_not_a_library_fails_cleanly() {
+        let dir = std::env::temp_dir().join(format!("roxe-hw-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bogus = dir.join("libibverbs.so.1");
+        std::fs::write(&bogus, b"not an ELF file").unwrap();
+        let e = load(&bogus).unwrap_err();
+        assert!(e.starts_with("cannot load"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Where the system library is installed (as in CI), it loads into its
+    /// own namespace and lists whatever devices the machine has (none on
+    /// a machine without RDMA hardware or rxe) without failing.
+    #[test]
+    fn the_installed_system_library_loads_and_lists() {
+        let Ok(path) = find(None, &linker_cache()) else {
+            println!("skipped: no system libibverbs.so.1");
+            return;
+        };
+        let sys = load(&path).unwrap();
+        let devs = sys.devices();
+        println!(
+            "{}: {} device(s): {devs:?}",
+            sys.path().display(),
+            devs.len()
+        );
+    }
+}
