@@ -222,14 +222,71 @@ impl Drop for EngineGuard<'_> {
     }
 }
 
+/// The UDP port a device sends from, and holds as its claim on its
+/// address, where port 4791 belongs to the kernel's rxe (see [`Shared4791`]).
+pub const SHARED_MODE_PORT: u16 = 47910;
+
+/// How a device owns its address: its own socket on port 4791, or, where
+/// the kernel's rxe holds `0.0.0.0:4791`, a claim on [`SHARED_MODE_PORT`]
+/// (which it sends from) and a raw socket that receives what is addressed
+/// to port 4791 of its address. RoCEv2 fixes only the destination port.
+/// rxe sees the same packets on its socket and ignores those for
+/// interfaces it is not attached to (loopback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shared4791 {
+    /// Port 4791 of the address is free for a socket of ours.
+    No,
+    /// `0.0.0.0:4791` (or `[::]:4791`) is held: share it.
+    Yes,
+}
+
+/// Whether a wildcard socket holds port 4791 (the kernel's rxe does from
+/// `rdma link add`), read from `/proc/net/udp{,6}`.
+fn wildcard_4791_held(v6: bool) -> bool {
+    let (file, wildcard) = if v6 {
+        ("/proc/net/udp6", "00000000000000000000000000000000:12B7")
+    } else {
+        ("/proc/net/udp", "00000000:12B7")
+    };
+    std::fs::read_to_string(file).is_ok_and(|t| {
+        t.lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some(wildcard))
+    })
+}
+
+/// Bind `addr`'s socket: port 4791, or in shared mode the claim port.
+fn bind_device(addr: IpAddr) -> io::Result<(UdpSocket, Shared4791)> {
+    match socket::bind(addr, ROCEV2_PORT) {
+        Ok(s) => Ok((s, Shared4791::No)),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse && wildcard_4791_held(addr.is_ipv6()) => {
+            let s = socket::bind(addr, SHARED_MODE_PORT).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "port 4791 is held by another socket on every address (the kernel's \
+                         rxe); sharing it, {} is taken: {e}",
+                        SocketAddr::new(addr, SHARED_MODE_PORT)
+                    ),
+                )
+            })?;
+            Ok((s, Shared4791::Yes))
+        }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("binding {}: {e}", SocketAddr::new(addr, ROCEV2_PORT)),
+        )),
+    }
+}
+
 /// Bind the first free loopback address from 127.0.0.1 upward.
-fn bind_auto() -> io::Result<(IpAddr, UdpSocket)> {
+fn bind_auto() -> io::Result<(IpAddr, UdpSocket, Shared4791)> {
     for lid in 1..=0xBFFFu16 {
         let Some(addr) = addr_of_lid(lid) else {
             continue;
         };
-        match socket::bind(addr, ROCEV2_PORT) {
-            Ok(s) => return Ok((addr, s)),
+        match bind_device(addr) {
+            Ok((s, shared)) => return Ok((addr, s, shared)),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
             Err(e) => return Err(e),
         }
@@ -240,39 +297,66 @@ fn bind_auto() -> io::Result<(IpAddr, UdpSocket)> {
     ))
 }
 
+/// The one line that explains a shared-mode device without CAP_NET_RAW.
+fn shared_mode_needs_raw(addr: IpAddr, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{addr}: port 4791 is held by the kernel's rxe (0.0.0.0:4791); roxe shares it by \
+             receiving from a raw socket, which needs CAP_NET_RAW: run as root, or \
+             `setcap cap_net_raw+ep` the program, or remove the rxe link (`rdma link delete`)"
+        ),
+    )
+}
+
 impl Device {
     /// Open a device: bind its socket, start its progress thread.
     pub fn open(config: &DeviceConfig) -> io::Result<Device> {
         crate::logging::init_from_env();
-        let (addr, socket) = match config.addr {
-            Some(a) => (
-                a,
-                socket::bind(a, ROCEV2_PORT).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("binding {}: {e}", SocketAddr::new(a, ROCEV2_PORT)),
-                    )
-                })?,
-            ),
+        let (addr, socket, shared) = match config.addr {
+            Some(a) => {
+                let (s, shared) = bind_device(a)?;
+                (a, s, shared)
+            }
             None => bind_auto()?,
         };
-        let raw = match (config.icrc, addr) {
+        let raw = match (config.icrc, addr, shared) {
+            (_, IpAddr::V4(v4), Shared4791::Yes) => {
+                Some(raw::open(v4, ROCEV2_PORT).map_err(|e| shared_mode_needs_raw(addr, e))?)
+            }
+            (_, IpAddr::V6(_), Shared4791::Yes) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "{addr}: port 4791 is held by the kernel's rxe ([::]:4791); sharing \
+                         it is built for IPv4 device addresses only"
+                    ),
+                ))
+            }
             // Never a silent fallback: without CAP_NET_RAW this fails.
-            (IcrcMode::Raw, IpAddr::V4(v4)) => Some(raw::open(v4, ROCEV2_PORT)?),
+            (IcrcMode::Raw, IpAddr::V4(v4), _) => Some(raw::open(v4, ROCEV2_PORT)?),
             // IPv6: the UDP socket already shows every field the ICRC covers.
             _ => None,
         };
+        if shared == Shared4791::Yes {
+            tracing::info!(%addr, port = SHARED_MODE_PORT, "port 4791 held by the kernel's rxe: sharing it");
+        }
         let gso = config.gso;
         let gro = gso && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
         ec.active_mtu = super::netdev::active_mtu(addr);
-        ec.icrc_policy = match config.icrc {
-            IcrcMode::Off => IcrcPolicy::Off,
-            IcrcMode::Warn => IcrcPolicy::Warn,
-            IcrcMode::Strict => IcrcPolicy::AssumeLinuxSender,
-            IcrcMode::Raw => IcrcPolicy::WireHeaders,
+        ec.icrc_policy = match (config.icrc, raw.is_some()) {
+            (IcrcMode::Off, _) => IcrcPolicy::Off,
+            // A raw socket shows the wire's headers: the exact check.
+            (_, true) => IcrcPolicy::WireHeaders,
+            (IcrcMode::Warn, false) => IcrcPolicy::Warn,
+            (IcrcMode::Strict | IcrcMode::Raw, false) => IcrcPolicy::AssumeLinuxSender,
         };
-        ec.fixed_src_port = Some(ROCEV2_PORT);
+        // The ICRC covers the UDP source port: the socket's own.
+        ec.fixed_src_port = Some(match shared {
+            Shared4791::No => ROCEV2_PORT,
+            Shared4791::Yes => SHARED_MODE_PORT,
+        });
         let tap = match &config.pcap {
             Some(p) => Some(Tap::create(p)?),
             None => None,
@@ -480,6 +564,9 @@ impl Shared {
             ..
         } = core;
         let sock = &self.socket;
+        // The source port the socket sends from (4791, or the claim port
+        // where the kernel's rxe holds 4791), as the capture must show it.
+        let sport = engine.config().fixed_src_port.unwrap_or(ROCEV2_PORT);
         match faults.as_mut() {
             None => loop {
                 // The engine writes straight into the batch.
@@ -491,7 +578,7 @@ impl Shared {
                 };
                 let p = tx.commit(t.len, t.dst);
                 if let Some(tap) = tap.as_mut() {
-                    tap.write(self.addr, ROCEV2_PORT, t.dst, ROCEV2_PORT, p);
+                    tap.write(self.addr, sport, t.dst, ROCEV2_PORT, p);
                 }
             },
             Some(f) => {
@@ -499,7 +586,7 @@ impl Shared {
                 // lets through (now or later) joins the batch.
                 let mut emit = |p: &[u8], dst: IpAddr| {
                     if let Some(t) = tap.as_mut() {
-                        t.write(self.addr, ROCEV2_PORT, dst, ROCEV2_PORT, p);
+                        t.write(self.addr, sport, dst, ROCEV2_PORT, p);
                     }
                     tx.push(sock, p, dst);
                 };
