@@ -39,6 +39,9 @@ fn squash(s: &str) -> String {
 
 #[test]
 fn ibv_devices_lists_roxe0() {
+    if !common::programs_installed("ibv_devices_lists_roxe0") {
+        return;
+    }
     let net = Net(0);
     let r = run_one(&Side::new("ibv_devices", &net.server(0), &[]));
     assert!(r.ok(), "{r:?}");
@@ -61,6 +64,9 @@ fn ibv_devices_lists_roxe0() {
 
 #[test]
 fn ibv_devinfo_verbose_shows_roxe0() {
+    if !common::programs_installed("ibv_devinfo_verbose_shows_roxe0") {
+        return;
+    }
     let net = Net(1);
     let addr = net.server(0);
     for args in [&["-v"][..], &["-v", "-d", "roxe0"][..], &[][..]] {
@@ -146,6 +152,9 @@ fn server_local(p: &Pair) -> String {
 
 #[test]
 fn rc_pingpong_gid() {
+    if !common::programs_installed("rc_pingpong_gid") {
+        return;
+    }
     let net = Net(2);
     let p = pingpong(net, 0, "ibv_rc_pingpong", &["-g", "0", "-n", "100"]);
     check_pingpong(&p, 100, 4096);
@@ -158,6 +167,9 @@ fn rc_pingpong_gid() {
 
 #[test]
 fn rc_pingpong_lid_only() {
+    if !common::programs_installed("rc_pingpong_lid_only") {
+        return;
+    }
     let net = Net(3);
     let p = pingpong(net, 0, "ibv_rc_pingpong", &["-n", "100"]);
     check_pingpong(&p, 100, 4096);
@@ -171,6 +183,9 @@ fn rc_pingpong_lid_only() {
 
 #[test]
 fn rc_pingpong_events() {
+    if !common::programs_installed("rc_pingpong_events") {
+        return;
+    }
     let p = pingpong(
         Net(4),
         0,
@@ -182,6 +197,9 @@ fn rc_pingpong_events() {
 
 #[test]
 fn rc_pingpong_new_send_api() {
+    if !common::programs_installed("rc_pingpong_new_send_api") {
+        return;
+    }
     // -N: ibv_create_qp_ex with send-ops flags and the ibv_wr_* calls.
     let p = pingpong(
         Net(48),
@@ -194,6 +212,9 @@ fn rc_pingpong_new_send_api() {
 
 #[test]
 fn rc_pingpong_timestamps_are_refused() {
+    if !common::programs_installed("rc_pingpong_timestamps_are_refused") {
+        return;
+    }
     // -t needs completion timestamps, which roxe does not offer: the
     // program must say so and stop before it listens, as on a device
     // without them.
@@ -214,6 +235,9 @@ fn rc_pingpong_timestamps_are_refused() {
 
 #[test]
 fn rc_pingpong_validate_buffer() {
+    if !common::programs_installed("rc_pingpong_validate_buffer") {
+        return;
+    }
     // -c: "validate received buffer" (each side checks the peer's marks).
     let p = pingpong(
         Net(5),
@@ -226,6 +250,9 @@ fn rc_pingpong_validate_buffer() {
 
 #[test]
 fn rc_pingpong_events_validate_lid_only_small_rx_depth() {
+    if !common::programs_installed("rc_pingpong_events_validate_lid_only_small_rx_depth") {
+        return;
+    }
     let p = pingpong(
         Net(6),
         0,
@@ -240,6 +267,9 @@ fn rc_pingpong_events_validate_lid_only_small_rx_depth() {
 /// ibv_rc_pingpong sizes and path MTUs: (size, MTU, iterations).
 #[test]
 fn rc_pingpong_sizes_and_mtus() {
+    if !common::programs_installed("rc_pingpong_sizes_and_mtus") {
+        return;
+    }
     let net = Net(7);
     let runs: [(u64, u32, u64); 6] = [
         (1, 256, 100),
@@ -263,6 +293,9 @@ fn rc_pingpong_sizes_and_mtus() {
 
 #[test]
 fn uc_pingpong_gid() {
+    if !common::programs_installed("uc_pingpong_gid") {
+        return;
+    }
     let p = pingpong(
         Net(8),
         0,
@@ -274,6 +307,9 @@ fn uc_pingpong_gid() {
 
 #[test]
 fn uc_pingpong_lid_only_events() {
+    if !common::programs_installed("uc_pingpong_lid_only_events") {
+        return;
+    }
     let p = pingpong(
         Net(9),
         0,
@@ -285,6 +321,9 @@ fn uc_pingpong_lid_only_events() {
 
 #[test]
 fn ud_pingpong_gid() {
+    if !common::programs_installed("ud_pingpong_gid") {
+        return;
+    }
     // -s must not exceed the port's active MTU (the UD message is one packet).
     let p = pingpong(
         Net(10),
@@ -297,6 +336,9 @@ fn ud_pingpong_gid() {
 
 #[test]
 fn ud_pingpong_lid_only_events() {
+    if !common::programs_installed("ud_pingpong_lid_only_events") {
+        return;
+    }
     let p = pingpong(
         Net(11),
         0,
@@ -308,6 +350,9 @@ fn ud_pingpong_lid_only_events() {
 
 #[test]
 fn srq_pingpong_gid() {
+    if !common::programs_installed("srq_pingpong_gid") {
+        return;
+    }
     let p = pingpong(Net(12), 0, "ibv_srq_pingpong", &["-g", "0", "-n", "100"]);
     check_pingpong(&p, 100, 4096);
     // One local address line per QP (16 by default).
@@ -320,6 +365,9 @@ fn srq_pingpong_gid() {
 
 #[test]
 fn srq_pingpong_events() {
+    if !common::programs_installed("srq_pingpong_events") {
+        return;
+    }
     let p = pingpong(
         Net(13),
         0,
@@ -331,6 +379,9 @@ fn srq_pingpong_events() {
 
 #[test]
 fn srq_pingpong_lid_only() {
+    if !common::programs_installed("srq_pingpong_lid_only") {
+        return;
+    }
     let p = pingpong(
         Net(14),
         0,
@@ -442,38 +493,65 @@ fn perftest_case(k: u16, tool: &str, flags: &[&str], sizes: &[u64]) {
 // The defaults (with `-x 0` and fewer iterations).
 #[test]
 fn perftest_send_bw() {
+    if !common::programs_installed("perftest_send_bw") {
+        return;
+    }
     perftest_case(15, "ib_send_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_write_bw() {
+    if !common::programs_installed("perftest_write_bw") {
+        return;
+    }
     perftest_case(16, "ib_write_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw() {
+    if !common::programs_installed("perftest_read_bw") {
+        return;
+    }
     perftest_case(17, "ib_read_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw() {
+    if !common::programs_installed("perftest_atomic_bw") {
+        return;
+    }
     perftest_case(18, "ib_atomic_bw", &["-n", "500"], &[8]);
 }
 #[test]
 fn perftest_send_lat() {
+    if !common::programs_installed("perftest_send_lat") {
+        return;
+    }
     perftest_case(19, "ib_send_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_write_lat() {
+    if !common::programs_installed("perftest_write_lat") {
+        return;
+    }
     perftest_case(20, "ib_write_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_read_lat() {
+    if !common::programs_installed("perftest_read_lat") {
+        return;
+    }
     perftest_case(21, "ib_read_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_atomic_lat() {
+    if !common::programs_installed("perftest_atomic_lat") {
+        return;
+    }
     perftest_case(22, "ib_atomic_lat", &["-n", "500"], &[8]);
 }
 #[test]
 fn perftest_atomic_cmp_and_swap() {
+    if !common::programs_installed("perftest_atomic_cmp_and_swap") {
+        return;
+    }
     perftest_case(
         23,
         "ib_atomic_bw",
@@ -485,24 +563,39 @@ fn perftest_atomic_cmp_and_swap() {
 // Size sweeps: 2 .. 8 MiB.
 #[test]
 fn perftest_write_bw_all_sizes() {
+    if !common::programs_installed("perftest_write_bw_all_sizes") {
+        return;
+    }
     perftest_case(24, "ib_write_bw", &["-a", "-n", "10"], ALL_SIZES);
 }
 #[test]
 fn perftest_send_lat_all_sizes() {
+    if !common::programs_installed("perftest_send_lat_all_sizes") {
+        return;
+    }
     perftest_case(25, "ib_send_lat", &["-a", "-n", "10"], ALL_SIZES);
 }
 #[test]
 fn perftest_read_bw_all_sizes() {
+    if !common::programs_installed("perftest_read_bw_all_sizes") {
+        return;
+    }
     perftest_case(26, "ib_read_bw", &["-a", "-n", "5"], ALL_SIZES);
 }
 
 // Several QPs.
 #[test]
 fn perftest_write_bw_4_qps() {
+    if !common::programs_installed("perftest_write_bw_4_qps") {
+        return;
+    }
     perftest_case(27, "ib_write_bw", &["-q", "4", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_send_bw_4_qps() {
+    if !common::programs_installed("perftest_send_bw_4_qps") {
+        return;
+    }
     perftest_case(
         28,
         "ib_send_bw",
@@ -514,6 +607,9 @@ fn perftest_send_bw_4_qps() {
 // Inline sends (-I 64) with messages that fit.
 #[test]
 fn perftest_send_bw_inline() {
+    if !common::programs_installed("perftest_send_bw_inline") {
+        return;
+    }
     perftest_case(
         29,
         "ib_send_bw",
@@ -523,6 +619,9 @@ fn perftest_send_bw_inline() {
 }
 #[test]
 fn perftest_write_bw_inline() {
+    if !common::programs_installed("perftest_write_bw_inline") {
+        return;
+    }
     perftest_case(
         30,
         "ib_write_bw",
@@ -532,6 +631,9 @@ fn perftest_write_bw_inline() {
 }
 #[test]
 fn perftest_send_lat_inline() {
+    if !common::programs_installed("perftest_send_lat_inline") {
+        return;
+    }
     perftest_case(
         31,
         "ib_send_lat",
@@ -541,6 +643,9 @@ fn perftest_send_lat_inline() {
 }
 #[test]
 fn perftest_write_lat_inline() {
+    if !common::programs_installed("perftest_write_lat_inline") {
+        return;
+    }
     perftest_case(
         32,
         "ib_write_lat",
@@ -552,50 +657,83 @@ fn perftest_write_lat_inline() {
 // Completion events (-e), where the tool has it.
 #[test]
 fn perftest_send_bw_events() {
+    if !common::programs_installed("perftest_send_bw_events") {
+        return;
+    }
     perftest_case(33, "ib_send_bw", &["-e", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw_events() {
+    if !common::programs_installed("perftest_read_bw_events") {
+        return;
+    }
     perftest_case(34, "ib_read_bw", &["-e", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw_events() {
+    if !common::programs_installed("perftest_atomic_bw_events") {
+        return;
+    }
     perftest_case(35, "ib_atomic_bw", &["-e", "-n", "200"], &[8]);
 }
 #[test]
 fn perftest_send_lat_events() {
+    if !common::programs_installed("perftest_send_lat_events") {
+        return;
+    }
     perftest_case(36, "ib_send_lat", &["-e", "-n", "200"], &[2]);
 }
 #[test]
 fn perftest_read_lat_events() {
+    if !common::programs_installed("perftest_read_lat_events") {
+        return;
+    }
     perftest_case(37, "ib_read_lat", &["-e", "-n", "200"], &[2]);
 }
 #[test]
 fn perftest_atomic_lat_events() {
+    if !common::programs_installed("perftest_atomic_lat_events") {
+        return;
+    }
     perftest_case(38, "ib_atomic_lat", &["-e", "-n", "200"], &[8]);
 }
 
 // Bidirectional (-b) bandwidth.
 #[test]
 fn perftest_send_bw_bidirectional() {
+    if !common::programs_installed("perftest_send_bw_bidirectional") {
+        return;
+    }
     perftest_case(39, "ib_send_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_write_bw_bidirectional() {
+    if !common::programs_installed("perftest_write_bw_bidirectional") {
+        return;
+    }
     perftest_case(40, "ib_write_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw_bidirectional() {
+    if !common::programs_installed("perftest_read_bw_bidirectional") {
+        return;
+    }
     perftest_case(41, "ib_read_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw_bidirectional() {
+    if !common::programs_installed("perftest_atomic_bw_bidirectional") {
+        return;
+    }
     perftest_case(42, "ib_atomic_bw", &["-b", "-n", "200"], &[8]);
 }
 
 // UC connections.
 #[test]
 fn perftest_write_bw_uc() {
+    if !common::programs_installed("perftest_write_bw_uc") {
+        return;
+    }
     perftest_case(
         43,
         "ib_write_bw",
@@ -605,6 +743,9 @@ fn perftest_write_bw_uc() {
 }
 #[test]
 fn perftest_send_bw_ud() {
+    if !common::programs_installed("perftest_send_bw_ud") {
+        return;
+    }
     perftest_case(
         44,
         "ib_send_bw",
@@ -677,6 +818,9 @@ fn check_tutorial(p: &Pair, size: u64) {
 
 #[test]
 fn tutorial_gid() {
+    if !common::programs_installed("tutorial_gid") {
+        return;
+    }
     let net = Net(45);
     let Some(p) = tutorial_pair(net, &["-g", "0", "-s", "65536", "-m", "1024"]) else {
         return;
@@ -692,6 +836,9 @@ fn tutorial_gid() {
 
 #[test]
 fn tutorial_lid_only() {
+    if !common::programs_installed("tutorial_lid_only") {
+        return;
+    }
     let net = Net(46);
     let Some(p) = tutorial_pair(net, &[]) else {
         return;
@@ -710,6 +857,9 @@ fn tutorial_lid_only() {
 
 #[test]
 fn pcap_captures_pass_roce_check() {
+    if !common::programs_installed("pcap_captures_pass_roce_check") {
+        return;
+    }
     let Some(tool) = roce_check() else {
         eprintln!("SKIPPED: roce-check not found (set ROXE_ROCE_CHECK)");
         return;

@@ -149,6 +149,9 @@ fn check_cm_captures(p: &Pair, files: &[PathBuf]) {
 
 #[test]
 fn rping_300_iterations_verified_and_captured() {
+    if !common::programs_installed("rping_300_iterations_verified_and_captured") {
+        return;
+    }
     let net = Net(50);
     let port = net.port(0).to_string();
     let server = Side::new(
@@ -182,6 +185,9 @@ fn rping_300_iterations_verified_and_captured() {
 
 #[test]
 fn rdma_server_and_rdma_client() {
+    if !common::programs_installed("rdma_server_and_rdma_client") {
+        return;
+    }
     let net = Net(51);
     let port = net.port(0).to_string();
     let server = Side::new("rdma_server", &net.server(0), &["-p", &port]);
@@ -255,16 +261,25 @@ fn perftest_cm(k: u16, tool: &str, flags: &[&str]) {
 
 #[test]
 fn perftest_send_bw_rdma_cm() {
+    if !common::programs_installed("perftest_send_bw_rdma_cm") {
+        return;
+    }
     perftest_cm(52, "ib_send_bw", &["-n", "500"]);
 }
 
 #[test]
 fn perftest_write_lat_rdma_cm() {
+    if !common::programs_installed("perftest_write_lat_rdma_cm") {
+        return;
+    }
     perftest_cm(53, "ib_write_lat", &["-n", "500"]);
 }
 
 #[test]
 fn perftest_read_bw_rdma_cm() {
+    if !common::programs_installed("perftest_read_bw_rdma_cm") {
+        return;
+    }
     perftest_cm(54, "ib_read_bw", &["-n", "500"]);
 }
 
@@ -301,6 +316,9 @@ fn edges_program() -> Option<PathBuf> {
 
 #[test]
 fn rdmacm_edge_cases_from_c() {
+    if !common::programs_installed("rdmacm_edge_cases_from_c") {
+        return;
+    }
     let Some(bin) = edges_program() else {
         return;
     };

@@ -124,6 +124,46 @@ pub fn scratch(test: &str) -> PathBuf {
     d
 }
 
+/// The Debian packages the program tests run (the programs that prove the
+/// drop-in: rdma-core's utilities, perftest, rdmacm-utils) and a program
+/// of each that shows whether it is installed.
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("ibverbs-utils", "ibv_rc_pingpong"),
+    ("perftest", "ib_send_bw"),
+    ("rdmacm-utils", "rping"),
+];
+
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|d| d.join(name).is_file())
+}
+
+/// Whether the program tests can run. When a package is missing, outside
+/// CI the test is skipped with a line naming the packages
+/// (`scripts/test` installs them, or says the same once); under CI
+/// (`CI` set) a missing package fails the test: CI installs them.
+pub fn programs_installed(test: &str) -> bool {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, prog)| !on_path(prog))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let line = format!(
+        "{test}: SKIPPED: not installed: {} (apt-get install {})",
+        missing.join(", "),
+        missing.join(" ")
+    );
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{line} (required under CI)"
+    );
+    eprintln!("{line}");
+    false
+}
+
 /// The full path of a program on `PATH`; a clear failure when missing.
 pub fn program(name: &str) -> PathBuf {
     if name.contains('/') {
