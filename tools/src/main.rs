@@ -39,6 +39,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Like the C tools: `roxe devices | head -1` ends quietly when the
+    // reader goes away, instead of println! panicking on EPIPE.
+    // SAFETY: restoring the default action of SIGPIPE before any thread
+    // exists; no handler code is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match cli.command {
         Command::Decode(args) => decode::run(&args),

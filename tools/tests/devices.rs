@@ -69,3 +69,40 @@ fn roxe_backend_selects_what_is_offered() {
         "{o:?}"
     );
 }
+
+/// A device whose address is chosen at open shows the GUID of the address
+/// it would take (not 0, as before any open it used to).
+#[test]
+fn an_auto_device_shows_a_guid() {
+    let o = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .arg("devices")
+        .env_remove("ROXE_ADDR")
+        .env("ROXE_BACKEND", "soft")
+        .output()
+        .expect("run roxe devices");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("roxe0"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let guid = line.split_whitespace().nth(1).unwrap();
+    assert_ne!(guid, "0000000000000000", "{line}");
+    assert!(guid.starts_with("ffff7f"), "a 127.x address's GUID: {line}");
+}
+
+/// `roxe devices | head -1`: the tool ends quietly when its reader goes.
+#[test]
+fn a_closed_pipe_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .arg("devices")
+        .env("ROXE_ADDR", "127.0.233.2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn roxe devices");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -137,13 +137,27 @@ impl DeviceInfo {
         self.config.addr
     }
     /// The node GUID (`ibv_get_device_guid`): derived from the address as
-    /// rxe derives it from the MAC (EUI-64 style); 0 until the address is
-    /// known.
+    /// rxe derives it from the MAC (EUI-64 style). A device whose address
+    /// is chosen at open: the address it has (open in this process) or
+    /// would take if opened now.
     pub fn guid(&self) -> u64 {
         if let Some(h) = &self.hardware {
             return h.guid;
         }
-        self.config.addr.map(guid_of).unwrap_or(0)
+        self.config
+            .addr
+            .or_else(|| {
+                // Open in this process: its address; else the one it
+                // would take if opened now.
+                open_devices()
+                    .lock()
+                    .get(&self.name)
+                    .and_then(Weak::upgrade)
+                    .map(|d| d.addr())
+            })
+            .or_else(roxe_provider::driver::next_auto_addr)
+            .map(guid_of)
+            .unwrap_or(0)
     }
     /// `ibv_open_device`: bind the device's socket and start it. Opening the
     /// same device twice in one process shares it. A hardware device:

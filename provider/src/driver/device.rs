@@ -279,6 +279,29 @@ fn bind_device(addr: IpAddr) -> io::Result<(UdpSocket, Shared4791)> {
     }
 }
 
+/// The address a device without a configured one would take if opened
+/// now (`ibv_devices` shows its GUID before any open): the first
+/// 127.0.0.N whose port 4791 (or, beside rxe, whose claim port) no socket
+/// holds, per `/proc/net/udp`.
+pub fn next_auto_addr() -> Option<IpAddr> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    let port = if wildcard_4791_held(false) {
+        SHARED_MODE_PORT
+    } else {
+        ROCEV2_PORT
+    };
+    let bound: std::collections::HashSet<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .collect();
+    (1..=0xBFFFu16).filter_map(addr_of_lid).find(|a| {
+        let IpAddr::V4(v4) = a else { return false };
+        let key = format!("{:08X}:{port:04X}", u32::from_le_bytes(v4.octets()));
+        !bound.contains(&key)
+    })
+}
+
 /// Bind the first free loopback address from 127.0.0.1 upward.
 fn bind_auto() -> io::Result<(IpAddr, UdpSocket, Shared4791)> {
     for lid in 1..=0xBFFFu16 {

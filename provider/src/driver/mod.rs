@@ -15,8 +15,8 @@ mod tap;
 pub use channel::CompChannel;
 pub use config::{ConfigError, DeviceConfig, FaultSpec, IcrcMode};
 pub use device::{
-    addr_of_lid, lid_of, CmEventSink, Device, DeviceStats, DriverStats, EngineGuard, EventSink,
-    ROCEV2_PORT,
+    addr_of_lid, lid_of, next_auto_addr, CmEventSink, Device, DeviceStats, DriverStats,
+    EngineGuard, EventSink, ROCEV2_PORT, SHARED_MODE_PORT,
 };
 pub use fault::FaultStats;
 pub use raw::NeedsCapNetRaw;
