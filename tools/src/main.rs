@@ -9,8 +9,27 @@ mod info;
 mod perf;
 mod pingpong;
 
+/// Every environment variable roxe reads (a test checks the list against
+/// the sources), shown by `roxe --help`.
+const ENVIRONMENT: &str = "\
+Environment (every roxe device, in roxe and in programs over the drop-in library):
+  ROXE_ADDR=A[,B...]      device addresses, one device each (default: the first free 127.0.0.N)
+  ROXE_ICRC=MODE          off | warn | strict | raw: how received ICRCs are checked
+  ROXE_PCAP=FILE          write every packet a device sends and receives to FILE (pcap)
+  ROXE_FAULT=SPEC         loss=P,dup=P,reorder=P,corrupt=P,delay=T,seed=N on every device
+  ROXE_GSO=on|off         UDP segmentation offload for sends (and GRO for receives)
+  ROXE_BUSY_POLL=on|off   the progress thread spins instead of sleeping
+  ROXE_LOG=FILTER         log (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug)
+  ROXE_BACKEND=CHOICE     soft | hardware | auto: which devices are offered (default auto)
+  ROXE_SYSTEM_LIBIBVERBS=PATH  the system libibverbs.so.1 to list real devices with";
+
 #[derive(Parser)]
-#[command(name = "roxe", version, about = "roxe: software RoCEv2 in userspace")]
+#[command(
+    name = "roxe",
+    version,
+    about = "roxe: software RoCEv2 in userspace",
+    after_help = ENVIRONMENT
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -106,3 +106,47 @@ fn a_closed_pipe_is_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `roxe --help` lists every `ROXE_*` variable the sources read.
+#[test]
+fn help_lists_every_environment_variable() {
+    let o = Command::new(env!("CARGO_BIN_EXE_roxe"))
+        .arg("--help")
+        .output()
+        .expect("run roxe --help");
+    let help = stdout(&o);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut read = std::collections::BTreeSet::new();
+    for dir in [
+        "provider/src",
+        "verbs-api/src",
+        "verbs-api/capi/src",
+        "tools/src",
+    ] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for (i, _) in text.match_indices("\"ROXE_") {
+                        let name: String = text[i + 1..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                            .collect();
+                        read.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    assert!(read.len() >= 8, "found {read:?}");
+    for v in &read {
+        assert!(
+            help.contains(v.as_str()),
+            "roxe --help does not list {v}:\n{help}"
+        );
+    }
+}
