@@ -452,22 +452,46 @@ fn errno_of(e: roxe_verbs::Error) -> i32 {
     e.errno()
 }
 
+/// One CM step of an id, as librdmacm's verbs do it: `op` on roxe's id,
+/// then the public fields refreshed (device, addresses, path); a
+/// synchronous id then waits for the step's event when `waits`.
+///
+/// # Safety
+/// `id` must be NULL or a live id of this library.
+unsafe fn id_step(
+    id: *mut rdma_cm_id,
+    waits: bool,
+    op: impl FnOnce(&CmId) -> roxe_verbs::Result<()>,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(p) = (unsafe { id_priv(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: p is live.
+    if let Err(e) = op(unsafe { &(*p).cm }) {
+        return fail(errno_of(e));
+    }
+    // SAFETY: p is live.
+    if let Err(e) = unsafe { refresh(p) } {
+        return fail(e);
+    }
+    if waits {
+        // SAFETY: p is live.
+        unsafe { complete(p) }
+    } else {
+        0
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
     guard(-1, || {
-        // SAFETY: id NULL or ours; addr the caller's.
-        let (Some(p), Some(sa)) = (unsafe { id_priv(id) }, unsafe { from_sockaddr(addr) }) else {
+        // SAFETY: addr is the caller's.
+        let Some(sa) = (unsafe { from_sockaddr(addr) }) else {
             return fail(libc::EINVAL);
         };
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { (*p).cm.bind_addr(sa) } {
-            return fail(errno_of(e));
-        }
-        // SAFETY: p is live.
-        match unsafe { refresh(p) } {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        // SAFETY: id NULL or ours.
+        unsafe { id_step(id, false, |cm| cm.bind_addr(sa)) }
     })
 }
 
@@ -515,62 +539,28 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     _timeout_ms: c_int,
 ) -> c_int {
     guard(-1, || {
-        // SAFETY: id NULL or ours; the addresses are the caller's.
-        let (Some(p), Some(dst)) = (unsafe { id_priv(id) }, unsafe { from_sockaddr(dst_addr) })
-        else {
+        // SAFETY: the addresses are the caller's.
+        let (src, Some(dst)) = (unsafe { from_sockaddr(src_addr) }, unsafe {
+            from_sockaddr(dst_addr)
+        }) else {
             return fail(libc::EINVAL);
         };
-        // SAFETY: as above.
-        let src = unsafe { from_sockaddr(src_addr) };
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { (*p).cm.resolve_addr(src, dst) } {
-            return fail(errno_of(e));
-        }
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { refresh(p) } {
-            return fail(e);
-        }
-        // SAFETY: p is live.
-        unsafe { complete(p) }
+        // SAFETY: id NULL or ours.
+        unsafe { id_step(id, true, |cm| cm.resolve_addr(src, dst)) }
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
-    guard(-1, || {
-        // SAFETY: id NULL or ours.
-        let Some(p) = (unsafe { id_priv(id) }) else {
-            return fail(libc::EINVAL);
-        };
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { (*p).cm.resolve_route() } {
-            return fail(errno_of(e));
-        }
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { refresh(p) } {
-            return fail(e);
-        }
-        // SAFETY: p is live.
-        unsafe { complete(p) }
-    })
+    // SAFETY: id NULL or ours.
+    guard(-1, || unsafe { id_step(id, true, CmId::resolve_route) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    guard(-1, || {
-        // SAFETY: id NULL or ours.
-        let Some(p) = (unsafe { id_priv(id) }) else {
-            return fail(libc::EINVAL);
-        };
-        // SAFETY: p is live.
-        if let Err(e) = unsafe { (*p).cm.listen(backlog) } {
-            return fail(errno_of(e));
-        }
-        // SAFETY: p is live.
-        match unsafe { refresh(p) } {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+    // SAFETY: id NULL or ours.
+    guard(-1, || unsafe {
+        id_step(id, false, |cm| cm.listen(backlog))
     })
 }
 
