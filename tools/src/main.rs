@@ -8,6 +8,7 @@ mod demo;
 mod info;
 mod perf;
 mod pingpong;
+mod stat;
 
 /// Every environment variable roxe reads (a test checks the list against
 /// the sources), shown by `roxe --help`.
@@ -49,6 +50,9 @@ enum Command {
     Pingpong(pingpong::Args),
     /// List roxe devices (like ibv_devices).
     Devices,
+    /// The open roxe devices of this user's processes: counters and QPs
+    /// (like `rdma stat` and `rdma res show qp`).
+    Stat(stat::Args),
     /// Show device attributes, port and GID table (like ibv_devinfo).
     Devinfo(info::DevinfoArgs),
     /// Run every RDMA operation between a server and a client process on
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode::run(&args),
         Command::Perf(a) => perf::run(&a),
         Command::Pingpong(a) => pingpong::run(&a),
+        Command::Stat(a) => stat::run(&a),
         Command::Devices => info::run_devices(),
         Command::Devinfo(args) => info::run_devinfo(&args),
         Command::Demo(args) => demo::run(&args),

@@ -26,7 +26,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rustix::event::{PollFd, PollFlags};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -166,6 +166,8 @@ struct Shared {
     /// segments the kernel builds get IPv4 identifications 1, 2, ..., so
     /// their ICRCs fail at receivers that see the real header).
     gro: bool,
+    /// `roxe stat`'s socket (None where it could not be made).
+    stat: Option<super::stat::StatServer>,
 }
 
 /// An open soft device. Dropping it stops its progress thread.
@@ -410,6 +412,13 @@ impl Device {
             cm_sinks: Mutex::new(Vec::new()),
             busy_poll: config.busy_poll,
             gro,
+            stat: match super::stat::StatServer::open(addr) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::debug!(%addr, error = %e, "no roxe stat socket");
+                    None
+                }
+            },
         });
         tracing::info!(%addr, gso, icrc = ?config.icrc, "device open");
         let s = Arc::clone(&shared);
@@ -566,6 +575,62 @@ impl Shared {
 
     /// Send what the engine has, signal channels, and make sure the
     /// progress thread wakes for the earliest timer. Runs under the lock.
+    /// The answer to `roxe stat` (see `stat.rs`): the device's counters,
+    /// then one line per QP.
+    fn stat_answer(&self, core: &Core) -> String {
+        use std::fmt::Write as _;
+        let e = core.engine.stats();
+        let d = &core.stats;
+        let tx = core.tx.counters;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "device pid={} addr={} rx_packets={} tx_packets={} tx_retransmits={} timeouts={} \
+             naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
+             rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
+             timers_late={}",
+            std::process::id(),
+            self.addr,
+            e.rx_packets,
+            e.tx_packets,
+            e.tx_retransmits,
+            e.timeouts,
+            e.naks_sent,
+            e.rnr_naks_received,
+            e.rx_malformed,
+            e.rx_bad_icrc,
+            e.rx_no_qp,
+            e.rx_wrong_peer,
+            e.rx_dropped,
+            d.rx_datagrams,
+            tx.datagrams,
+            tx.errors,
+            d.timers_late,
+        );
+        for q in core.engine.qp_snapshots() {
+            let (peer, dest_qpn) = match q.peer {
+                Some((a, n)) => (a.to_string(), n.to_string()),
+                None => ("-".into(), "-".into()),
+            };
+            let _ = writeln!(
+                out,
+                "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
+                 una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={}",
+                q.qpn,
+                format!("{:?}", q.qp_type).to_uppercase(),
+                format!("{:?}", q.state).to_uppercase(),
+                q.next_psn,
+                q.una,
+                q.epsn,
+                q.send_queue,
+                q.recv_queue,
+                q.retry_left,
+                q.rnr_retry_left,
+            );
+        }
+        out
+    }
+
     fn run_deferred(&self, core: &mut Core) {
         let jobs = std::mem::take(&mut *self.deferred.lock());
         for job in jobs {
@@ -782,6 +847,7 @@ impl Shared {
         let mut rx = RxBatch::new(self.gro);
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
         let mut next_audit: Nanos = 0;
+        let mut stat_pending = false;
         while !self.stop.load(Ordering::Acquire) {
             let mut guard: Option<MutexGuard<'_, Core>> = None;
             loop {
@@ -814,6 +880,13 @@ impl Shared {
                 // `Engine::audit_liveness` (debug builds check after every call).
                 core.engine.audit_liveness(now);
                 next_audit = now + AUDIT_EVERY;
+                // Busy-polling devices never sleep in poll: answer here.
+                stat_pending |= self.busy_poll;
+            }
+            if std::mem::take(&mut stat_pending) {
+                if let Some(st) = &self.stat {
+                    st.serve(|| self.stat_answer(&core));
+                }
             }
             self.after_work(&mut core);
             let deadline = earliest(
@@ -842,13 +915,16 @@ impl Shared {
                 tv_sec: timeout.as_secs() as _,
                 tv_nsec: timeout.subsec_nanos() as _,
             };
+            let stat_fd = self.stat.as_ref().map(|s| s.fd());
+            let stat_or_wake = stat_fd.unwrap_or(self.wake.as_fd());
             let mut fds = [
                 PollFd::new(&self.socket, PollFlags::IN),
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(self.raw.as_ref().unwrap_or(&self.wake), PollFlags::IN),
+                PollFd::new(&stat_or_wake, PollFlags::IN),
             ];
-            let nfds = if self.raw.is_some() { 3 } else { 2 };
-            let _ = rustix::event::poll(&mut fds[..nfds], Some(&ts));
+            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            stat_pending = stat_fd.is_some() && !fds[3].revents().is_empty();
             let mut drain = [0u8; 8];
             let _ = rustix::io::read(&self.wake, &mut drain);
             self.sleeping_until.store(0, Ordering::Release);

@@ -10,6 +10,7 @@ mod fault;
 mod netdev;
 mod raw;
 mod socket;
+pub mod stat;
 mod tap;
 
 pub use channel::CompChannel;

@@ -179,6 +179,28 @@ pub struct Stats {
     pub stalls_repaired: u64,
 }
 
+/// One QP as `roxe stat` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpSnapshot {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub state: QpState,
+    /// The connected peer's address and QP (RC/UC).
+    pub peer: Option<(IpAddr, u32)>,
+    /// PSN of the next new request.
+    pub next_psn: u32,
+    /// Oldest unacknowledged PSN.
+    pub una: u32,
+    /// Next PSN the responder expects.
+    pub epsn: u32,
+    /// Send WQEs not yet completed.
+    pub send_queue: usize,
+    /// Receive WQEs posted and not yet consumed.
+    pub recv_queue: usize,
+    pub retry_left: u8,
+    pub rnr_retry_left: u8,
+}
+
 /// An affiliated asynchronous event of a QP (`ibv_get_async_event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpEvent {
@@ -941,6 +963,32 @@ impl Engine {
     }
 
     /// Take the asynchronous events raised since the last call.
+    /// Every QP, in QPN order (`roxe stat`).
+    pub fn qp_snapshots(&self) -> Vec<QpSnapshot> {
+        let mut v: Vec<QpSnapshot> = self
+            .qps
+            .values()
+            .map(|q| {
+                let (next_psn, una, send_queue, retry_left, rnr_retry_left) = q.req.stat();
+                QpSnapshot {
+                    qpn: q.qpn,
+                    qp_type: q.init.qp_type,
+                    state: q.state,
+                    peer: q.peer.map(|p| (p, q.attr.dest_qp_num)),
+                    next_psn,
+                    una,
+                    epsn: q.resp.epsn(),
+                    send_queue,
+                    recv_queue: q.rq.len(),
+                    retry_left,
+                    rnr_retry_left,
+                }
+            })
+            .collect();
+        v.sort_by_key(|q| q.qpn);
+        v
+    }
+
     pub fn take_events(&mut self) -> Vec<QpEvent> {
         std::mem::take(&mut self.events)
     }

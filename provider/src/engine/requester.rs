@@ -117,6 +117,18 @@ impl Requester {
     }
 
     /// A message has started (PSNs assigned) and is not finished.
+    /// What `roxe stat` shows: (next new PSN, oldest unacknowledged PSN,
+    /// send WQEs queued, retries left, RNR retries left).
+    pub fn stat(&self) -> (u32, u32, usize, u8, u8) {
+        (
+            self.next_psn.value(),
+            self.una.value(),
+            self.sq.len(),
+            self.retry_left,
+            self.rnr_left,
+        )
+    }
+
     pub fn in_flight(&self) -> bool {
         self.sq.iter().any(|w| w.started && w.done.is_none())
     }

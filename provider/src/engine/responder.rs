@@ -99,6 +99,11 @@ impl Responder {
         }
     }
 
+    /// The next PSN this responder expects (`roxe stat`).
+    pub fn epsn(&self) -> u32 {
+        self.epsn.value()
+    }
+
     pub fn reset_psn(&mut self, psn: Psn) {
         self.epsn = psn;
     }

@@ -1,0 +1,190 @@
+//! `roxe stat`: every roxe device of this user's running processes, with
+//! its counters and QPs, as `rdma res show qp` and `rdma stat` show kernel
+//! devices. Each device answers on its Unix socket (see
+//! `roxe_provider::driver::stat`); sockets of processes that are gone are
+//! removed on the way.
+
+use roxe_provider::driver::stat::{pid_of, stat_dir};
+use serde_json::{json, Map, Value};
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `roxe stat`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One JSON object on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Print again every SECS seconds until interrupted.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<u64>,
+}
+
+/// One record line: its kind and `key=value` fields in order.
+type Fields = Vec<(String, String)>;
+
+/// One device's answer.
+struct DeviceStat {
+    device: Fields,
+    qps: Vec<Fields>,
+}
+
+fn parse_fields(line: &str) -> Option<(&str, Fields)> {
+    let mut words = line.split_whitespace();
+    let kind = words.next()?;
+    let fields = words
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Some((kind, fields))
+}
+
+fn parse(answer: &str) -> Option<DeviceStat> {
+    let mut dev = None;
+    let mut qps = Vec::new();
+    for line in answer.lines() {
+        match parse_fields(line) {
+            Some(("device", f)) => dev = Some(f),
+            Some(("qp", f)) => qps.push(f),
+            _ => {}
+        }
+    }
+    Some(DeviceStat { device: dev?, qps })
+}
+
+/// Ask every device; remove the sockets nobody answers on.
+fn collect() -> Result<Vec<DeviceStat>, String> {
+    let dir = stat_dir().map_err(|e| format!("roxe stat: {e}"))?;
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("roxe stat: {}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| pid_of(n).is_some())
+        .collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        let mut conn = match UnixStream::connect(&path) {
+            Ok(c) => c,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
+                // Its process is gone (or closed the device a moment ago).
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut answer = String::new();
+        if conn.read_to_string(&mut answer).is_ok() {
+            if let Some(d) = parse(&answer) {
+                out.push(d);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn value(v: &str) -> Value {
+    v.parse::<u64>().map_or_else(|_| json!(v), |n| json!(n))
+}
+
+fn object(fields: &Fields) -> Value {
+    Value::Object(
+        fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value(v)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+fn field<'a>(f: &'a Fields, key: &str) -> &'a str {
+    f.iter()
+        .find(|(k, _)| k == key)
+        .map_or("-", |(_, v)| v.as_str())
+}
+
+fn print_tables(devs: &[DeviceStat]) {
+    if devs.is_empty() {
+        println!("no roxe device is open in a process of this user");
+    }
+    for d in devs {
+        let f = &d.device;
+        println!(
+            "{} (pid {}): rx {} tx {} retransmits {} timeouts {} NAKs sent {} RNR NAKs received {} dropped {}",
+            field(f, "addr"),
+            field(f, "pid"),
+            field(f, "rx_packets"),
+            field(f, "tx_packets"),
+            field(f, "tx_retransmits"),
+            field(f, "timeouts"),
+            field(f, "naks_sent"),
+            field(f, "rnr_naks_received"),
+            field(f, "rx_dropped"),
+        );
+        if d.qps.is_empty() {
+            continue;
+        }
+        println!(
+            "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}",
+            "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq"
+        );
+        for q in &d.qps {
+            println!(
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}",
+                field(q, "qpn"),
+                field(q, "type"),
+                field(q, "state"),
+                field(q, "peer"),
+                field(q, "dest_qpn"),
+                field(q, "next_psn"),
+                field(q, "una"),
+                field(q, "epsn"),
+                field(q, "send_queue"),
+                field(q, "recv_queue"),
+            );
+        }
+    }
+}
+
+/// `roxe stat`.
+pub fn run(args: &Args) -> ExitCode {
+    loop {
+        let devs = match collect() {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(1);
+            }
+        };
+        if args.json {
+            let list: Vec<Value> = devs
+                .iter()
+                .map(|d| {
+                    let mut o = object(&d.device);
+                    o["qps"] = Value::Array(d.qps.iter().map(object).collect());
+                    o
+                })
+                .collect();
+            println!("{}", json!({ "devices": list }));
+        } else {
+            print_tables(&devs);
+        }
+        match args.watch {
+            Some(secs) => {
+                std::thread::sleep(Duration::from_secs(secs.max(1)));
+                if !args.json {
+                    println!();
+                }
+            }
+            None => return ExitCode::SUCCESS,
+        }
+    }
+}
