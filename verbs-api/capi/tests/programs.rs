@@ -909,3 +909,37 @@ fn pcap_captures_pass_roce_check() {
     let problems = check_captures(&tool, &files);
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
+
+// ---------------------------------------------------------------------------
+// rdma-core's logging variables
+
+/// `VERBS_LOG_LEVEL=4 VERBS_LOG_FILE=F`, as for rdma-core's providers: the
+/// drop-in writes its events (here the QP state changes to RTS) to F.
+#[test]
+fn verbs_log_level_and_file_log_qp_states() {
+    if !common::programs_installed("verbs_log_level_and_file_log_qp_states") {
+        return;
+    }
+    let net = Net(57);
+    let dir = scratch("verbs_log");
+    let (slog, clog) = (dir.join("server.log"), dir.join("client.log"));
+    let port = net.port(0).to_string();
+    let args = ["-g", "0", "-p", &port, "-n", "5"];
+    let server = Side::new("ibv_rc_pingpong", &net.server(0), &args)
+        .env("VERBS_LOG_LEVEL", "4")
+        .env("VERBS_LOG_FILE", slog.as_os_str());
+    let client = Side::new("ibv_rc_pingpong", &net.client(0), &args)
+        .arg(net.server(0))
+        .env("VERBS_LOG_LEVEL", "4")
+        .env("VERBS_LOG_FILE", clog.as_os_str());
+    let p = run_pair(&server, &client, net.port(0));
+    p.assert_ok();
+    for f in [&slog, &clog] {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        assert!(
+            text.contains("QP state change") && text.contains("to=RTS"),
+            "{}: no QP state change to RTS logged:\n{text}\n{p:?}",
+            f.display()
+        );
+    }
+}
