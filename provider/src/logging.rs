@@ -58,14 +58,15 @@ pub fn init_from_env() {
                 return;
             }
         };
-        let (writer, ansi) = match file {
-            None => (BoxMakeWriter::new(std::io::stderr), true),
+        // No colours (the `ansi` feature is not built; asking for it panics).
+        let writer = match file {
+            None => BoxMakeWriter::new(std::io::stderr),
             Some(path) => match std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&path)
             {
-                Ok(f) => (BoxMakeWriter::new(std::sync::Mutex::new(f)), false),
+                Ok(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
                 // As libibverbs: a log file that cannot be opened means no log.
                 Err(_) => return,
             },
@@ -73,7 +74,7 @@ pub fn init_from_env() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(writer)
-            .with_ansi(ansi)
+            .with_ansi(false)
             .with_target(true)
             .try_init();
     });

@@ -49,8 +49,8 @@ struct Finding {
 
 /// Per-file tallies.
 #[derive(Default)]
-struct Summary {
-    frames: u64,
+pub(crate) struct Summary {
+    pub(crate) frames: u64,
     roce: u64,
     ipv4: u64,
     ipv6: u64,
@@ -71,7 +71,12 @@ struct Summary {
 }
 
 impl Summary {
-    fn status(&self) -> u8 {
+    /// RoCEv2 packets seen.
+    pub(crate) fn roce_count(&self) -> u64 {
+        self.roce
+    }
+
+    pub(crate) fn status(&self) -> u8 {
         if self.malformed > 0 || self.icrc_bad > 0 || self.truncated > 0 {
             EXIT_FAIL
         } else if self.roce == 0 {
@@ -91,7 +96,7 @@ impl Summary {
 }
 
 /// What was decoded from one frame carrying RoCEv2.
-struct Decoded {
+pub(crate) struct Decoded {
     frame: u64,
     ts_ns: u64,
     src: String,
@@ -181,7 +186,7 @@ fn decode_file(
     for rec in reader {
         let rec = rec.map_err(|e| e.to_string())?;
         s.frames += 1;
-        let Some(d) = decode_frame(args, &rec, &mut s) else {
+        let Some(d) = decode_frame(&args.port, &rec, &mut s) else {
             continue;
         };
         tally(&mut s, &d);
@@ -196,7 +201,9 @@ fn decode_file(
     Ok((s, packets))
 }
 
-fn decode_frame(args: &Args, rec: &CaptureRecord, s: &mut Summary) -> Option<Decoded> {
+/// Decode one frame (RoCEv2 on port 4791 or one of `ports`); None for a
+/// frame that carries no RoCEv2 (counted in `s`).
+pub(crate) fn decode_frame(ports: &[u16], rec: &CaptureRecord, s: &mut Summary) -> Option<Decoded> {
     let ip = match pcap::link_payload(rec.link, &rec.data) {
         Some(L3::Ipv4(b)) | Some(L3::Ipv6(b)) => b,
         Some(L3::Other { ethertype: 0x8915 }) => {
@@ -209,7 +216,7 @@ fn decode_frame(args: &Args, rec: &CaptureRecord, s: &mut Summary) -> Option<Dec
         }
     };
     let dg = match Datagram::parse(ip) {
-        Ok(dg) if dg.dst_port == ROCEV2_PORT || args.port.contains(&dg.dst_port) => dg,
+        Ok(dg) if dg.dst_port == ROCEV2_PORT || ports.contains(&dg.dst_port) => dg,
         _ => {
             s.non_roce_frames += 1;
             return None;
@@ -529,7 +536,7 @@ fn describe_cm(r: &PacketRepr, d: &mut Decoded) {
     d.cm = Some(format!("{}({text})", cm::attr_name(h.attr_id)));
 }
 
-fn tally(s: &mut Summary, d: &Decoded) {
+pub(crate) fn tally(s: &mut Summary, d: &Decoded) {
     s.roce += 1;
     *s.opcodes.entry(d.opcode.clone()).or_default() += 1;
     match d.icrc {
@@ -569,7 +576,11 @@ fn tally(s: &mut Summary, d: &Decoded) {
     }
 }
 
-fn print_packet(out: &mut impl std::io::Write, d: &Decoded, verbose: bool) -> std::io::Result<()> {
+pub(crate) fn print_packet(
+    out: &mut impl std::io::Write,
+    d: &Decoded,
+    verbose: bool,
+) -> std::io::Result<()> {
     let mut line = format!(
         "#{} {}.{:06} {} > {} {}",
         d.frame,
@@ -620,7 +631,7 @@ fn print_packet(out: &mut impl std::io::Write, d: &Decoded, verbose: bool) -> st
     Ok(())
 }
 
-fn print_summary(
+pub(crate) fn print_summary(
     out: &mut impl std::io::Write,
     path: &std::path::Path,
     s: &Summary,

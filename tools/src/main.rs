@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod capture;
 mod decode;
 mod demo;
 mod info;
@@ -44,6 +45,10 @@ enum Command {
     /// ICRC; 1 on any malformed, truncated or bad-ICRC packet; 2 when a file
     /// cannot be read; 3 when no RoCEv2 packet was found.
     Decode(decode::Args),
+    /// Capture RoCEv2 live on an interface, one decoded line per packet
+    /// with its ICRC verified over the real IP header; a summary at the
+    /// end. Exit status as decode's. Needs CAP_NET_RAW.
+    Capture(capture::Args),
     /// perftest-style bandwidth and latency between two processes.
     Perf(perf::Args),
     /// Ping-pong SENDs over an RC QP, as rdma-core's ibv_rc_pingpong.
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Decode(args) => decode::run(&args),
+        Command::Capture(a) => capture::run(&a),
         Command::Perf(a) => perf::run(&a),
         Command::Pingpong(a) => pingpong::run(&a),
         Command::Stat(a) => stat::run(&a),
