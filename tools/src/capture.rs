@@ -14,10 +14,11 @@
 //! once going out and once coming in, and only the second is kept), and it
 //! adds no dependency to the workspace.
 //!
-//! Not built: splitting the GSO super-packets the kernel hands a packet
-//! socket on `lo` and veth when a sender uses UDP GSO (roxe's own devices
-//! with `ROXE_GSO=on`); such a packet fails its length checks and is
-//! reported, it is not silently passed.
+//! On `lo` and veth a sender's UDP GSO sends (roxe with `ROXE_GSO=on`) reach
+//! the socket uncut: with `PACKET_VNET_HDR` each packet comes with its
+//! virtio-net header, whose `gso_size` says how the kernel will cut it; the
+//! capture cuts it the same way (IPv4 identification one higher per
+//! segment, as `inet_gso_segment` numbers them) and verifies each segment.
 
 use crate::decode::{decode_frame, print_packet, print_summary, tally, Summary};
 use clap::Args as ClapArgs;
@@ -53,6 +54,14 @@ pub struct Args {
 }
 
 const ETH_P_ALL: u16 = 0x0003;
+/// `PACKET_VNET_HDR` (linux/if_packet.h).
+const PACKET_VNET_HDR: libc::c_int = 15;
+/// `struct virtio_net_hdr`: flags, gso_type, hdr_len, gso_size,
+/// csum_start, csum_offset (host byte order).
+const VNET_HDR_LEN: usize = 10;
+/// `VIRTIO_NET_HDR_GSO_UDP_L4` (and `_UDP`, UFO).
+const GSO_UDP_L4: u8 = 5;
+const GSO_UDP: u8 = 3;
 const PACKET_OUTGOING: u8 = 4;
 const ARPHRD_LOOPBACK: &str = "772";
 
@@ -68,7 +77,9 @@ fn open(iface: &str) -> Result<OwnedFd, String> {
     let fd = unsafe {
         libc::socket(
             libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            // SOCK_RAW: PACKET_VNET_HDR needs it; the link header is cut
+            // below (`link_header_len`).
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             i32::from(ETH_P_ALL.to_be()),
         )
     };
@@ -100,6 +111,23 @@ fn open(iface: &str) -> Result<OwnedFd, String> {
     if rc != 0 {
         return Err(format!(
             "roxe capture: binding to {iface}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with an int option of its size.
+    if unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_VNET_HDR,
+            std::ptr::addr_of!(on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } != 0
+    {
+        return Err(format!(
+            "roxe capture: PACKET_VNET_HDR: {}",
             std::io::Error::last_os_error()
         ));
     }
@@ -154,8 +182,27 @@ fn is_loopback(iface: &str) -> bool {
         .is_ok_and(|t| t.trim() == ARPHRD_LOOPBACK)
 }
 
-/// One datagram and its packet type, or None when nothing is waiting.
-fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, u8)> {
+/// Bytes of link-layer header before the IP header, by `sll_hatype`:
+/// Ethernet-like (Ethernet, loopback) 14, plus 4 per VLAN tag; none for
+/// IP-only devices (tun, WireGuard).
+fn link_header_len(hatype: u16, frame: &[u8]) -> usize {
+    const ARPHRD_ETHER: u16 = 1;
+    const ARPHRD_LOOPBACK_TYPE: u16 = 772;
+    if hatype != ARPHRD_ETHER && hatype != ARPHRD_LOOPBACK_TYPE {
+        return 0;
+    }
+    let mut off = 12;
+    while frame
+        .get(off..off + 2)
+        .is_some_and(|t| t == [0x81, 0x00] || t == [0x88, 0xa8])
+    {
+        off += 4;
+    }
+    off + 2
+}
+
+/// One frame, its packet type and link type, or None when nothing waits.
+fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, u8, u16)> {
     // SAFETY: sockaddr_ll is plain data.
     let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -170,7 +217,7 @@ fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Option<(usize, u8)> {
             &mut len,
         )
     };
-    (n >= 0).then_some((n as usize, from.sll_pkttype))
+    (n >= 0).then_some((n as usize, from.sll_pkttype, from.sll_hatype))
 }
 
 /// Wait at most `ms` for the socket to be readable.
@@ -189,6 +236,65 @@ static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 
 extern "C" fn on_stop_signal(_: libc::c_int) {
     STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The internet checksum of an IPv4 header (its checksum field zero).
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The datagrams a UDP GSO send of `gso_size`-byte segments becomes on the
+/// wire: each with its own IP and UDP header (lengths, IPv4 identification
+/// and header checksum set; UDP checksum 0, as RoCEv2 senders leave it).
+/// None for anything but IPv4/IPv6 + UDP.
+pub fn split_udp_gso(ip: &[u8], gso_size: usize) -> Option<Vec<Vec<u8>>> {
+    if gso_size == 0 {
+        return None;
+    }
+    let v4 = ip.first()? >> 4 == 4;
+    let ip_len = if v4 {
+        usize::from(ip[0] & 0x0f) * 4
+    } else {
+        40
+    };
+    let proto = if v4 { *ip.get(9)? } else { *ip.get(6)? };
+    if proto != 17 || ip.len() < ip_len + 8 {
+        return None;
+    }
+    let payload = &ip[ip_len + 8..];
+    let id = if v4 {
+        u16::from_be_bytes([ip[4], ip[5]])
+    } else {
+        0
+    };
+    let mut out = Vec::new();
+    for (i, chunk) in payload.chunks(gso_size).enumerate() {
+        let mut seg = Vec::with_capacity(ip_len + 8 + chunk.len());
+        seg.extend_from_slice(&ip[..ip_len + 8]);
+        seg.extend_from_slice(chunk);
+        let udp_len = (8 + chunk.len()) as u16;
+        if v4 {
+            let total = (ip_len + 8 + chunk.len()) as u16;
+            seg[2..4].copy_from_slice(&total.to_be_bytes());
+            seg[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
+            seg[10..12].copy_from_slice(&[0, 0]);
+            let c = ipv4_checksum(&seg[..ip_len]);
+            seg[10..12].copy_from_slice(&c.to_be_bytes());
+        } else {
+            seg[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        }
+        seg[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
+        seg[ip_len + 6..ip_len + 8].copy_from_slice(&[0, 0]);
+        out.push(seg);
+    }
+    Some(out)
 }
 
 /// `roxe capture`.
@@ -234,7 +340,7 @@ pub fn run(args: &Args) -> ExitCode {
             },
             None => Duration::from_millis(500),
         };
-        let Some((n, pkttype)) = receive(&fd, &mut buf) else {
+        let Some((n, pkttype, hatype)) = receive(&fd, &mut buf) else {
             let _ = out.flush();
             wait(&fd, left.as_millis().min(500) as i32);
             continue;
@@ -242,25 +348,43 @@ pub fn run(args: &Args) -> ExitCode {
         if loopback && pkttype == PACKET_OUTGOING {
             continue;
         }
-        frame += 1;
+        let n = n.min(buf.len());
+        if n < VNET_HDR_LEN {
+            continue;
+        }
+        let (vnet, frame_bytes) = buf[..n].split_at(VNET_HDR_LEN);
+        let Some(ip) = frame_bytes.get(link_header_len(hatype, frame_bytes)..) else {
+            continue;
+        };
+        let gso_type = vnet[1] & 0x7f;
+        let gso_size = usize::from(u16::from_ne_bytes([vnet[4], vnet[5]]));
+        let datagrams = match gso_type {
+            GSO_UDP_L4 | GSO_UDP => {
+                split_udp_gso(ip, gso_size).unwrap_or_else(|| vec![ip.to_vec()])
+            }
+            _ => vec![ip.to_vec()],
+        };
         let ts_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let rec = CaptureRecord {
-            frame,
-            ts_ns,
-            link: LinkType::RawIp,
-            data: buf[..n.min(buf.len())].to_vec(),
-            orig_len: u32::try_from(n).unwrap_or(u32::MAX),
-        };
-        s.frames += 1;
-        let Some(d) = decode_frame(&args.port, &rec, &mut s) else {
-            continue;
-        };
-        tally(&mut s, &d);
-        let _ = print_packet(&mut out, &d, args.verbose);
-        if let Some(w) = writer.as_mut() {
-            let _ = w.write_ip(ts_ns, &rec.data);
+        for data in datagrams {
+            frame += 1;
+            let rec = CaptureRecord {
+                frame,
+                ts_ns,
+                link: LinkType::RawIp,
+                orig_len: u32::try_from(data.len()).unwrap_or(u32::MAX),
+                data,
+            };
+            s.frames += 1;
+            let Some(d) = decode_frame(&args.port, &rec, &mut s) else {
+                continue;
+            };
+            tally(&mut s, &d);
+            let _ = print_packet(&mut out, &d, args.verbose);
+            if let Some(w) = writer.as_mut() {
+                let _ = w.write_ip(ts_ns, &rec.data);
+            }
         }
     }
     if let Some(mut w) = writer {
@@ -276,4 +400,39 @@ pub fn run(args: &Args) -> ExitCode {
         );
     }
     ExitCode::from(s.status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 3-segment IPv4 UDP GSO packet (id 7) becomes 3 datagrams with
+    /// their own lengths, identifications 7, 8, 9 and valid checksums.
+    #[test]
+    fn udp_gso_is_cut_as_the_kernel_cuts_it() {
+        let payload: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
+        let mut ip = vec![
+            0x45, 0, 0, 0, 0, 7, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 2, 127, 0, 0, 1,
+        ];
+        let total = (20 + 8 + payload.len()) as u16;
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        ip.extend_from_slice(&[0x12, 0xb7, 0x12, 0xb7]);
+        ip.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        ip.extend_from_slice(&[0xab, 0xcd]);
+        ip.extend_from_slice(&payload);
+        let segs = split_udp_gso(&ip, 100).unwrap();
+        assert_eq!(segs.len(), 3);
+        for (i, seg) in segs.iter().enumerate() {
+            let want = if i < 2 { 100 } else { 50 };
+            assert_eq!(seg.len(), 28 + want);
+            assert_eq!(u16::from_be_bytes([seg[2], seg[3]]) as usize, 28 + want);
+            assert_eq!(u16::from_be_bytes([seg[4], seg[5]]), 7 + i as u16);
+            assert_eq!(ipv4_checksum(&seg[..20]), 0, "header checksum");
+            assert_eq!(u16::from_be_bytes([seg[24], seg[25]]) as usize, 8 + want);
+            assert_eq!(&seg[26..28], &[0, 0]);
+            assert_eq!(&seg[28..], &payload[i * 100..i * 100 + want]);
+        }
+        assert!(split_udp_gso(&ip[..20], 100).is_none(), "no UDP header");
+        assert!(split_udp_gso(&ip, 0).is_none());
+    }
 }
