@@ -300,25 +300,27 @@ unsafe fn channel_of<'a>(c: *mut rdma_event_channel) -> &'a RoxeEventChannel {
 /// # Safety
 /// `p` must be a live id.
 unsafe fn refresh(p: *mut IdPriv) -> Result<(), i32> {
-    // SAFETY: per the contract; the C fields are written only by the
-    // thread calling into the id (as librdmacm does).
-    let p = unsafe { &mut *p };
-    if let Some(ctx) = p.cm.context() {
-        let mut extra = p.extra.lock();
+    // SAFETY: per the contract. Field by field: other threads read the
+    // Rust fields (`cm`, `extra`, `events`) through shared references,
+    // while the C fields (`id`, the path record) are written only by the
+    // thread calling into the id, as librdmacm does.
+    let (cm, extra, id, path) = unsafe { (&(*p).cm, &(*p).extra, &mut (*p).id, &mut *(*p).path) };
+    if let Some(ctx) = cm.context() {
+        let mut extra = extra.lock();
         let dev = match extra.dev {
             Some(d) => d,
             None => {
                 let d = shared_device(&ctx)?;
                 extra.dev = Some(d);
-                p.id.pd = d.pd;
+                id.pd = d.pd;
                 d
             }
         };
-        p.id.verbs = dev.ctx;
-        p.id.port_num = 1;
+        id.verbs = dev.ctx;
+        id.port_num = 1;
     }
-    let (local, peer) = (p.cm.local_addr(), p.cm.peer_addr());
-    let route = &mut p.id.route;
+    let (local, peer) = (cm.local_addr(), cm.peer_addr());
+    let route = &mut id.route;
     route.addr.src_addr = to_storage(local).0;
     route.addr.dst_addr = to_storage(peer).0;
     if let Some(l) = local {
@@ -329,7 +331,6 @@ unsafe fn refresh(p: *mut IdPriv) -> Result<(), i32> {
     }
     route.addr.addr.pkey = 0xffff;
     if let (Some(l), Some(r)) = (local, peer) {
-        let path = &mut *p.path;
         path.dgid = gid(r.ip());
         path.sgid = gid(l.ip());
         path.pkey = 0xffffu16.to_be();
@@ -337,15 +338,15 @@ unsafe fn refresh(p: *mut IdPriv) -> Result<(), i32> {
         path.reversible = 1;
         path.numb_path = 1;
         path.mtu_selector = 2;
-        path.mtu =
-            p.cm.context()
-                .and_then(|c| c.query_port(1).ok())
-                .map_or(3, |a| a.active_mtu as u8);
+        path.mtu = cm
+            .context()
+            .and_then(|c| c.query_port(1).ok())
+            .map_or(3, |a| a.active_mtu as u8);
         path.rate_selector = 2;
         path.rate = 3;
         path.packet_life_time_selector = 2;
         path.packet_life_time = IBOE_PACKET_LIFETIME;
-        route.path_rec = ptr::addr_of_mut!(*p.path);
+        route.path_rec = ptr::addr_of_mut!(*path);
         route.num_paths = 1;
     }
     Ok(())
@@ -1353,51 +1354,57 @@ pub unsafe extern "C" fn rdma_get_request(
         let Some(l) = (unsafe { id_priv(listen) }) else {
             return fail(libc::EINVAL);
         };
+        // Raw field accesses only: rdma_get_cm_event below reaches the
+        // listener through its own pointer (event counts, context).
         // SAFETY: l is live.
-        let lr = unsafe { &mut *l };
-        if !lr.sync.load(Ordering::Acquire) || id.is_null() {
+        if !unsafe { (*l).sync.load(Ordering::Acquire) } || id.is_null() {
             return fail(libc::EINVAL);
         }
-        if !lr.id.event.is_null() {
-            let ev = std::mem::replace(&mut lr.id.event, null_mut());
-            // SAFETY: the listener's pending event.
-            unsafe { ack(ev) };
+        // SAFETY: l is live; its pending event (if any) is ours to ack.
+        unsafe {
+            let ev = std::mem::replace(&mut (*l).id.event, null_mut());
+            if !ev.is_null() {
+                ack(ev);
+            }
         }
         let mut ev = null_mut();
         // SAFETY: the listener's own channel.
-        let r = unsafe { rdma_get_cm_event(lr.id.channel, &mut ev) };
+        let r = unsafe { rdma_get_cm_event((*l).id.channel, &mut ev) };
         if r != 0 {
             return r;
         }
         // SAFETY: ev was just handed out.
-        let e = unsafe { &*ev };
-        let errno = if e.event == EventKind::Rejected as u32 {
+        let (kind, status, new_id) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+        let errno = if kind == EventKind::Rejected as u32 {
             Some(libc::ECONNREFUSED)
-        } else if e.status != 0 {
-            Some(-e.status)
-        } else if e.event != EventKind::ConnectRequest as u32 {
+        } else if status != 0 {
+            Some(-status)
+        } else if kind != EventKind::ConnectRequest as u32 {
             Some(libc::EINVAL)
         } else {
             None
         };
         if let Some(errno) = errno {
-            lr.id.event = ev;
+            // SAFETY: l is live.
+            unsafe { (*l).id.event = ev };
             return fail(errno);
         }
-        let init = lr.extra.lock().qp_init_attr;
+        // SAFETY: l is live.
+        let init = unsafe { (*l).extra.lock().qp_init_attr };
         if let Some(mut a) = init {
             // SAFETY: the new id is live; a is a valid init attr.
-            let r = unsafe { rdma_create_qp(e.id, lr.id.pd, &mut a) };
+            let r = unsafe { rdma_create_qp(new_id, (*l).id.pd, &mut a) };
             if r != 0 {
                 let errno = last_errno();
-                lr.id.event = ev;
+                // SAFETY: l is live.
+                unsafe { (*l).id.event = ev };
                 return fail(errno);
             }
         }
         // SAFETY: the new id is live; id is the caller's out-pointer.
         unsafe {
-            (*e.id).event = ev;
-            *id = e.id;
+            (*new_id).event = ev;
+            *id = new_id;
         }
         0
     })
@@ -1502,8 +1509,10 @@ pub unsafe extern "C" fn rdma_migrate_id(
         let Some(p) = (unsafe { id_priv(id) }) else {
             return fail(libc::EINVAL);
         };
+        // Shared references to the Rust fields (other threads ack events
+        // through them), raw writes to the C fields.
         // SAFETY: p is live.
-        let pr = unsafe { &mut *p };
+        let pr = unsafe { &*p };
         let was_sync = pr.sync.load(Ordering::Acquire);
         if was_sync && channel.is_null() {
             return fail(libc::EINVAL);
@@ -1518,15 +1527,18 @@ pub unsafe extern "C" fn rdma_migrate_id(
         };
         // SAFETY: channel is live (ours or the caller's).
         pr.cm.migrate(&unsafe { channel_of(channel) }.ch);
-        let old = std::mem::replace(&mut pr.id.channel, channel);
+        // SAFETY: p is live; its C fields are written by this caller only.
+        let old = unsafe { std::mem::replace(&mut (*p).id.channel, channel) };
         if was_sync {
-            if !pr.id.event.is_null() {
-                let ev = std::mem::replace(&mut pr.id.event, null_mut());
-                // SAFETY: the id's pending event.
-                unsafe { ack(ev) };
+            // SAFETY: as above; the pending event is the id's own.
+            unsafe {
+                let ev = std::mem::replace(&mut (*p).id.event, null_mut());
+                if !ev.is_null() {
+                    ack(ev);
+                }
+                // The id's own old channel, now unused.
+                free_channel(old);
             }
-            // SAFETY: the id's own old channel, now unused.
-            unsafe { free_channel(old) };
         }
         pr.sync.store(sync, Ordering::Release);
         let mut n = pr.events.lock();
