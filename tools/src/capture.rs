@@ -265,7 +265,8 @@ pub fn split_udp_gso(ip: &[u8], gso_size: usize) -> Option<Vec<Vec<u8>>> {
         40
     };
     let proto = if v4 { *ip.get(9)? } else { *ip.get(6)? };
-    if proto != 17 || ip.len() < ip_len + 8 {
+    // A header shorter than IPv4's minimum is no packet the kernel built.
+    if proto != 17 || ip_len < 20 || ip.len() < ip_len + 8 {
         return None;
     }
     let payload = &ip[ip_len + 8..];
@@ -434,5 +435,8 @@ mod tests {
         }
         assert!(split_udp_gso(&ip[..20], 100).is_none(), "no UDP header");
         assert!(split_udp_gso(&ip, 0).is_none());
+        let mut bad_ihl = ip.clone();
+        bad_ihl[0] = 0x40;
+        assert!(split_udp_gso(&bad_ihl, 100).is_none(), "IHL 0");
     }
 }

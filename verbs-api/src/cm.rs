@@ -1341,25 +1341,28 @@ fn process(q: Queued) -> Result<Option<Event>> {
     Ok(Some(ev))
 }
 
-/// The id a connection request creates on the listener's channel.
+/// The id a connection request creates on the listener's channel, on the
+/// listener's device and address; None if the listener has no device.
 fn passive_child(
     listener: &IdInner,
-    ctx: Context,
-    local: Option<SocketAddr>,
     peer: IpAddr,
     hdr: Option<rdma_cm::CmaHeader>,
     conn: ConnId,
-) -> Arc<IdInner> {
+) -> Option<Arc<IdInner>> {
+    let (ctx, local) = {
+        let st = listener.st.lock();
+        (st.ctx.clone()?, st.local)
+    };
     let mut st = IdState2::new(IdState::Requested);
     st.ctx = Some(ctx);
     st.local = local;
     st.peer = Some(SocketAddr::new(peer, hdr.map(|h| h.port).unwrap_or(0)));
     st.conn = Some(conn);
-    Arc::new(IdInner {
+    Some(Arc::new(IdInner {
         channel: Mutex::new(Arc::clone(&listener.channel.lock())),
         ps: listener.ps,
         st: Mutex::new(st),
-    })
+    }))
 }
 
 /// How to reach the device at `peer` (RoCEv2: by GID).
@@ -1402,14 +1405,13 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
         CmEvent::ConnectRequest {
             conn, peer, req, ..
         } => {
-            let (ctx, local) = {
-                let st = id.st.lock();
-                (st.ctx.clone(), st.local)
-            };
-            let Some(ctx) = ctx else { return Ok(None) };
             let hdr = rdma_cm::CmaHeader::parse(&req.private_data).ok();
-            let child = CmId {
-                inner: passive_child(&id, ctx.clone(), local, peer, hdr, conn),
+            let Some(inner) = passive_child(&id, peer, hdr, conn) else {
+                return Ok(None);
+            };
+            let child = CmId { inner };
+            let Some(ctx) = child.context() else {
+                return Ok(None);
             };
             {
                 let mut st = child.inner.st.lock();
@@ -1433,13 +1435,10 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
         CmEvent::SidrRequest {
             conn, peer, req, ..
         } => {
-            let (ctx, local) = {
-                let st = id.st.lock();
-                (st.ctx.clone(), st.local)
-            };
-            let Some(ctx) = ctx else { return Ok(None) };
             let hdr = rdma_cm::CmaHeader::parse(&req.private_data).ok();
-            let child = passive_child(&id, ctx, local, peer, hdr, conn);
+            let Some(child) = passive_child(&id, peer, hdr, conn) else {
+                return Ok(None);
+            };
             let mut e = event(&child, EventKind::ConnectRequest);
             e.listen_id = Some(CmId { inner: id });
             e.ud = Some(UdParam {

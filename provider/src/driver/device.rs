@@ -157,6 +157,9 @@ struct Shared {
     stop: AtomicBool,
     /// Work to run under the core lock at the next pass ([`Device::defer`]).
     deferred: Mutex<Vec<DeferredJob>>,
+    /// Jobs wait in `deferred`: every verb and pass checks this flag, and
+    /// takes the lock only when it is set (the data path never does).
+    has_deferred: AtomicBool,
     /// Who hears the CM's events (rdma_cm ids). Its own lock (taken inside
     /// the core lock, never around it), so subscribing never waits for the
     /// engine.
@@ -409,6 +412,7 @@ impl Device {
             sleeping_until: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             cm_sinks: Mutex::new(Vec::new()),
             busy_poll: config.busy_poll,
             gro,
@@ -524,6 +528,7 @@ impl Device {
     /// never waits for the lock itself.
     pub fn defer(&self, job: DeferredJob) {
         self.shared.deferred.lock().push(job);
+        self.shared.has_deferred.store(true, Ordering::Release);
         self.shared.wake();
     }
 
@@ -632,6 +637,9 @@ impl Shared {
     }
 
     fn run_deferred(&self, core: &mut Core) {
+        if !self.has_deferred.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let jobs = std::mem::take(&mut *self.deferred.lock());
         for job in jobs {
             job(&mut core.engine);
