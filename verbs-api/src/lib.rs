@@ -42,6 +42,8 @@ pub use roxe_provider::wr::{
 };
 pub use roxe_provider::{driver as soft, wire};
 
+#[doc(hidden)]
+pub mod abi;
 pub mod cm;
 pub mod hw;
 pub use roxe_provider::{AccessFlags, Errno, VerbsError, WcOpcode, WcStatus};

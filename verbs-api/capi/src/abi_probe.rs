@@ -533,7 +533,7 @@ fn declared_in_abi_rs() -> (Vec<(String, Vec<String>)>, Vec<String>) {
     let mut items = Vec::new();
     let mut consts = Vec::new();
     let mut current: Option<(String, Vec<String>)> = None;
-    for line in include_str!("abi.rs").lines() {
+    for line in include_str!("../../src/abi.rs").lines() {
         let line = line.trim();
         if let Some((name, fields)) = current.as_mut() {
             if line == "}" {

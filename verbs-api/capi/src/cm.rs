@@ -964,7 +964,7 @@ unsafe fn convert(ev: Event, channel: *mut rdma_event_channel) -> Option<*mut rd
         b.ev.param.ud = rdma_ud_param {
             private_data: pd,
             private_data_len: len,
-            ah_attr: crate::verbs::av_to_c(&ud.ah_attr),
+            ah_attr: crate::abi::convert::av_to_c(&ud.ah_attr),
             qp_num: ud.qp_num,
             qkey: ud.qkey,
         };
@@ -1332,7 +1332,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
         // SAFETY: p is live.
         match unsafe { (*p).cm.init_qp_attr(state) } {
             Ok((a, mask)) => {
-                *out = crate::verbs::qp_attr_to_c(&a, out.cap);
+                *out = crate::abi::convert::qp_attr_to_c(&a, out.cap);
                 // SAFETY: the caller's out-pointer.
                 unsafe { *qp_attr_mask = mask.bits() as c_int };
                 0

@@ -20,7 +20,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-pub mod abi;
+pub use roxe_verbs::abi;
 #[cfg(test)]
 mod abi_probe;
 mod cm;

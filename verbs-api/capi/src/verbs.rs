@@ -8,11 +8,12 @@
 //! use (EBUSY), as the kernel does.
 
 use crate::abi::*;
+use crate::abi::convert::{av_from_c, qp_attr_from_c, qp_attr_to_c, wc_to_c};
 use crate::device::context;
 use crate::{guard, set_errno};
 use parking_lot::Mutex;
 use roxe_verbs::{
-    AccessFlags, AddressVector, AttrMask, CompChannel, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpInit,
+    AccessFlags, AttrMask, CompChannel, Cq, Mr, Pd, Qp, QpInit,
     QpState, QpType, RecvWr, SendFlags, SendOpcode, SendWr, Sge, Srq, WorkCompletion,
 };
 use std::collections::HashMap;
@@ -396,30 +397,6 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
         libc::pthread_cond_signal(ptr::addr_of_mut!((*cq).cond));
         libc::pthread_mutex_unlock(ptr::addr_of_mut!((*cq).mutex));
-    }
-}
-
-fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
-    let with_imm = w.wc_flags & roxe_verbs::wc_flags::WITH_IMM != 0;
-    ibv_wc {
-        wr_id: w.wr_id,
-        status: w.status as u32,
-        opcode: w.opcode as u32,
-        vendor_err: 0,
-        byte_len: w.byte_len,
-        // imm_data is __be32: the bytes as on the wire.
-        imm_data: if with_imm {
-            w.imm_data.to_be()
-        } else {
-            w.invalidated_rkey
-        },
-        qp_num: w.qp_num,
-        src_qp: w.src_qp,
-        wc_flags: w.wc_flags,
-        pkey_index: 0,
-        slid: 0,
-        sl: 0,
-        dlid_path_bits: 0,
     }
 }
 
@@ -880,72 +857,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     })
 }
 
-fn av_from_c(a: &ibv_ah_attr) -> AddressVector {
-    AddressVector {
-        dgid: a.grh.dgid.raw,
-        sgid_index: a.grh.sgid_index,
-        is_global: a.is_global != 0,
-        dlid: a.dlid,
-        hop_limit: a.grh.hop_limit,
-        traffic_class: a.grh.traffic_class,
-        flow_label: a.grh.flow_label,
-        sl: a.sl,
-        port_num: a.port_num,
-    }
-}
-
-pub(crate) fn av_to_c(a: &AddressVector) -> ibv_ah_attr {
-    ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: a.dgid },
-            flow_label: a.flow_label,
-            sgid_index: a.sgid_index,
-            hop_limit: a.hop_limit,
-            traffic_class: a.traffic_class,
-        },
-        dlid: a.dlid,
-        sl: a.sl,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: u8::from(a.is_global),
-        port_num: a.port_num,
-    }
-}
-
-/// The attributes `mask` names, converted; values outside the mask are
-/// never looked at (programs leave them uninitialised).
-fn qp_attr_from_c(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
-    let has = |bit: c_int| mask & bit != 0;
-    let mut q = QpAttr::default();
-    if has(IBV_QP_STATE) {
-        q.qp_state = QpState::try_from(a.qp_state).map_err(|_| libc::EINVAL)?;
-    }
-    if has(IBV_QP_CUR_STATE) {
-        q.cur_qp_state = QpState::try_from(a.cur_qp_state).map_err(|_| libc::EINVAL)?;
-    }
-    if has(IBV_QP_PATH_MTU) {
-        q.path_mtu = Mtu::try_from(a.path_mtu).map_err(|_| libc::EINVAL)?;
-    }
-    q.qkey = a.qkey;
-    q.rq_psn = a.rq_psn;
-    q.sq_psn = a.sq_psn;
-    q.dest_qp_num = a.dest_qp_num;
-    q.qp_access_flags = AccessFlags(a.qp_access_flags);
-    q.pkey_index = a.pkey_index;
-    q.port_num = a.port_num;
-    if has(IBV_QP_AV) {
-        q.av = av_from_c(&a.ah_attr);
-    }
-    q.timeout = a.timeout;
-    q.retry_cnt = a.retry_cnt;
-    q.rnr_retry = a.rnr_retry;
-    q.min_rnr_timer = a.min_rnr_timer;
-    q.max_rd_atomic = a.max_rd_atomic;
-    q.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    q.en_sqd_async_notify = has(IBV_QP_EN_SQD_ASYNC_NOTIFY) && a.en_sqd_async_notify != 0;
-    Ok(q)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -972,37 +883,6 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Err(e) => e.errno(),
         }
     })
-}
-
-pub(crate) fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
-    ibv_qp_attr {
-        qp_state: a.qp_state as u32,
-        cur_qp_state: a.qp_state as u32,
-        path_mtu: a.path_mtu as u32,
-        path_mig_state: 0,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.0,
-        cap,
-        ah_attr: av_to_c(&a.av),
-        alt_ah_attr: ibv_ah_attr::default(),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: 0,
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-        sq_draining: u8::from(a.sq_draining),
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: 0,
-        alt_timeout: 0,
-        rate_limit: 0,
-    }
 }
 
 #[no_mangle]

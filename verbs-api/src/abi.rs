@@ -8,6 +8,8 @@
 
 #![allow(non_camel_case_types, missing_docs)]
 
+pub mod convert;
+
 use libc::{pthread_cond_t, pthread_mutex_t};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
