@@ -112,7 +112,7 @@ fn rc_traffic_between_raw_devices_arrives_intact() {
     assert!(got == data, "READ data differs");
 
     for (name, ctx) in [("a", &a), ("b", &b)] {
-        let s = ctx.device().stats();
+        let s = ctx.stats().unwrap();
         assert_eq!(s.engine.rx_bad_icrc, 0, "{name}: {s:?}");
         assert_eq!(s.engine.rx_malformed, 0, "{name}: {s:?}");
         assert_eq!(s.driver.rx_raw_dropped, 0, "{name}: {s:?}");
@@ -232,7 +232,7 @@ fn raw_device_verifies_non_zero_identifications_and_strict_cannot() {
     let mut got = vec![0u8; payload.len()];
     rmr.read(40, &mut got).unwrap();
     assert_eq!(got, payload);
-    assert_eq!(r.device().stats().engine.rx_bad_icrc, 0);
+    assert_eq!(r.stats().unwrap().engine.rx_bad_icrc, 0);
 
     // 2. The same packet with one payload byte flipped, ICRC unchanged:
     // dropped and counted, although the kernel's UDP layer would take it
@@ -243,14 +243,14 @@ fn raw_device_verifies_non_zero_identifications_and_strict_cannot() {
     assert!(!roxe_wire::icrc::check_datagram(&bad).unwrap().ok());
     inject(&sock, &bad);
     eventually("rx_bad_icrc on the raw device", || {
-        r.device().stats().engine.rx_bad_icrc == 1
+        r.stats().unwrap().engine.rx_bad_icrc == 1
     });
     // ... and the good one again, behind it: it arrives, the bad one did not.
     inject(&sock, &good);
     let wc = rcq.poll_wait(1, T).unwrap();
     assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
     assert_eq!(wc[0].wr_id, 1, "the second receive took the good packet");
-    let st = r.device().stats();
+    let st = r.stats().unwrap();
     assert_eq!(st.engine.rx_bad_icrc, 1, "{st:?}");
     assert_eq!(st.engine.rx_icrc_unverified, 0, "{st:?}");
 
@@ -259,7 +259,7 @@ fn raw_device_verifies_non_zero_identifications_and_strict_cannot() {
     let good_s = ud_send(injector, strict_addr, IDENT, sq.qp_num(), &payload);
     inject(&sock, &good_s);
     eventually("rx_bad_icrc on the strict device", || {
-        s.device().stats().engine.rx_bad_icrc == 1
+        s.stats().unwrap().engine.rx_bad_icrc == 1
     });
     let mut wcs = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 4];
     assert_eq!(scq.poll(&mut wcs).unwrap(), 0, "strict device accepted it");

@@ -808,7 +808,7 @@ fn every_rc_operation_and_ud() {
     });
 
     println!("peer stats: {}", peer.stats());
-    println!("client stats: {:?}", c.ctx.device().stats());
+    println!("client stats: {:?}", c.ctx.stats().unwrap());
     peer.quit();
     println!("every_rc_operation_and_ud: {:?}", t0.elapsed());
 }
@@ -1022,7 +1022,7 @@ fn one_gib_transfer_checked_by_hash() {
         r => panic!("stream: {r:?}"),
     }
     println!("peer stats: {}", peer.stats());
-    println!("client stats: {:?}", c.ctx.device().stats());
+    println!("client stats: {:?}", c.ctx.stats().unwrap());
     peer.quit();
     println!("one_gib_transfer_checked_by_hash: {:?}", t0.elapsed());
 }
@@ -1140,7 +1140,7 @@ fn killed_peer_gives_retry_exc_err() {
          {:?} × {} tries = {bound:?}); client stats {:?}",
         Duration::from_nanos(4096 << TIMEOUT),
         RETRY + 1,
-        c.ctx.device().stats().engine
+        c.ctx.stats().unwrap().engine
     );
     assert_eq!(
         (tx[0].wr_id, tx[0].status, tx[1].wr_id, tx[1].status),
@@ -1244,7 +1244,7 @@ fn transfer_under_injected_loss() {
         "the WRITE area fits the peer's MR"
     );
 
-    let cs = c.ctx.device().stats();
+    let cs = c.ctx.stats().unwrap();
     let ps = peer.stats();
     println!(
         "transfer_under_injected_loss: SEND {} MiB in {:.2} s ({:.0} MB/s), WRITE {} MiB in {:.2} s ({:.0} MB/s)",
@@ -1386,7 +1386,7 @@ fn rc_under_loss_reordering_and_duplication_never_stalls() {
         let mut done = Vec::with_capacity(n);
         let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 16];
         let activity = |c: &Client| {
-            let s = c.ctx.device().stats();
+            let s = c.ctx.stats().unwrap();
             s.engine.tx_packets + s.engine.rx_packets + s.faults.lost
         };
         let mut last_activity = (activity(&c), Instant::now());
@@ -1426,7 +1426,7 @@ fn rc_under_loss_reordering_and_duplication_never_stalls() {
                  received for {quiet:?} (bound {quiet_bound:?}); {} of {n} completed; client \
                  stats {:?}; peer {}",
                 done.len(),
-                c.ctx.device().stats(),
+                c.ctx.stats().unwrap(),
                 peer.stats()
             );
             assert!(
@@ -1479,7 +1479,7 @@ fn rc_under_loss_reordering_and_duplication_never_stalls() {
                 );
             }
         }
-        let cs = c.ctx.device().stats();
+        let cs = c.ctx.stats().unwrap();
         println!(
             "seed {seed}: {n} WRs in {:.2} s; client retransmits {}, timeouts {}, faults {:?}",
             started.elapsed().as_secs_f64(),

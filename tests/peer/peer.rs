@@ -130,7 +130,7 @@ impl Peer {
         Hello {
             pid: std::process::id(),
             addr: self.ctx.addr().to_string(),
-            gid: self.ctx.device().gid(),
+            gid: self.ctx.query_gid(1, 0).unwrap(),
             rc: self
                 .rc
                 .iter()
@@ -420,7 +420,7 @@ impl Peer {
                 off,
                 wait,
             } => self.stream(rq, n, size, slots, off, wait, out),
-            Cmd::Stats => Ok(Reply::Stats(format!("{:?}", self.ctx.device().stats()))),
+            Cmd::Stats => Ok(Reply::Stats(format!("{:?}", self.ctx.stats().unwrap()))),
             Cmd::Quit => Ok(Reply::Ok),
         }
     }

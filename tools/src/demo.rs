@@ -41,6 +41,10 @@ pub struct Args {
     /// directions) to this pcap file.
     #[arg(long)]
     pcap: Option<std::path::PathBuf>,
+    /// The device both sides run on (soft or hardware, as `roxe devices`
+    /// lists them); default: the first.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
@@ -162,12 +166,8 @@ fn access() -> AccessFlags {
 }
 
 impl Side {
-    fn new() -> DynResult<Side> {
-        let ctx = devices()?
-            .into_iter()
-            .next()
-            .ok_or("no roxe device")?
-            .open()?;
+    fn new(dev: Option<&str>) -> DynResult<Side> {
+        let ctx = crate::info::open_device(dev, None)?;
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(1024, None)?;
         let ud_cq = ctx.create_cq(64, None)?;
@@ -218,8 +218,8 @@ fn all_ok(wcs: &[WorkCompletion]) -> DynResult<()> {
     }
 }
 
-fn server() -> DynResult<()> {
-    let side = Side::new()?;
+fn server(dev: Option<&str>) -> DynResult<()> {
+    let side = Side::new(dev)?;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("listening {}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
@@ -342,6 +342,7 @@ fn wait_one(cq: &Cq, timeout: Duration) -> DynResult<Option<WorkCompletion>> {
 fn ud_echo(side: &Side, peer: &Hello, size: u32) -> DynResult<()> {
     let ah = side.pd.create_ah(&AddressVector {
         dgid: peer.rc.3,
+        sgid_index: side.pd.context().default_gid_index(),
         is_global: true,
         hop_limit: 64,
         port_num: 1,
@@ -445,8 +446,8 @@ impl Client {
     }
 }
 
-fn client(addr: &str, iters: u32) -> DynResult<Vec<Row>> {
-    let side = Side::new()?;
+fn client(addr: &str, iters: u32, dev: Option<&str>) -> DynResult<Vec<Row>> {
+    let side = Side::new(dev)?;
     let stream = connect_bounded(addr)?;
     stream.set_read_timeout(Some(WAIT * 3))?;
     let mut w = stream.try_clone()?;
@@ -672,6 +673,7 @@ fn client(addr: &str, iters: u32) -> DynResult<Vec<Row>> {
             })?;
             let ah = c.side.pd.create_ah(&AddressVector {
                 dgid: c.peer.rc.3,
+                sgid_index: c.side.pd.context().default_gid_index(),
                 is_global: true,
                 hop_limit: 64,
                 port_num: 1,
@@ -753,7 +755,7 @@ fn kill(child: &mut Child) {
 /// `roxe demo`.
 pub fn run(args: &Args) -> ExitCode {
     match args.role.as_deref() {
-        Some("server") => match server() {
+        Some("server") => match server(args.ib_dev.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("roxe demo server: {e}");
@@ -765,7 +767,7 @@ pub fn run(args: &Args) -> ExitCode {
                 eprintln!("roxe demo client: --server missing");
                 return ExitCode::from(2);
             };
-            match client(addr, args.iters.max(1)) {
+            match client(addr, args.iters.max(1), args.ib_dev.as_deref()) {
                 Ok(rows) => print_table(&rows),
                 Err(e) => {
                     eprintln!("roxe demo client: {e}");
@@ -789,9 +791,15 @@ fn parent(args: &Args) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let dev_args: Vec<String> = args
+        .ib_dev
+        .iter()
+        .flat_map(|d| ["-d".to_string(), d.clone()])
+        .collect();
     let mut server = Command::new(&exe);
     server
         .args(["demo", "--role", "server"])
+        .args(&dev_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     // The server's device sees every packet of the run, both directions:
@@ -832,6 +840,7 @@ fn parent(args: &Args) -> ExitCode {
             "-n",
             &args.iters.to_string(),
         ])
+        .args(&dev_args)
         .env_remove("ROXE_PCAP")
         .status();
     // The server exits after the client's Done; bound the wait anyway.

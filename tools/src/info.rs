@@ -1,8 +1,30 @@
 //! `roxe devices` and `roxe devinfo`: what `ibv_devices` and `ibv_devinfo`
 //! print, for roxe's soft devices.
 
-use roxe_verbs::{devices, hardware_devices, Backend, Mtu};
+use roxe_verbs::{devices, hardware_devices, Backend, Context, Mtu};
 use std::process::ExitCode;
+
+/// The device a tool runs on: `-d NAME` among what [`devices`] offers
+/// (soft or hardware), else the first; `-x GID_INDEX` overrides the GID
+/// index its endpoints carry (hardware: the first RoCEv2 IPv4 GID by
+/// default).
+pub fn open_device(name: Option<&str>, gid_index: Option<u8>) -> Result<Context, String> {
+    let list = devices().map_err(|e| format!("listing devices: {e}"))?;
+    let info = match name {
+        Some(n) => list.into_iter().find(|d| d.name() == n).ok_or_else(|| {
+            format!("no device {n} (roxe devices lists what ROXE_BACKEND offers)")
+        })?,
+        None => list.into_iter().next().ok_or("no RDMA device")?,
+    };
+    let ctx = info
+        .open()
+        .map_err(|e| format!("opening {}: {e}", info.name()))?;
+    if let Some(g) = gid_index {
+        ctx.set_default_gid_index(g)
+            .map_err(|e| format!("{}: GID index {g}: {e}", info.name()))?;
+    }
+    Ok(ctx)
+}
 
 /// `roxe devices`: the devices `ROXE_BACKEND` offers, with their backend;
 /// when no hardware device is listed, one line says why.
@@ -117,7 +139,10 @@ pub fn run_devinfo(args: &DevinfoArgs) -> ExitCode {
         let a = ctx.query_device();
         println!("hca_id:\t{}", ctx.name());
         println!("\ttransport:\t\t\tInfiniBand (0)");
-        println!("\tfw_ver:\t\t\t\t0.1.0 (roxe soft RoCEv2)");
+        match ctx.backend() {
+            Backend::Soft => println!("\tfw_ver:\t\t\t\t0.1.0 (roxe soft RoCEv2)"),
+            Backend::Hardware => println!("\tbackend:\t\t\thardware (system libibverbs)"),
+        }
         println!("\tnode_guid:\t\t\t{}", guid_str(a.node_guid));
         println!("\tsys_image_guid:\t\t\t{}", guid_str(a.node_guid));
         println!("\tvendor_id:\t\t\t0x{:04x}", a.vendor_id);
@@ -166,12 +191,19 @@ pub fn run_devinfo(args: &DevinfoArgs) -> ExitCode {
             println!("\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
             println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
             println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
-            if let Ok(g) = ctx.query_gid(1, 0) {
-                println!(
-                    "\t\t\tGID[  0]:\t\t{}, RoCE v2 ({})",
-                    gid_str(&g),
-                    ctx.addr()
-                );
+            for i in 0..p.gid_tbl_len.min(256) {
+                match ctx.query_gid(1, i) {
+                    Ok(g) if g != [0; 16] => println!(
+                        "\t\t\tGID[{i:>3}]:\t\t{}{}",
+                        gid_str(&g),
+                        if i == u32::from(ctx.default_gid_index()) {
+                            format!(", default ({})", ctx.addr())
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    _ => {}
+                }
             }
         }
         println!();

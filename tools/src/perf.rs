@@ -61,7 +61,7 @@
 
 use clap::ValueEnum;
 use roxe_verbs::{
-    devices, AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr,
+    AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr,
     SendFlags, SendOpcode, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use serde::{Deserialize, Serialize};
@@ -157,6 +157,14 @@ pub struct Args {
     /// Give up after this many seconds (every wait is bounded by it).
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// The device (soft or hardware, as `roxe devices` lists them);
+    /// default: the first.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub ib_dev: Option<String>,
+    /// GID index of this side's endpoints (hardware; default: the first
+    /// RoCEv2 GID holding an IPv4 address).
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u8>,
 }
 
 /// How long a client keeps retrying the TCP connection to the server.
@@ -536,13 +544,8 @@ const ACCESS: AccessFlags = AccessFlags(
     AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_READ.0,
 );
 
-fn setup(p: &Params, event: bool) -> Res<Setup> {
-    let info = devices()
-        .map_err(ctx("devices"))?
-        .into_iter()
-        .next()
-        .ok_or("no roxe device")?;
-    let dev = info.open().map_err(ctx("opening the device"))?;
+fn setup(p: &Params, event: bool, args: &Args) -> Res<Setup> {
+    let dev = crate::info::open_device(args.ib_dev.as_deref(), args.gid_index)?;
     let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
     let cqe = p.qps * (p.tx_depth + p.rx_depth) + 16;
     let channel = if event {
@@ -788,7 +791,7 @@ fn client(args: &Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match client_run(&p, &mut ctrl, deadline, args.json, args.event) {
+    match client_run(&p, &mut ctrl, deadline, args) {
         Ok(report) => {
             print_report(&report, args.json);
             ExitCode::SUCCESS
@@ -801,14 +804,9 @@ fn client(args: &Args) -> ExitCode {
     }
 }
 
-fn client_run(
-    p: &Params,
-    ctrl: &mut Ctrl,
-    deadline: Instant,
-    json: bool,
-    event: bool,
-) -> Res<Report> {
-    let s = setup(p, event)?;
+fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Res<Report> {
+    let (json, event) = (args.json, args.event);
+    let s = setup(p, event, args)?;
     ctrl.send(&Msg::Hello {
         params: *p,
         eps: s.eps(),
@@ -1181,7 +1179,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
         ));
     }
     validate(&p)?;
-    let s = setup(&p, args.event)?;
+    let s = setup(&p, args.event, args)?;
     if cmr.len < s.mr.len() as u64 {
         return Err(format!(
             "the client's MR holds {} bytes, {} needed",

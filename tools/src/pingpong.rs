@@ -789,13 +789,11 @@ fn pingpong(args: &Args) -> Res<()> {
     let qp = pd
         .create_qp(&init)
         .map_err(|e| fail_with("Couldn't create QP", e))?;
-    // ibv_query_qp(IBV_QP_CAP): the verbs API's Qp::query has no cap, so
-    // ask the engine (an error leaves the requested cap, as in C).
-    let max_inline = context
-        .device()
-        .engine()
-        .query_qp(qp.qp_num())
-        .map_or(init.cap.max_inline_data, |(_, i)| i.cap.max_inline_data);
+    // ibv_query_qp(IBV_QP_CAP) (an error leaves the requested cap, as in
+    // C).
+    let max_inline = qp
+        .cap()
+        .map_or(init.cap.max_inline_data, |c| c.max_inline_data);
     let mut send_flags = SendFlags::SIGNALED;
     if max_inline >= size {
         send_flags = send_flags | SendFlags::INLINE;
@@ -1003,8 +1001,9 @@ struct Counters<'a> {
 impl Drop for Counters<'_> {
     fn drop(&mut self) {
         if self.always || !self.ok {
-            let s = self.context.device().stats();
-            eprintln!("{ARGV0}: {} counters: {:?}", self.name, s);
+            if let Some(s) = self.context.stats() {
+                eprintln!("{ARGV0}: {} counters: {:?}", self.name, s);
+            }
         }
     }
 }

@@ -1,9 +1,12 @@
-//! Two soft devices in one process (each takes the next free loopback
-//! address), an RC QP pair between them, and every RC operation: SEND,
-//! SEND_WITH_IMM, RDMA WRITE, WRITE_WITH_IMM, READ, FETCH_ADD, CMP_SWAP.
-//! Exits non-zero on any mismatch.
+//! Two devices in one process, an RC QP pair between them, and every RC
+//! operation: SEND, SEND_WITH_IMM, RDMA WRITE, WRITE_WITH_IMM, READ,
+//! FETCH_ADD, CMP_SWAP. Exits non-zero on any mismatch.
 //!
-//! `cargo run -p roxe-verbs --example rc_loopback`
+//! `cargo run -p roxe-verbs --example rc_loopback`: two soft devices (each
+//! takes the next free loopback address).
+//! `rc_loopback DEV [DEV_B]`: the devices [`devices`] lists by those names,
+//! soft or hardware (`rc_loopback rxe0`: both QPs on the kernel's rxe0);
+//! the code is the same for both backends.
 
 use roxe_verbs::*;
 use std::time::Duration;
@@ -11,14 +14,25 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(5);
 
 fn main() -> Result<()> {
-    let open = |name: &str| device_with(name, DeviceConfig::default()).open();
-    let (a, b) = (open("roxe-example-a")?, open("roxe-example-b")?);
+    let names: Vec<String> = std::env::args().skip(1).collect();
+    let (a, b) = match names.as_slice() {
+        [] => {
+            let open = |name: &str| device_with(name, DeviceConfig::default()).open();
+            (open("roxe-example-a")?, open("roxe-example-b")?)
+        }
+        [one] => (open_named(one)?, open_named(one)?),
+        [x, y, ..] => (open_named(x)?, open_named(y)?),
+    };
     println!(
-        "device a {} (lid {}), device b {} (lid {})",
+        "device a {} {:?} {} (lid {}), device b {} {:?} {} (lid {})",
+        a.name(),
+        a.backend(),
         a.addr(),
-        a.device().lid(),
+        a.query_port(1)?.lid,
+        b.name(),
+        b.backend(),
         b.addr(),
-        b.device().lid()
+        b.query_port(1)?.lid
     );
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
@@ -113,11 +127,23 @@ fn main() -> Result<()> {
     mb.read(500_000, &mut word)?;
     check(u64::from_ne_bytes(word) == 7, "CMP_SWAP swapped")?;
 
-    println!(
-        "all RC operations ok; device a stats: {:?}",
-        a.device().stats().engine
-    );
+    match a.stats() {
+        Some(s) => println!("all RC operations ok; device a stats: {:?}", s.engine),
+        None => println!("all RC operations ok"),
+    }
     Ok(())
+}
+
+/// The listed device called `name`.
+fn open_named(name: &str) -> Result<Context> {
+    let Some(info) = devices()?.into_iter().find(|d| d.name() == name) else {
+        return Err(Error::Verbs(VerbsError::new(
+            "ibv_get_device_list",
+            Errno(19),
+            format!("no device {name}"),
+        )));
+    };
+    info.open()
 }
 
 fn check(ok: bool, what: &str) -> Result<()> {

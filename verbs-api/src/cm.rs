@@ -509,14 +509,17 @@ struct DeviceCm {
 /// A device (weak: a closed device's entry is replaced) and its router.
 type RouterEntry = (Weak<roxe_provider::driver::Device>, DeviceCm);
 
-fn device_cm(ctx: &Context) -> Arc<Router> {
+/// The CM router of a context's soft device (rdma_cm runs on soft
+/// devices: ids open them by address).
+fn device_cm(ctx: &Context) -> Result<Arc<Router>> {
     static ROUTERS: OnceLock<Mutex<HashMap<IpAddr, RouterEntry>>> = OnceLock::new();
+    let device = ctx.soft_arc("rdma_cm")?;
     let mut all = ROUTERS.get_or_init(Default::default).lock();
     let addr = ctx.addr();
-    let dev = Arc::downgrade(&ctx.inner.device);
+    let dev = Arc::downgrade(device);
     if let Some((d, cm)) = all.get(&addr) {
         if Weak::ptr_eq(d, &dev) {
-            return Arc::clone(&cm.router);
+            return Ok(Arc::clone(&cm.router));
         }
     }
     let router = Arc::new(Router::default());
@@ -526,7 +529,7 @@ fn device_cm(ctx: &Context) -> Arc<Router> {
             r.dispatch(ev);
         }
     });
-    ctx.device().subscribe_cm_events(&sink);
+    device.subscribe_cm_events(&sink);
     all.insert(
         addr,
         (
@@ -537,7 +540,7 @@ fn device_cm(ctx: &Context) -> Arc<Router> {
             },
         ),
     );
-    router
+    Ok(router)
 }
 
 impl Router {
@@ -772,13 +775,13 @@ impl CmId {
         };
         let sid = rdma_cm::service_id(self.inner.ps.code(), local.port());
         let lid = {
-            let mut e = ctx.device().engine();
+            let mut e = ctx.soft("rdma_cm")?.engine();
             let lid = e.cm().listen(sid)?;
             let backlog = if backlog <= 0 { 1024 } else { backlog as u32 };
             e.cm().set_backlog(lid, backlog);
             lid
         };
-        device_cm(&ctx).register(lid, &self.inner);
+        device_cm(&ctx)?.register(lid, &self.inner);
         st.listen = Some(lid);
         st.state = IdState::Listening;
         Ok(())
@@ -892,7 +895,7 @@ impl CmId {
         }
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "not connecting"))?;
-        ctx.device().engine().cm().establish(conn, &[])?;
+        ctx.soft("rdma_cm")?.engine().cm().establish(conn, &[])?;
         st.state = IdState::Connected;
         Ok(())
     }
@@ -905,8 +908,7 @@ impl CmId {
             let st = self.inner.st.lock();
             (st.ctx.clone(), [st.conn, st.listen])
         };
-        if let Some(ctx) = ctx {
-            let router = device_cm(&ctx);
+        if let Some(router) = ctx.and_then(|c| device_cm(&c).ok()) {
             for k in keys.into_iter().flatten() {
                 router.register(k, &self.inner);
             }
@@ -982,10 +984,10 @@ impl CmId {
             .map_err(|e| cm_err(VERB, &e.to_string()))?;
         pd.extend_from_slice(&param.private_data);
         let sid = rdma_cm::service_id(self.inner.ps.code(), peer.port());
-        let router = device_cm(&ctx);
-        let now = ctx.device().now();
+        let router = device_cm(&ctx)?;
+        let now = ctx.soft("rdma_cm")?.now();
         let conn = if self.inner.ps.is_ud() {
-            ctx.device()
+            ctx.soft("rdma_cm")?
                 .engine()
                 .cm()
                 .sidr_request(now, peer.ip(), sid, &pd)?
@@ -1004,7 +1006,7 @@ impl CmId {
             let mut req = pcm::rocev2_req(sid, &Self::path(&st, &ctx)?, &offer)?;
             (req.remote_cm_response_timeout, req.max_cm_retries) = st.cm_timeout;
             req.local_cm_response_timeout = st.cm_timeout.0;
-            ctx.device().engine().cm().connect(now, peer.ip(), req)
+            ctx.soft("rdma_cm")?.engine().cm().connect(now, peer.ip(), req)
         };
         router.register(conn, &self.inner);
         st.conn = Some(conn);
@@ -1026,10 +1028,10 @@ impl CmId {
         }
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "no connection"))?;
-        let now = ctx.device().now();
+        let now = ctx.soft("rdma_cm")?.now();
         if self.inner.ps.is_ud() {
             let qpn = st.qp.as_ref().map(Qp::qp_num).unwrap_or(param.qp_num);
-            ctx.device().engine().cm().sidr_reply(
+            ctx.soft("rdma_cm")?.engine().cm().sidr_reply(
                 conn,
                 0,
                 qpn,
@@ -1064,7 +1066,7 @@ impl CmId {
             srq: false,
             private_data: param.private_data.clone(),
         })?;
-        ctx.device().engine().cm().accept(now, conn, rep)?;
+        ctx.soft("rdma_cm")?.engine().cm().accept(now, conn, rep)?;
         st.state = IdState::Accepting;
         Ok(())
     }
@@ -1081,12 +1083,12 @@ impl CmId {
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "no connection"))?;
         if self.inner.ps.is_ud() {
-            ctx.device()
+            ctx.soft("rdma_cm")?
                 .engine()
                 .cm()
                 .sidr_reply(conn, pcm::SIDR_REJECT, 0, 0, private_data)?;
         } else {
-            ctx.device()
+            ctx.soft("rdma_cm")?
                 .engine()
                 .cm()
                 .reject_with_reason(conn, reason, private_data)?;
@@ -1105,8 +1107,8 @@ impl CmId {
         if let Some(qp) = &st.qp {
             qp_to_err(qp);
         }
-        let now = ctx.device().now();
-        ctx.device().engine().cm().disconnect(now, conn, &[])?;
+        let now = ctx.soft("rdma_cm")?.now();
+        ctx.soft("rdma_cm")?.engine().cm().disconnect(now, conn, &[])?;
         st.state = IdState::Disconnected;
         Ok(())
     }
@@ -1125,8 +1127,10 @@ impl Drop for IdInner {
         if conn.is_none() && listen.is_none() {
             return;
         }
-        let router = device_cm(ctx);
-        ctx.device().defer(Box::new(move |e| {
+        let (Ok(router), Some(dev)) = (device_cm(ctx), ctx.soft_device()) else {
+            return;
+        };
+        dev.defer(Box::new(move |e| {
             // Unregistered only once the CM has forgotten the IDs: no
             // later event can then park in the router's `early` buffer.
             if let Some(c) = conn {
@@ -1418,7 +1422,7 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
                 st.ack_timeout = req.primary.local_ack_timeout;
                 st.req = Some(req.clone());
             }
-            device_cm(&ctx).register(conn, &child.inner);
+            device_cm(&ctx)?.register(conn, &child.inner);
             let mut e = event(&child.inner, EventKind::ConnectRequest);
             e.listen_id = Some(CmId { inner: id });
             e.param = ConnParam {
@@ -1479,7 +1483,7 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
                 Ok(()) => {
                     // The RTU goes out; this is the id's Established (the
                     // CM's own, raised by `establish`, is swallowed below).
-                    ctx.device().engine().cm().establish(conn, &[])?;
+                    ctx.soft("rdma_cm")?.engine().cm().establish(conn, &[])?;
                     st.state = IdState::Connected;
                     st.established_reported = true;
                     drop(st);
@@ -1489,7 +1493,7 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
                     }))
                 }
                 Err(_) => {
-                    let _ = ctx.device().engine().cm().reject(conn, &[]);
+                    let _ = ctx.soft("rdma_cm")?.engine().cm().reject(conn, &[]);
                     st.state = IdState::Rejected;
                     drop(st);
                     Ok(Some(event(&id, EventKind::ConnectError)))

@@ -26,15 +26,18 @@
 use parking_lot::Mutex;
 use roxe_provider::driver::{self, Device};
 pub use roxe_provider::engine::QpEvent;
-use roxe_provider::engine::{CqId, QpCap, QpInitAttr, SrqId};
+pub use roxe_provider::engine::QpCap;
+use roxe_provider::engine::{QpInitAttr, SrqId};
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-pub use roxe_provider::driver::{CompChannel, DeviceConfig, DeviceStats, FaultSpec, IcrcMode};
+pub use roxe_provider::driver::{DeviceConfig, DeviceStats, FaultSpec, IcrcMode};
+pub use roxe_provider::engine::CqId;
 pub use roxe_provider::memory::Sge;
 pub use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 pub use roxe_provider::wr::{
@@ -161,19 +164,21 @@ impl DeviceInfo {
             .map(guid_of)
             .unwrap_or(0)
     }
-    /// `ibv_open_device`: bind the device's socket and start it. Opening the
-    /// same device twice in one process shares it. A hardware device:
-    /// EOPNOTSUPP (its contexts are not built yet).
+    /// `ibv_open_device`. A soft device: bind its socket and start it
+    /// (opening the same device twice in one process shares it). A
+    /// hardware device: the system library's `ibv_open_device`.
     pub fn open(&self) -> Result<Context> {
         if self.hardware.is_some() {
-            return Err(verbs(
-                "ibv_open_device",
-                Errno(95),
-                format!(
-                    "{} is a hardware device; roxe lists them but cannot open them yet",
-                    self.name
-                ),
-            ));
+            let sys = hw::system()
+                .as_ref()
+                .map_err(|e| verbs("ibv_open_device", Errno(19), e.clone()))?;
+            let h = Arc::new(hw::HwContext::open(sys, &self.name)?);
+            return Ok(Context {
+                inner: Arc::new(ContextInner {
+                    name: self.name.clone(),
+                    imp: ContextImp::Hw(h),
+                }),
+            });
         }
         let mut open = open_devices().lock();
         // A device already open at the configured address is that device,
@@ -199,7 +204,7 @@ impl DeviceInfo {
         Ok(Context {
             inner: Arc::new(ContextInner {
                 name: self.name.clone(),
-                device,
+                imp: ContextImp::Soft(device),
             }),
         })
     }
@@ -306,7 +311,13 @@ pub fn device_with(name: impl Into<String>, config: DeviceConfig) -> DeviceInfo 
 
 struct ContextInner {
     name: String,
-    device: Arc<Device>,
+    imp: ContextImp,
+}
+
+/// What serves a context: roxe's engine or the system library.
+enum ContextImp {
+    Soft(Arc<Device>),
+    Hw(Arc<hw::HwContext>),
 }
 
 /// An open device (`struct ibv_context`).
@@ -319,13 +330,14 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("name", &self.inner.name)
-            .field("addr", &self.inner.device.addr())
+            .field("backend", &self.backend())
+            .field("addr", &self.addr())
             .finish()
     }
 }
 
 /// `struct ibv_device_attr`, the fields programs read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeviceAttr {
     /// Firmware version string's numbers.
     pub fw_ver: u64,
@@ -395,22 +407,96 @@ impl Context {
     pub fn name(&self) -> &str {
         &self.inner.name
     }
-    /// The soft device underneath (counters, address).
-    pub fn device(&self) -> &Device {
-        &self.inner.device
+    /// A soft device's counters (`None` on hardware: see the device's
+    /// `hw_counters` in sysfs).
+    pub fn stats(&self) -> Option<DeviceStats> {
+        self.soft_device().map(Device::stats)
     }
-    /// The device's address.
+    /// The backend serving this context.
+    pub fn backend(&self) -> Backend {
+        match self.inner.imp {
+            ContextImp::Soft(_) => Backend::Soft,
+            ContextImp::Hw(_) => Backend::Hardware,
+        }
+    }
+    /// The soft device underneath (counters, address, CM); `None` on the
+    /// hardware backend.
+    pub fn soft_device(&self) -> Option<&Device> {
+        match &self.inner.imp {
+            ContextImp::Soft(d) => Some(d),
+            ContextImp::Hw(_) => None,
+        }
+    }
+    /// The soft device, or EOPNOTSUPP naming `verb` on hardware.
+    pub(crate) fn soft(&self, verb: &'static str) -> Result<&Device> {
+        self.soft_arc(verb).map(|d| &**d)
+    }
+    /// As [`Context::soft`], the shared handle.
+    pub(crate) fn soft_arc(&self, verb: &'static str) -> Result<&Arc<Device>> {
+        match &self.inner.imp {
+            ContextImp::Soft(d) => Ok(d),
+            ContextImp::Hw(_) => Err(Self::not_soft(self.name(), verb)),
+        }
+    }
+    fn not_soft(name: &str, verb: &'static str) -> Error {
+        {
+            verbs(
+                verb,
+                Errno(95),
+                format!("{name} is a hardware device; {verb} runs on soft devices"),
+            )
+        }
+    }
+    /// The device's address: a soft device's own; on hardware, the
+    /// address in the default GID ([`Context::default_gid_index`]).
     pub fn addr(&self) -> IpAddr {
-        self.inner.device.addr()
+        match &self.inner.imp {
+            ContextImp::Soft(d) => d.addr(),
+            ContextImp::Hw(h) => h
+                .query_gid(1, u32::from(h.gid_index()))
+                .map(roxe_provider::engine::addr_of_gid)
+                .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
+        }
+    }
+    /// The GID index [`Qp::endpoint`] and [`Qp::connect`] use: 0 on a
+    /// soft device; on hardware, the first RoCEv2 GID holding an IPv4
+    /// address (as rdma_cm picks for IPv4), else the first RoCEv2 GID.
+    pub fn default_gid_index(&self) -> u8 {
+        match &self.inner.imp {
+            ContextImp::Soft(_) => 0,
+            ContextImp::Hw(h) => h.gid_index(),
+        }
+    }
+    /// Choose another GID index for [`Qp::endpoint`] and [`Qp::connect`]
+    /// (`-g` of the pingpong programs); EINVAL where the port has no such
+    /// GID.
+    pub fn set_default_gid_index(&self, index: u8) -> Result<()> {
+        let gid = self.query_gid(1, u32::from(index))?;
+        match &self.inner.imp {
+            ContextImp::Soft(_) => Ok(()),
+            ContextImp::Hw(h) if gid != [0; 16] => {
+                h.set_gid_index(index);
+                Ok(())
+            }
+            ContextImp::Hw(_) => Err(verbs(
+                "ibv_query_gid",
+                Errno::EINVAL,
+                format!("GID index {index} is empty"),
+            )),
+        }
     }
 
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
-        let e = self.inner.device.engine();
+        let d = match &self.inner.imp {
+            ContextImp::Soft(d) => d,
+            ContextImp::Hw(h) => return h.attr,
+        };
+        let e = d.engine();
         let c = e.config();
         DeviceAttr {
             fw_ver: 0,
-            node_guid: guid_of(self.addr()),
+            node_guid: guid_of(d.addr()),
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
             vendor_id: 0xffffff,
@@ -432,8 +518,12 @@ impl Context {
         }
     }
 
-    /// `ibv_query_port` (port 1).
+    /// `ibv_query_port` (port 1 on a soft device).
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let d = match &self.inner.imp {
+            ContextImp::Soft(d) => d,
+            ContextImp::Hw(h) => return h.port_attr(port),
+        };
         if port != 1 {
             return Err(verbs(
                 "ibv_query_port",
@@ -445,17 +535,22 @@ impl Context {
             state: 4,
             max_mtu: Mtu::Mtu4096,
             // From the link the address is on, as rxe's from its netdev.
-            active_mtu: self.inner.device.engine().config().active_mtu,
+            active_mtu: d.engine().config().active_mtu,
             gid_tbl_len: 1,
             pkey_tbl_len: 1,
-            lid: self.inner.device.lid(),
+            lid: d.lid(),
             link_layer: 2,
             max_msg_sz: 0x8000_0000,
         })
     }
 
-    /// `ibv_query_gid`: index 0 is the RoCEv2 GID of the device's address.
+    /// `ibv_query_gid`: on a soft device, index 0 is the RoCEv2 GID of
+    /// the device's address.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+        let d = match &self.inner.imp {
+            ContextImp::Soft(d) => d,
+            ContextImp::Hw(h) => return h.query_gid(port, index),
+        };
         if port != 1 || index != 0 {
             return Err(verbs(
                 "ibv_query_gid",
@@ -463,23 +558,36 @@ impl Context {
                 format!("no GID {index} on port {port}"),
             ));
         }
-        Ok(self.inner.device.gid())
+        Ok(d.gid())
     }
 
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let id = self.inner.device.engine().alloc_pd();
+        let imp = match &self.inner.imp {
+            ContextImp::Soft(d) => PdImp::Soft(d.engine().alloc_pd()),
+            ContextImp::Hw(h) => PdImp::Hw(hw::HwPd::alloc(h)?),
+        };
         Ok(Pd {
             inner: Arc::new(PdInner {
+                imp,
                 ctx: self.clone(),
-                id,
             }),
         })
     }
 
     /// The device's asynchronous QP events from now on (what
-    /// `ibv_get_async_event` reads): SQ drained, last WQE reached.
+    /// `ibv_get_async_event` reads): SQ drained, last WQE reached. On
+    /// hardware, the context's own event queue (all events, from its
+    /// opening).
     pub fn async_events(&self) -> Result<AsyncEvents> {
+        let d = match &self.inner.imp {
+            ContextImp::Soft(d) => d,
+            ContextImp::Hw(h) => {
+                return Ok(AsyncEvents {
+                    imp: AsyncImp::Hw(h.clone()),
+                })
+            }
+        };
         let (rx, tx) = UnixDatagram::pair().map_err(io("ibv_get_async_event"))?;
         tx.set_nonblocking(true)
             .map_err(io("ibv_get_async_event"))?;
@@ -491,56 +599,188 @@ impl Context {
             // than stalling the device.
             let _ = tx.send(&b);
         });
-        self.inner.device.subscribe_events(&sink);
-        Ok(AsyncEvents { rx, _sink: sink })
+        d.subscribe_events(&sink);
+        Ok(AsyncEvents {
+            imp: AsyncImp::Soft { rx, _sink: sink },
+        })
     }
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
-        CompChannel::new().map_err(io("ibv_create_comp_channel"))
+        Ok(CompChannel {
+            imp: match &self.inner.imp {
+                ContextImp::Soft(_) => ChannelImp::Soft(
+                    soft::CompChannel::new().map_err(io("ibv_create_comp_channel"))?,
+                ),
+                ContextImp::Hw(h) => ChannelImp::Hw(Arc::new(hw::HwChannel::create(h)?)),
+            },
+        })
     }
 
-    /// `ibv_create_cq` with `depth` entries, its events going to `channel`.
+    /// `ibv_create_cq` with `depth` entries, its events going to `channel`
+    /// (a channel of this context).
     pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
-        let (id, waiting) = {
-            let mut e = self.inner.device.engine();
-            let id = e.create_cq(depth)?;
-            let waiting = e
-                .cq_mut(id)
-                .map(|c| c.waiting_counter())
-                .ok_or_else(|| verbs("ibv_create_cq", Errno::EINVAL, "CQ vanished"))?;
-            (id, waiting)
+        let foreign = || verbs("ibv_create_cq", Errno::EINVAL, "a channel of another backend");
+        let imp = match &self.inner.imp {
+            ContextImp::Hw(h) => {
+                let ch = match channel.map(|c| &c.imp) {
+                    None => None,
+                    Some(ChannelImp::Hw(c)) => Some(c),
+                    Some(ChannelImp::Soft(_)) => return Err(foreign()),
+                };
+                CqImp::Hw(hw::HwCq::create(h, depth, ch)?)
+            }
+            ContextImp::Soft(d) => {
+                let ch = match channel.map(|c| &c.imp) {
+                    None => None,
+                    Some(ChannelImp::Soft(c)) => Some(c),
+                    Some(ChannelImp::Hw(_)) => return Err(foreign()),
+                };
+                let (id, waiting) = {
+                    let mut e = d.engine();
+                    let id = e.create_cq(depth)?;
+                    let waiting = e
+                        .cq_mut(id)
+                        .map(|c| c.waiting_counter())
+                        .ok_or_else(|| verbs("ibv_create_cq", Errno::EINVAL, "CQ vanished"))?;
+                    (id, waiting)
+                };
+                if let Some(ch) = ch {
+                    d.attach_channel(id, ch);
+                }
+                CqImp::Soft {
+                    id,
+                    waiting,
+                    empty_polls: AtomicU32::new(0),
+                }
+            }
         };
-        if let Some(ch) = channel {
-            self.inner.device.attach_channel(id, ch);
-        }
         Ok(Cq {
             inner: Arc::new(CqInner {
+                imp,
                 ctx: self.clone(),
-                id,
                 channel: channel.cloned(),
-                waiting,
-                empty_polls: AtomicU32::new(0),
             }),
         })
     }
+}
+
+/// A completion channel (`struct ibv_comp_channel`): its fd (`AsFd`)
+/// becomes readable when a CQ attached to it has an event.
+#[derive(Clone)]
+pub struct CompChannel {
+    imp: ChannelImp,
+}
+
+#[derive(Clone)]
+enum ChannelImp {
+    Soft(soft::CompChannel),
+    Hw(Arc<hw::HwChannel>),
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+impl CompChannel {
+    /// Wait for the next event (`ibv_get_cq_event`, acknowledged): the
+    /// id of the CQ that raised it ([`Cq::id`]).
+    pub fn get_event(&self) -> std::io::Result<CqId> {
+        match &self.imp {
+            ChannelImp::Soft(c) => c.get_event(),
+            ChannelImp::Hw(h) => h.get_event().map(CqId),
+        }
+    }
+    /// Wait at most `timeout` for an event.
+    pub fn get_event_timeout(&self, timeout: Duration) -> std::io::Result<Option<CqId>> {
+        match &self.imp {
+            ChannelImp::Soft(c) => c.get_event_timeout(timeout),
+            ChannelImp::Hw(h) => {
+                if !poll_readable(h.fd(), timeout)? {
+                    return Ok(None);
+                }
+                h.get_event().map(|id| Some(CqId(id)))
+            }
+        }
+    }
+    /// Make [`get_event`](Self::get_event) fail with `WouldBlock` instead
+    /// of waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> std::io::Result<()> {
+        match &self.imp {
+            ChannelImp::Soft(c) => c.set_nonblocking(nonblocking),
+            ChannelImp::Hw(h) => set_fd_nonblocking(h.fd(), nonblocking),
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match &self.imp {
+            ChannelImp::Soft(c) => c.as_raw_fd(),
+            ChannelImp::Hw(h) => h.fd(),
+        }
+    }
+}
+
+impl std::os::fd::AsFd for CompChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the fd belongs to the channel this borrows, open until
+        // the channel is dropped.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+/// Whether `fd` became readable within `timeout`.
+fn poll_readable(fd: std::os::fd::RawFd, timeout: Duration) -> std::io::Result<bool> {
+    // SAFETY: fd is open for the duration of the call (its owner is
+    // borrowed by the caller).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    Ok(rustix::event::poll(&mut fds, Some(&ts))? > 0)
+}
+
+fn set_fd_nonblocking(fd: std::os::fd::RawFd, nonblocking: bool) -> std::io::Result<()> {
+    // SAFETY: as in poll_readable.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut fl = rustix::fs::fcntl_getfl(fd)?;
+    fl.set(rustix::fs::OFlags::NONBLOCK, nonblocking);
+    Ok(rustix::fs::fcntl_setfl(fd, fl)?)
 }
 
 /// A context's asynchronous event queue ([`Context::async_events`]). Its
 /// fd (`AsFd`) becomes readable when an event is pending, for poll, epoll
 /// or tokio.
 pub struct AsyncEvents {
-    rx: UnixDatagram,
-    _sink: Arc<soft::EventSink>,
+    imp: AsyncImp,
+}
+
+enum AsyncImp {
+    Soft {
+        rx: UnixDatagram,
+        _sink: Arc<soft::EventSink>,
+    },
+    Hw(Arc<hw::HwContext>),
 }
 
 impl AsyncEvents {
     /// Wait for the next event (`ibv_get_async_event`); with the queue
     /// non-blocking, `WouldBlock` when none is pending.
     pub fn get(&self) -> std::io::Result<QpEvent> {
+        let rx = match &self.imp {
+            AsyncImp::Soft { rx, .. } => rx,
+            AsyncImp::Hw(h) => return h.get_async_event(),
+        };
         let mut b = [0u8; 8];
         loop {
-            match self.rx.recv(&mut b) {
+            match rx.recv(&mut b) {
                 Ok(8) => {
                     let (q, t) = b.split_at(4);
                     let word = |s: &[u8]| u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
@@ -558,44 +798,53 @@ impl AsyncEvents {
 
     /// Wait at most `timeout` for the next event.
     pub fn get_timeout(&self, timeout: Duration) -> std::io::Result<Option<QpEvent>> {
-        self.rx
-            .set_read_timeout(Some(timeout.max(Duration::from_micros(1))))?;
-        let r = match self.get() {
+        if !poll_readable(self.as_fd().as_raw_fd(), timeout)? {
+            return Ok(None);
+        }
+        match self.get() {
             Ok(e) => Ok(Some(e)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
-        };
-        self.rx.set_read_timeout(None)?;
-        r
+        }
     }
 
     /// Make [`get`](Self::get) return `WouldBlock` instead of waiting.
     pub fn set_nonblocking(&self, nonblocking: bool) -> std::io::Result<()> {
-        self.rx.set_nonblocking(nonblocking)
+        match &self.imp {
+            AsyncImp::Soft { rx, .. } => rx.set_nonblocking(nonblocking),
+            AsyncImp::Hw(h) => set_fd_nonblocking(h.async_fd(), nonblocking),
+        }
     }
 }
 
 impl std::os::fd::AsFd for AsyncEvents {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.rx.as_fd()
+        match &self.imp {
+            AsyncImp::Soft { rx, .. } => rx.as_fd(),
+            // SAFETY: the context's async fd, open while the context (held
+            // here) is.
+            AsyncImp::Hw(h) => unsafe { std::os::fd::BorrowedFd::borrow_raw(h.async_fd()) },
+        }
     }
 }
 
 struct PdInner {
+    /// Dropped first (fields drop in order): a hardware PD before its
+    /// context.
+    imp: PdImp,
     ctx: Context,
-    id: roxe_provider::PdId,
+}
+
+enum PdImp {
+    Soft(roxe_provider::PdId),
+    Hw(hw::HwPd),
 }
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        let _ = self.ctx.inner.device.engine().dealloc_pd(self.id);
+        if let (PdImp::Soft(id), ContextImp::Soft(d)) = (&self.imp, &self.ctx.inner.imp) {
+            let _ = d.engine().dealloc_pd(*id);
+        }
     }
 }
 
@@ -605,9 +854,24 @@ pub struct Pd {
     inner: Arc<PdInner>,
 }
 
+/// One object's soft or hardware half, by its PD's backend.
+enum Half<'a, S, H> {
+    Soft(&'a Device, S),
+    Hw(H),
+}
+
 impl Pd {
-    fn device(&self) -> &Device {
-        &self.inner.ctx.inner.device
+    fn half(&self) -> Half<'_, roxe_provider::PdId, &hw::HwPd> {
+        match (&self.inner.imp, &self.inner.ctx.inner.imp) {
+            (PdImp::Soft(id), ContextImp::Soft(d)) => Half::Soft(d, *id),
+            (PdImp::Hw(h), _) => Half::Hw(h),
+            // A soft PD only comes from a soft context.
+            (PdImp::Soft(_), ContextImp::Hw(_)) => unreachable!("soft PD on a hardware context"),
+        }
+    }
+
+    fn device(&self) -> Option<&Device> {
+        self.inner.ctx.soft_device()
     }
 
     /// The context.
@@ -618,15 +882,16 @@ impl Pd {
     /// `ibv_reg_mr` of a zeroed buffer of `len` bytes that roxe owns; read
     /// and write it with [`Mr::read`] / [`Mr::write`].
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        let info =
-            self.device()
-                .engine()
-                .memory_mut()
-                .register_owned(self.inner.id, len, access)?;
+        let imp = match self.half() {
+            Half::Soft(d, id) => MrImp::Soft {
+                info: d.engine().memory_mut().register_owned(id, len, access)?,
+                len,
+            },
+            Half::Hw(h) => MrImp::Hw(h.reg_owned(len, access.0)?),
+        };
         Ok(Mr {
+            imp,
             pd: self.clone(),
-            info,
-            len,
         })
     }
 
@@ -646,39 +911,85 @@ impl Pd {
         iova: u64,
         access: AccessFlags,
     ) -> Result<Mr> {
-        // SAFETY: the caller upholds register_raw's contract (see above).
-        let info = unsafe {
-            self.device().engine().memory_mut().register_raw(
-                self.inner.id,
-                ptr,
+        let imp = match self.half() {
+            Half::Soft(d, id) => MrImp::Soft {
+                // SAFETY: the caller upholds register_raw's contract (see
+                // above).
+                info: unsafe {
+                    d.engine()
+                        .memory_mut()
+                        .register_raw(id, ptr, len, iova, access)?
+                },
                 len,
-                iova,
-                access,
-            )?
+            },
+            // SAFETY: the same contract (valid until the Mr is dropped).
+            Half::Hw(h) => MrImp::Hw(unsafe { h.reg_raw(ptr, len, iova, access.0)? }),
         };
         Ok(Mr {
+            imp,
             pd: self.clone(),
-            info,
-            len,
         })
     }
 
-    /// `ibv_create_qp`.
+    /// `ibv_create_qp`. The CQs and SRQ must be of this PD's device.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
-        let attr = QpInitAttr {
-            qp_type: init.qp_type,
-            pd: self.inner.id,
-            send_cq: init.send_cq.inner.id,
-            recv_cq: init.recv_cq.inner.id,
-            srq: init.srq.map(|s| s.inner.id),
-            cap: init.cap,
-            sq_sig_all: init.sq_sig_all,
+        let mismatch = || verbs("ibv_create_qp", Errno::EINVAL, "a CQ or SRQ of another device");
+        let imp = match self.half() {
+            Half::Soft(d, pd) => {
+                let (CqImp::Soft { id: send_cq, .. }, CqImp::Soft { id: recv_cq, .. }) =
+                    (&init.send_cq.inner.imp, &init.recv_cq.inner.imp)
+                else {
+                    return Err(mismatch());
+                };
+                let srq = match init.srq.map(|s| &s.inner.imp) {
+                    None => None,
+                    Some(SrqImp::Soft(id)) => Some(*id),
+                    Some(SrqImp::Hw(_)) => return Err(mismatch()),
+                };
+                let attr = QpInitAttr {
+                    qp_type: init.qp_type,
+                    pd,
+                    send_cq: *send_cq,
+                    recv_cq: *recv_cq,
+                    srq,
+                    cap: init.cap,
+                    sq_sig_all: init.sq_sig_all,
+                };
+                QpImp::Soft(d.engine().create_qp(attr)?)
+            }
+            Half::Hw(h) => {
+                let (CqImp::Hw(send_cq), CqImp::Hw(recv_cq)) =
+                    (&init.send_cq.inner.imp, &init.recv_cq.inner.imp)
+                else {
+                    return Err(mismatch());
+                };
+                let srq = match init.srq.map(|s| &s.inner.imp) {
+                    None => None,
+                    Some(SrqImp::Hw(s)) => Some(s),
+                    Some(SrqImp::Soft(_)) => return Err(mismatch()),
+                };
+                let c = init.cap;
+                let cap = abi::ibv_qp_cap {
+                    max_send_wr: c.max_send_wr,
+                    max_recv_wr: c.max_recv_wr,
+                    max_send_sge: c.max_send_sge,
+                    max_recv_sge: c.max_recv_sge,
+                    max_inline_data: c.max_inline_data,
+                };
+                QpImp::Hw(h.create_qp(
+                    init.qp_type,
+                    send_cq,
+                    recv_cq,
+                    srq,
+                    cap,
+                    init.sq_sig_all,
+                )?)
+            }
         };
-        let qpn = self.device().engine().create_qp(attr)?;
         Ok(Qp {
             inner: Arc::new(QpInner {
+                imp,
                 pd: self.clone(),
-                qpn,
                 qp_type: init.qp_type,
                 _send_cq: init.send_cq.clone(),
                 _recv_cq: init.recv_cq.clone(),
@@ -689,109 +1000,153 @@ impl Pd {
 
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
-        let id = self
-            .device()
-            .engine()
-            .create_srq(self.inner.id, max_wr, max_sge)?;
+        let imp = match self.half() {
+            Half::Soft(d, pd) => SrqImp::Soft(d.engine().create_srq(pd, max_wr, max_sge)?),
+            Half::Hw(h) => SrqImp::Hw(h.create_srq(max_wr, max_sge)?),
+        };
         Ok(Srq {
             inner: Arc::new(SrqInner {
+                imp,
                 pd: self.clone(),
-                id,
             }),
         })
     }
 
     /// `ibv_create_ah`: where UD sends go.
     pub fn create_ah(&self, av: &AddressVector) -> Result<Ah> {
-        let resolved = self.device().resolve_av(av).ok_or_else(|| {
-            verbs(
-                "ibv_create_ah",
-                Errno::EINVAL,
-                "RoCE needs a GRH (is_global = 1), except between loopback devices by LID",
-            )
-        })?;
-        Ok(Ah {
-            _pd: self.clone(),
-            addr: roxe_provider::engine::addr_of_gid(resolved.dgid),
-        })
+        match self.half() {
+            Half::Soft(d, _) => {
+                let resolved = d.resolve_av(av).ok_or_else(|| {
+                    verbs(
+                        "ibv_create_ah",
+                        Errno::EINVAL,
+                        "RoCE needs a GRH (is_global = 1), except between loopback devices by LID",
+                    )
+                })?;
+                Ok(Ah {
+                    _hw: None,
+                    _pd: self.clone(),
+                    addr: roxe_provider::engine::addr_of_gid(resolved.dgid),
+                })
+            }
+            Half::Hw(h) => {
+                let ah = h.create_ah(av)?;
+                Ok(Ah {
+                    addr: ah.addr,
+                    _hw: Some(ah),
+                    _pd: self.clone(),
+                })
+            }
+        }
     }
 }
 
 /// A memory region (`struct ibv_mr`).
 pub struct Mr {
+    /// Dropped first: deregistered before its PD.
+    imp: MrImp,
     pd: Pd,
-    info: roxe_provider::memory::MrInfo,
-    len: usize,
+}
+
+enum MrImp {
+    Soft {
+        info: roxe_provider::memory::MrInfo,
+        len: usize,
+    },
+    Hw(hw::HwMr),
 }
 
 impl Mr {
     /// Local key.
     pub fn lkey(&self) -> u32 {
-        self.info.lkey
+        match &self.imp {
+            MrImp::Soft { info, .. } => info.lkey,
+            MrImp::Hw(h) => h.lkey(),
+        }
     }
     /// Remote key.
     pub fn rkey(&self) -> u32 {
-        self.info.rkey
+        match &self.imp {
+            MrImp::Soft { info, .. } => info.rkey,
+            MrImp::Hw(h) => h.rkey(),
+        }
     }
     /// The address work requests and peers use for byte 0.
     pub fn addr(&self) -> u64 {
-        self.info.addr
+        match &self.imp {
+            MrImp::Soft { info, .. } => info.addr,
+            MrImp::Hw(h) => h.addr(),
+        }
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        match &self.imp {
+            MrImp::Soft { len, .. } => *len,
+            MrImp::Hw(h) => h.len(),
+        }
     }
     /// True for a zero-length region.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
     /// An SGE for `[offset, offset + length)` of this region.
     pub fn sge(&self, offset: usize, length: u32) -> Sge {
         Sge {
-            addr: self.info.addr + offset as u64,
+            addr: self.addr() + offset as u64,
             length,
-            lkey: self.info.lkey,
+            lkey: self.lkey(),
         }
     }
     /// Copy bytes out of a region [`Pd::reg_mr`] allocated.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.pd
-            .device()
-            .engine()
-            .memory()
-            .owned_read(self.info.lkey, offset, out)
-            .map_err(|e| verbs("mr.read", Errno::EINVAL, format!("{e:?}")))
+        match (&self.imp, self.pd.device()) {
+            (MrImp::Soft { info, .. }, Some(d)) => d
+                .engine()
+                .memory()
+                .owned_read(info.lkey, offset, out)
+                .map_err(|e| verbs("mr.read", Errno::EINVAL, format!("{e:?}"))),
+            (MrImp::Hw(h), _) => h.read(offset, out),
+            (MrImp::Soft { .. }, None) => unreachable!("soft MR on a hardware context"),
+        }
     }
     /// Copy bytes into a region [`Pd::reg_mr`] allocated.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.pd
-            .device()
-            .engine()
-            .memory_mut()
-            .owned_write(self.info.lkey, offset, data)
-            .map_err(|e| verbs("mr.write", Errno::EINVAL, format!("{e:?}")))
+        match (&self.imp, self.pd.device()) {
+            (MrImp::Soft { info, .. }, Some(d)) => d
+                .engine()
+                .memory_mut()
+                .owned_write(info.lkey, offset, data)
+                .map_err(|e| verbs("mr.write", Errno::EINVAL, format!("{e:?}"))),
+            (MrImp::Hw(h), _) => h.write(offset, data),
+            (MrImp::Soft { .. }, None) => unreachable!("soft MR on a hardware context"),
+        }
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        let _ = self
-            .pd
-            .device()
-            .engine()
-            .memory_mut()
-            .deregister(self.info.lkey);
+        if let (MrImp::Soft { info, .. }, Some(d)) = (&self.imp, self.pd.device()) {
+            let _ = d.engine().memory_mut().deregister(info.lkey);
+        }
     }
 }
 
 struct CqInner {
+    /// Dropped first: a hardware CQ before its channel and context.
+    imp: CqImp,
     ctx: Context,
-    id: CqId,
     channel: Option<CompChannel>,
-    /// Completions waiting, readable without the engine lock.
-    waiting: Arc<AtomicUsize>,
-    /// Consecutive polls that found nothing.
-    empty_polls: AtomicU32,
+}
+
+enum CqImp {
+    Soft {
+        id: CqId,
+        /// Completions waiting, readable without the engine lock.
+        waiting: Arc<AtomicUsize>,
+        /// Consecutive polls that found nothing.
+        empty_polls: AtomicU32,
+    },
+    Hw(hw::HwCq),
 }
 
 /// After this many empty polls in a row, `Cq::poll` yields the CPU once: a
@@ -801,11 +1156,12 @@ const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        let d = &self.ctx.inner.device;
-        if self.channel.is_some() {
-            d.detach_channel(self.id);
+        if let (CqImp::Soft { id, .. }, Some(d)) = (&self.imp, self.ctx.soft_device()) {
+            if self.channel.is_some() {
+                d.detach_channel(*id);
+            }
+            let _ = d.engine().destroy_cq(*id);
         }
-        let _ = d.engine().destroy_cq(self.id);
     }
 }
 
@@ -816,32 +1172,49 @@ pub struct Cq {
 }
 
 impl Cq {
-    fn device(&self) -> &Device {
-        &self.inner.ctx.inner.device
-    }
-    /// The engine's id of this CQ (what channel events carry).
+    /// This CQ's id (what channel events carry).
     pub fn id(&self) -> CqId {
-        self.inner.id
+        match &self.inner.imp {
+            CqImp::Soft { id, .. } => *id,
+            CqImp::Hw(h) => CqId(h.id),
+        }
     }
     /// `ibv_poll_cq`: fill `out`, return how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        if self.inner.waiting.load(Ordering::Acquire) == 0 {
+        let (id, waiting, empty_polls, d) = match (&self.inner.imp, self.inner.ctx.soft_device()) {
+            (
+                CqImp::Soft {
+                    id,
+                    waiting,
+                    empty_polls,
+                },
+                Some(d),
+            ) => (id, waiting, empty_polls, d),
+            (CqImp::Hw(h), _) => return h.poll(out),
+            (CqImp::Soft { .. }, None) => unreachable!("soft CQ on a hardware context"),
+        };
+        if waiting.load(Ordering::Acquire) == 0 {
             // Nothing waiting: do not take the engine lock.
-            let n = self.inner.empty_polls.fetch_add(1, Ordering::Relaxed);
+            let n = empty_polls.fetch_add(1, Ordering::Relaxed);
             if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
                 std::thread::yield_now();
             }
             return Ok(0);
         }
-        self.inner.empty_polls.store(0, Ordering::Relaxed);
-        Ok(self.device().engine().poll_cq(self.inner.id, out)?)
+        empty_polls.store(0, Ordering::Relaxed);
+        Ok(d.engine().poll_cq(*id, out)?)
     }
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one)
     /// raises one event on the channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let mut e = self.device().engine();
+        let (id, d) = match (&self.inner.imp, self.inner.ctx.soft_device()) {
+            (CqImp::Soft { id, .. }, Some(d)) => (*id, d),
+            (CqImp::Hw(h), _) => return h.req_notify(solicited_only),
+            (CqImp::Soft { .. }, None) => unreachable!("soft CQ on a hardware context"),
+        };
+        let mut e = d.engine();
         let cq = e
-            .cq_mut(self.inner.id)
+            .cq_mut(id)
             .ok_or_else(|| verbs("ibv_req_notify_cq", Errno::EINVAL, "CQ destroyed"))?;
         cq.request_notify(solicited_only);
         Ok(())
@@ -875,8 +1248,14 @@ impl Cq {
 }
 
 struct SrqInner {
+    /// Dropped first: a hardware SRQ before its PD.
+    imp: SrqImp,
     pd: Pd,
-    id: SrqId,
+}
+
+enum SrqImp {
+    Soft(SrqId),
+    Hw(hw::HwSrq),
 }
 
 /// A shared receive queue (`struct ibv_srq`).
@@ -888,18 +1267,19 @@ pub struct Srq {
 impl Srq {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        Ok(self
-            .inner
-            .pd
-            .device()
-            .engine()
-            .post_srq_recv(self.inner.id, wr)?)
+        match (&self.inner.imp, self.inner.pd.device()) {
+            (SrqImp::Soft(id), Some(d)) => Ok(d.engine().post_srq_recv(*id, wr)?),
+            (SrqImp::Hw(h), _) => h.post_recv(&wr),
+            (SrqImp::Soft(_), None) => unreachable!("soft SRQ on a hardware context"),
+        }
     }
 }
 
 /// An address handle (`struct ibv_ah`): a resolved UD destination.
 #[derive(Clone)]
 pub struct Ah {
+    /// The hardware AH (dropped first, before its PD).
+    _hw: Option<Arc<hw::HwAh>>,
     _pd: Pd,
     addr: IpAddr,
 }
@@ -956,17 +1336,25 @@ impl<'a> QpInit<'a> {
 }
 
 struct QpInner {
+    /// Dropped first: a hardware QP before its PD, CQs and SRQ.
+    imp: QpImp,
     pd: Pd,
-    qpn: u32,
     qp_type: QpType,
     _send_cq: Cq,
     _recv_cq: Cq,
     _srq: Option<Srq>,
 }
 
+enum QpImp {
+    Soft(u32),
+    Hw(hw::HwQp),
+}
+
 impl Drop for QpInner {
     fn drop(&mut self) {
-        let _ = self.pd.device().engine().destroy_qp(self.qpn);
+        if let (QpImp::Soft(qpn), Some(d)) = (&self.imp, self.pd.device()) {
+            let _ = d.engine().destroy_qp(*qpn);
+        }
     }
 }
 
@@ -977,47 +1365,72 @@ pub struct Qp {
 }
 
 impl Qp {
+    fn half(&self) -> Half<'_, u32, &hw::HwQp> {
+        match (&self.inner.imp, self.inner.pd.device()) {
+            (QpImp::Soft(qpn), Some(d)) => Half::Soft(d, *qpn),
+            (QpImp::Hw(h), _) => Half::Hw(h),
+            (QpImp::Soft(_), None) => unreachable!("soft QP on a hardware context"),
+        }
+    }
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
-        self.inner.qpn
+        match &self.inner.imp {
+            QpImp::Soft(qpn) => *qpn,
+            QpImp::Hw(h) => h.qp_num(),
+        }
     }
     /// The transport.
     pub fn qp_type(&self) -> QpType {
         self.inner.qp_type
     }
-    /// `ibv_modify_qp`. An LID-only address vector (`is_global = 0`) is
-    /// routed to the loopback device with that LID.
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+    /// `ibv_modify_qp`. On a soft device, an LID-only address vector
+    /// (`is_global = 0`) is routed to the loopback device with that LID.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
-        let dev = self.inner.pd.device();
-        let mut attr = *attr;
-        if mask.contains(AttrMask::AV) {
-            if let Some(av) = dev.resolve_av(&attr.av) {
-                attr.av = av;
+        match self.half() {
+            Half::Soft(dev, qpn) => {
+                let mut attr = *attr;
+                if mask.contains(AttrMask::AV) {
+                    if let Some(av) = dev.resolve_av(&attr.av) {
+                        attr.av = av;
+                    }
+                }
+                Ok(dev.engine().modify_qp(qpn, &attr, mask)?)
             }
+            Half::Hw(h) => h.modify(attr, mask),
         }
-        Ok(dev.engine().modify_qp(self.inner.qpn, &attr, mask)?)
+    }
+    /// The queue sizes the device granted (`ibv_query_qp`'s `cap`; it
+    /// may round up what [`QpInit`] asked for).
+    pub fn cap(&self) -> Result<QpCap> {
+        match self.half() {
+            Half::Soft(d, qpn) => Ok(d.engine().query_qp(qpn)?.1.cap),
+            Half::Hw(h) => Ok(h.cap()),
+        }
     }
     /// `ibv_query_qp`: the attributes and the current state.
     pub fn query(&self) -> Result<QpAttr> {
-        Ok(self.inner.pd.device().engine().query_qp(self.inner.qpn)?.0)
+        match self.half() {
+            Half::Soft(d, qpn) => Ok(d.engine().query_qp(qpn)?.0),
+            Half::Hw(h) => h.query(),
+        }
     }
     /// `ibv_post_send`.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        Ok(self
-            .inner
-            .pd
-            .device()
-            .engine()
-            .post_send(self.inner.qpn, wr)?)
+        match self.half() {
+            Half::Soft(d, qpn) => Ok(d.engine().post_send(qpn, wr)?),
+            Half::Hw(h) => h.post_send(&wr),
+        }
     }
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        Ok(self
-            .inner
-            .pd
-            .device()
-            .engine()
-            .post_recv(self.inner.qpn, wr)?)
+        match self.half() {
+            Half::Soft(d, qpn) => Ok(d.engine().post_recv(qpn, wr)?),
+            Half::Hw(h) => h.post_recv(&wr),
+        }
     }
 }
 
@@ -1035,20 +1448,32 @@ pub struct Endpoint {
 }
 
 impl Qp {
-    /// This side's endpoint (GID and LID of its device), with `psn`.
+    /// This side's endpoint (GID and LID of its device; on hardware the
+    /// GID at [`Context::default_gid_index`]), with `psn`.
     pub fn endpoint(&self, psn: u32) -> Endpoint {
-        let d = self.inner.pd.device();
+        let (lid, gid) = match self.half() {
+            Half::Soft(d, _) => (d.lid(), d.gid()),
+            Half::Hw(h) => {
+                let ctx = h.context();
+                (
+                    ctx.port_attr(1).map_or(0, |p| p.lid),
+                    ctx.query_gid(1, u32::from(h.gid_index())).unwrap_or([0; 16]),
+                )
+            }
+        };
         Endpoint {
-            lid: d.lid(),
-            qpn: self.inner.qpn,
+            lid,
+            qpn: self.qp_num(),
             psn,
-            gid: d.gid(),
+            gid,
         }
     }
 
     /// RESET → INIT → RTR → RTS towards `remote` with the usual attributes
     /// (the modify masks `ibv_rc_pingpong` uses): `access` for the remote
     /// side, path MTU `mtu`, `timeout`/`retry_cnt`/`rnr_retry` as given.
+    /// On hardware the source GID is [`Context::default_gid_index`] and
+    /// the path MTU at most the port's active MTU.
     pub fn connect(
         &self,
         local_psn: u32,
@@ -1069,12 +1494,20 @@ impl Qp {
             &a,
             AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
         )?;
+        let (mtu, sgid_index) = match self.half() {
+            Half::Soft(..) => (mtu, 0),
+            Half::Hw(h) => {
+                let active = h.context().port_attr(1).map_or(mtu, |p| p.active_mtu);
+                (mtu.min(active), h.gid_index())
+            }
+        };
         a.qp_state = QpState::Rtr;
         a.path_mtu = mtu;
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
         a.av = AddressVector {
             dgid: remote.gid,
+            sgid_index,
             is_global: true,
             hop_limit: 64,
             dlid: remote.lid,

@@ -209,7 +209,10 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         let (async_read, async_write) = rustix_pipe()?;
         let qps: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
         let event_sink = async_sink(async_write, Arc::clone(&qps));
-        ctx.device().subscribe_events(&event_sink);
+        // The drop-in opens soft devices only (soft_devices()).
+        ctx.soft_device()
+            .ok_or(libc::EOPNOTSUPP)?
+            .subscribe_events(&event_sink);
         // SAFETY: verbs_context is pointers, ints and a pthread mutex, for
         // all of which all-zero is valid (NULL ops, unlocked mutex).
         let mut vctx: verbs_context = unsafe { zeroed() };
@@ -309,8 +312,8 @@ extern "C" fn flush_shared_captures() {
         if let Some(shared) = SHARED.try_lock() {
             for (_, d) in shared.iter() {
                 // SAFETY: shared contexts are never freed.
-                if let Some(c) = unsafe { context(d.ctx) } {
-                    c.ctx.device().flush_capture();
+                if let Some(d) = unsafe { context(d.ctx) }.and_then(|c| c.ctx.soft_device()) {
+                    d.flush_capture();
                 }
             }
         }

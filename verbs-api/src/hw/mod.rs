@@ -13,8 +13,9 @@
 //! the wrong library. In its own namespace the system library and its
 //! providers resolve among themselves.
 //!
-//! Opening a hardware device (contexts, PDs, QPs over the real calls) is
-//! not built yet: [`crate::DeviceInfo::open`] says so with EOPNOTSUPP.
+//! Opening a device gives the objects of `objects` (context, PD, CQ,
+//! channel, QP, MR, SRQ, AH over the real calls), which the public types
+//! of `lib.rs` wrap: no generic parameter reaches user code.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -38,18 +39,80 @@ const STANDARD_DIRS: &[&str] = &[
     "/lib",
 ];
 
-type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
-type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
-type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-type GetDeviceGuid = unsafe extern "C" fn(*mut c_void) -> u64;
+use crate::abi::*;
+use std::ffi::c_uint;
+
+mod objects;
+pub(crate) use objects::{HwAh, HwChannel, HwContext, HwCq, HwMr, HwPd, HwQp, HwSrq};
+
+/// Declares the entry points used, by their C names and signatures
+/// (`infiniband/verbs.h`); `opt` ones may be missing from older libraries.
+macro_rules! entry_points {
+    (req { $($f:ident = $n:literal : $t:ty,)* } opt { $($of:ident = $on:literal : $ot:ty,)* }) => {
+        /// The system library's entry points.
+        pub(crate) struct Fns {
+            $(pub(crate) $f: $t,)*
+            $(pub(crate) $of: Option<$ot>,)*
+        }
+        impl Fns {
+            fn load(sym: impl Fn(&str) -> Option<*mut c_void>, path: &Path) -> Result<Fns, String> {
+                Ok(Fns {
+                    $($f: {
+                        let p = sym($n).ok_or_else(|| format!("{}: no symbol {}", path.display(), $n))?;
+                        // SAFETY: the symbol is the libibverbs function of
+                        // that name, whose C signature the type states.
+                        unsafe { std::mem::transmute::<*mut c_void, $t>(p) }
+                    },)*
+                    // SAFETY: as above.
+                    $($of: sym($on).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ot>(p) }),)*
+                })
+            }
+        }
+    };
+}
+
+entry_points! {
+    req {
+        get_device_list = "ibv_get_device_list": unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void,
+        free_device_list = "ibv_free_device_list": unsafe extern "C" fn(*mut *mut c_void),
+        get_device_name = "ibv_get_device_name": unsafe extern "C" fn(*mut c_void) -> *const c_char,
+        get_device_guid = "ibv_get_device_guid": unsafe extern "C" fn(*mut c_void) -> u64,
+        open_device = "ibv_open_device": unsafe extern "C" fn(*mut c_void) -> *mut c_void,
+        close_device = "ibv_close_device": unsafe extern "C" fn(*mut ibv_context) -> c_int,
+        query_device = "ibv_query_device": unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int,
+        query_port = "ibv_query_port": unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int,
+        query_gid = "ibv_query_gid": unsafe extern "C" fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int,
+        alloc_pd = "ibv_alloc_pd": unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd,
+        dealloc_pd = "ibv_dealloc_pd": unsafe extern "C" fn(*mut ibv_pd) -> c_int,
+        reg_mr = "ibv_reg_mr": unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
+        dereg_mr = "ibv_dereg_mr": unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+        create_comp_channel = "ibv_create_comp_channel": unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel,
+        destroy_comp_channel = "ibv_destroy_comp_channel": unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int,
+        create_cq = "ibv_create_cq": unsafe extern "C" fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq,
+        destroy_cq = "ibv_destroy_cq": unsafe extern "C" fn(*mut ibv_cq) -> c_int,
+        get_cq_event = "ibv_get_cq_event": unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+        ack_cq_events = "ibv_ack_cq_events": unsafe extern "C" fn(*mut ibv_cq, c_uint),
+        create_qp = "ibv_create_qp": unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
+        modify_qp = "ibv_modify_qp": unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
+        query_qp = "ibv_query_qp": unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int,
+        destroy_qp = "ibv_destroy_qp": unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+        create_srq = "ibv_create_srq": unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
+        destroy_srq = "ibv_destroy_srq": unsafe extern "C" fn(*mut ibv_srq) -> c_int,
+        create_ah = "ibv_create_ah": unsafe extern "C" fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah,
+        destroy_ah = "ibv_destroy_ah": unsafe extern "C" fn(*mut ibv_ah) -> c_int,
+        get_async_event = "ibv_get_async_event": unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int,
+        ack_async_event = "ibv_ack_async_event": unsafe extern "C" fn(*mut ibv_async_event),
+    }
+    opt {
+        reg_mr_iova = "ibv_reg_mr_iova": unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr,
+        query_gid_ex = "_ibv_query_gid_ex": unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int,
+    }
+}
 
 /// The loaded system library: its path and the entry points used.
 pub struct SystemVerbs {
     path: PathBuf,
-    get_device_list: GetDeviceList,
-    free_device_list: FreeDeviceList,
-    get_device_name: GetDeviceName,
-    get_device_guid: GetDeviceGuid,
+    pub(crate) fns: Fns,
 }
 
 impl std::fmt::Debug for SystemVerbs {
@@ -75,36 +138,54 @@ impl SystemVerbs {
         &self.path
     }
 
-    /// `ibv_get_device_list` of the system library, names and GUIDs.
-    pub fn devices(&self) -> Vec<HardwareDevice> {
+    /// Run `f` over the system's device list (each `struct ibv_device*`);
+    /// the list is freed afterwards.
+    fn each_device<R>(&self, mut f: impl FnMut(*mut c_void) -> Option<R>) -> Option<R> {
         let mut n: c_int = 0;
         // SAFETY: the system library's ibv_get_device_list with a valid
         // out-pointer; it returns NULL or an array of n device pointers.
-        let list = unsafe { (self.get_device_list)(&mut n) };
+        let list = unsafe { (self.fns.get_device_list)(&mut n) };
         if list.is_null() {
-            return Vec::new();
+            return None;
         }
-        let mut out = Vec::new();
+        let mut found = None;
         for i in 0..usize::try_from(n).unwrap_or(0) {
             // SAFETY: i < n entries of the list just returned.
             let dev = unsafe { *list.add(i) };
-            // SAFETY: dev is a device of that list (alive until freed);
-            // the name is a NUL-terminated string inside it.
-            let name = unsafe { (self.get_device_name)(dev) };
-            if name.is_null() {
-                continue;
+            if let Some(r) = f(dev) {
+                found = Some(r);
+                break;
             }
-            out.push(HardwareDevice {
-                // SAFETY: as above.
-                name: unsafe { CStr::from_ptr(name) }
-                    .to_string_lossy()
-                    .into_owned(),
-                // SAFETY: as above; the GUID comes in network byte order.
-                guid: u64::from_be(unsafe { (self.get_device_guid)(dev) }),
-            });
         }
         // SAFETY: the list from get_device_list, freed once.
-        unsafe { (self.free_device_list)(list) };
+        unsafe { (self.fns.free_device_list)(list) };
+        found
+    }
+
+    /// `f` of the device named `name` while the list is alive.
+    pub(crate) fn with_device<R>(&self, name: &str, f: impl FnOnce(*mut c_void) -> R) -> Option<R> {
+        let mut f = Some(f);
+        self.each_device(|dev| {
+            (objects::device_name(self, dev).as_deref() == Some(name))
+                .then(|| f.take().map(|f| f(dev)))
+                .flatten()
+        })
+    }
+
+    /// `ibv_get_device_list` of the system library, names and GUIDs.
+    pub fn devices(&self) -> Vec<HardwareDevice> {
+        let mut out = Vec::new();
+        self.each_device::<()>(|dev| {
+            if let Some(name) = objects::device_name(self, dev) {
+                out.push(HardwareDevice {
+                    name,
+                    // SAFETY: dev is of the live list; the GUID comes in
+                    // network byte order.
+                    guid: u64::from_be(unsafe { (self.fns.get_device_guid)(dev) }),
+                });
+            }
+            None
+        });
         out
     }
 }
@@ -201,35 +282,16 @@ fn load(path: &Path) -> Result<SystemVerbs, String> {
     if handle.is_null() {
         return Err(format!("cannot load {}: {}", path.display(), dlerror()));
     }
-    let sym = |name: &str| -> Result<*mut c_void, String> {
-        let c = CString::new(name).map_err(|e| e.to_string())?;
+    let sym = |name: &str| -> Option<*mut c_void> {
+        let c = CString::new(name).ok()?;
         // SAFETY: dlsym on the live handle with a valid C string.
         let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
-        if p.is_null() {
-            Err(format!("{}: no symbol {name}", path.display()))
-        } else {
-            Ok(p)
-        }
+        (!p.is_null()).then_some(p)
     };
-    // SAFETY: each symbol is the libibverbs function of that name, whose C
-    // signature the type states (infiniband/verbs.h).
-    unsafe {
-        Ok(SystemVerbs {
-            path: path.to_path_buf(),
-            get_device_list: std::mem::transmute::<*mut c_void, GetDeviceList>(sym(
-                "ibv_get_device_list",
-            )?),
-            free_device_list: std::mem::transmute::<*mut c_void, FreeDeviceList>(sym(
-                "ibv_free_device_list",
-            )?),
-            get_device_name: std::mem::transmute::<*mut c_void, GetDeviceName>(sym(
-                "ibv_get_device_name",
-            )?),
-            get_device_guid: std::mem::transmute::<*mut c_void, GetDeviceGuid>(sym(
-                "ibv_get_device_guid",
-            )?),
-        })
-    }
+    Ok(SystemVerbs {
+        path: path.to_path_buf(),
+        fns: Fns::load(sym, path)?,
+    })
 }
 
 fn dlerror() -> String {
