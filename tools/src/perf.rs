@@ -61,8 +61,8 @@
 
 use clap::ValueEnum;
 use roxe_verbs::{
-    AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr,
-    SendFlags, SendOpcode, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr, SendFlags,
+    SendOpcode, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;

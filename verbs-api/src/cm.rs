@@ -1006,7 +1006,10 @@ impl CmId {
             let mut req = pcm::rocev2_req(sid, &Self::path(&st, &ctx)?, &offer)?;
             (req.remote_cm_response_timeout, req.max_cm_retries) = st.cm_timeout;
             req.local_cm_response_timeout = st.cm_timeout.0;
-            ctx.soft("rdma_cm")?.engine().cm().connect(now, peer.ip(), req)
+            ctx.soft("rdma_cm")?
+                .engine()
+                .cm()
+                .connect(now, peer.ip(), req)
         };
         router.register(conn, &self.inner);
         st.conn = Some(conn);
@@ -1083,10 +1086,13 @@ impl CmId {
         let ctx = st.ctx.clone().ok_or_else(|| cm_err(VERB, "no device"))?;
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "no connection"))?;
         if self.inner.ps.is_ud() {
-            ctx.soft("rdma_cm")?
-                .engine()
-                .cm()
-                .sidr_reply(conn, pcm::SIDR_REJECT, 0, 0, private_data)?;
+            ctx.soft("rdma_cm")?.engine().cm().sidr_reply(
+                conn,
+                pcm::SIDR_REJECT,
+                0,
+                0,
+                private_data,
+            )?;
         } else {
             ctx.soft("rdma_cm")?
                 .engine()
@@ -1108,7 +1114,10 @@ impl CmId {
             qp_to_err(qp);
         }
         let now = ctx.soft("rdma_cm")?.now();
-        ctx.soft("rdma_cm")?.engine().cm().disconnect(now, conn, &[])?;
+        ctx.soft("rdma_cm")?
+            .engine()
+            .cm()
+            .disconnect(now, conn, &[])?;
         st.state = IdState::Disconnected;
         Ok(())
     }

@@ -25,8 +25,8 @@
 
 use parking_lot::Mutex;
 use roxe_provider::driver::{self, Device};
-pub use roxe_provider::engine::QpEvent;
 pub use roxe_provider::engine::QpCap;
+pub use roxe_provider::engine::QpEvent;
 use roxe_provider::engine::{QpInitAttr, SrqId};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -620,7 +620,13 @@ impl Context {
     /// `ibv_create_cq` with `depth` entries, its events going to `channel`
     /// (a channel of this context).
     pub fn create_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
-        let foreign = || verbs("ibv_create_cq", Errno::EINVAL, "a channel of another backend");
+        let foreign = || {
+            verbs(
+                "ibv_create_cq",
+                Errno::EINVAL,
+                "a channel of another backend",
+            )
+        };
         let imp = match &self.inner.imp {
             ContextImp::Hw(h) => {
                 let ch = match channel.map(|c| &c.imp) {
@@ -743,7 +749,10 @@ fn poll_readable(fd: std::os::fd::RawFd, timeout: Duration) -> std::io::Result<b
         tv_sec: timeout.as_secs() as _,
         tv_nsec: timeout.subsec_nanos() as _,
     };
-    let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
     Ok(rustix::event::poll(&mut fds, Some(&ts))? > 0)
 }
 
@@ -933,7 +942,13 @@ impl Pd {
 
     /// `ibv_create_qp`. The CQs and SRQ must be of this PD's device.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
-        let mismatch = || verbs("ibv_create_qp", Errno::EINVAL, "a CQ or SRQ of another device");
+        let mismatch = || {
+            verbs(
+                "ibv_create_qp",
+                Errno::EINVAL,
+                "a CQ or SRQ of another device",
+            )
+        };
         let imp = match self.half() {
             Half::Soft(d, pd) => {
                 let (CqImp::Soft { id: send_cq, .. }, CqImp::Soft { id: recv_cq, .. }) =
@@ -976,14 +991,7 @@ impl Pd {
                     max_recv_sge: c.max_recv_sge,
                     max_inline_data: c.max_inline_data,
                 };
-                QpImp::Hw(h.create_qp(
-                    init.qp_type,
-                    send_cq,
-                    recv_cq,
-                    srq,
-                    cap,
-                    init.sq_sig_all,
-                )?)
+                QpImp::Hw(h.create_qp(init.qp_type, send_cq, recv_cq, srq, cap, init.sq_sig_all)?)
             }
         };
         Ok(Qp {
@@ -1457,7 +1465,8 @@ impl Qp {
                 let ctx = h.context();
                 (
                     ctx.port_attr(1).map_or(0, |p| p.lid),
-                    ctx.query_gid(1, u32::from(h.gid_index())).unwrap_or([0; 16]),
+                    ctx.query_gid(1, u32::from(h.gid_index()))
+                        .unwrap_or([0; 16]),
                 )
             }
         };

@@ -7,14 +7,14 @@
 //! recovers it. A `users` count refuses to destroy an object others still
 //! use (EBUSY), as the kernel does.
 
-use crate::abi::*;
 use crate::abi::convert::{av_from_c, qp_attr_from_c, qp_attr_to_c, wc_to_c};
+use crate::abi::*;
 use crate::device::context;
 use crate::{guard, set_errno};
 use parking_lot::Mutex;
 use roxe_verbs::{
-    AccessFlags, AttrMask, CompChannel, Cq, Mr, Pd, Qp, QpInit,
-    QpState, QpType, RecvWr, SendFlags, SendOpcode, SendWr, Sge, Srq, WorkCompletion,
+    AccessFlags, AttrMask, CompChannel, Cq, Mr, Pd, Qp, QpInit, QpState, QpType, RecvWr, SendFlags,
+    SendOpcode, SendWr, Sge, Srq, WorkCompletion,
 };
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};

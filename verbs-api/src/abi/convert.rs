@@ -3,9 +3,7 @@
 //! backend fills and reads them for the system library.
 
 use super::*;
-use crate::{
-    AccessFlags, AddressVector, Mtu, QpAttr, QpState, WcOpcode, WcStatus, WorkCompletion,
-};
+use crate::{AccessFlags, AddressVector, Mtu, QpAttr, QpState, WcOpcode, WcStatus, WorkCompletion};
 
 /// An address vector as `struct ibv_ah_attr`.
 pub fn av_from_c(a: &ibv_ah_attr) -> AddressVector {
@@ -113,10 +111,28 @@ pub fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
 pub fn wc_status_from_c(v: u32) -> WcStatus {
     use WcStatus::*;
     const ALL: [WcStatus; 22] = [
-        Success, LocLenErr, LocQpOpErr, LocEecOpErr, LocProtErr, WrFlushErr, MwBindErr,
-        BadRespErr, LocAccessErr, RemInvReqErr, RemAccessErr, RemOpErr, RetryExcErr,
-        RnrRetryExcErr, LocRddViolErr, RemInvRdReqErr, RemAbortErr, InvEecnErr,
-        InvEecStateErr, FatalErr, RespTimeoutErr, GeneralErr,
+        Success,
+        LocLenErr,
+        LocQpOpErr,
+        LocEecOpErr,
+        LocProtErr,
+        WrFlushErr,
+        MwBindErr,
+        BadRespErr,
+        LocAccessErr,
+        RemInvReqErr,
+        RemAccessErr,
+        RemOpErr,
+        RetryExcErr,
+        RnrRetryExcErr,
+        LocRddViolErr,
+        RemInvRdReqErr,
+        RemAbortErr,
+        InvEecnErr,
+        InvEecStateErr,
+        FatalErr,
+        RespTimeoutErr,
+        GeneralErr,
     ];
     ALL.get(v as usize).copied().unwrap_or(GeneralErr)
 }

@@ -195,9 +195,11 @@ impl SystemVerbs {
 pub fn system() -> &'static Result<SystemVerbs, String> {
     static SYSTEM: OnceLock<Result<SystemVerbs, String>> = OnceLock::new();
     SYSTEM.get_or_init(|| {
+        let allow_drop_in = std::env::var("ROXE_HW_ALLOW_DROP_IN").is_ok_and(|v| v == "1");
         let path = find(
             std::env::var_os("ROXE_SYSTEM_LIBIBVERBS").map(PathBuf::from),
             &linker_cache(),
+            allow_drop_in,
         )?;
         load(&path)
     })
@@ -205,8 +207,14 @@ pub fn system() -> &'static Result<SystemVerbs, String> {
 
 /// Which file to load: the override, else the cache's entries, else the
 /// standard directories; roxe's drop-in is skipped (and refused when it is
-/// the override).
-pub fn find(override_path: Option<PathBuf>, cache: &[PathBuf]) -> Result<PathBuf, String> {
+/// the override, unless `allow_drop_in`: the tests' roxe-over-roxe, where
+/// a second copy of the drop-in in its own namespace plays the system
+/// library and its soft devices play real ones, through the C ABI).
+pub fn find(
+    override_path: Option<PathBuf>,
+    cache: &[PathBuf],
+    allow_drop_in: bool,
+) -> Result<PathBuf, String> {
     if let Some(p) = override_path {
         if !p.is_file() {
             return Err(format!(
@@ -214,7 +222,7 @@ pub fn find(override_path: Option<PathBuf>, cache: &[PathBuf]) -> Result<PathBuf
                 p.display()
             ));
         }
-        if is_drop_in(&p) {
+        if !allow_drop_in && is_drop_in(&p) {
             return Err(format!(
                 "ROXE_SYSTEM_LIBIBVERBS={} is roxe's own drop-in library",
                 p.display()
@@ -366,7 +374,7 @@ mod tests {
 
     #[test]
     fn a_missing_override_is_one_clear_line() {
-        let e = find(Some("/nonexistent/libibverbs.so.1".into()), &[]).unwrap_err();
+        let e = find(Some("/nonexistent/libibverbs.so.1".into()), &[], false).unwrap_err();
         assert!(
             e.contains("ROXE_SYSTEM_LIBIBVERBS") && e.contains("no such file"),
             "{e}"
@@ -380,12 +388,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let fake = dir.join("libibverbs.so.1");
         std::fs::write(&fake, format!("\x7fELF ... {DROP_IN_MARKER} ...")).unwrap();
-        let e = find(Some(fake.clone()), &[]).unwrap_err();
+        let e = find(Some(fake.clone()), &[], false).unwrap_err();
         assert!(e.contains("roxe's own drop-in"), "{e}");
         // In the cache it is skipped for the next candidate.
         let real = dir.join("real.so");
         std::fs::write(&real, b"\x7fELF a system library").unwrap();
-        assert_eq!(find(None, &[fake, real.clone()]), Ok(real));
+        assert_eq!(find(None, &[fake.clone(), real.clone()], true), Ok(real));
+        // Only an explicit override may name it, and only when allowed.
+        assert_eq!(find(Some(fake.clone()), &[], true), Ok(fake));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -405,7 +415,7 @@ mod tests {
     /// a machine without RDMA hardware or rxe) without failing.
     #[test]
     fn the_installed_system_library_loads_and_lists() {
-        let Ok(path) = find(None, &linker_cache()) else {
+        let Ok(path) = find(None, &linker_cache(), false) else {
             println!("skipped: no system libibverbs.so.1");
             return;
         };

@@ -98,9 +98,8 @@ impl HwContext {
                     format!("no device {name} in {}", sys.path().display()),
                 ))
             }
-            Some(p) => NonNull::new(p.cast::<ibv_context>()).ok_or_else(|| {
-                err("ibv_open_device", last_errno(), format!("opening {name}"))
-            })?,
+            Some(p) => NonNull::new(p.cast::<ibv_context>())
+                .ok_or_else(|| err("ibv_open_device", last_errno(), format!("opening {name}")))?,
         };
         let mut c = HwContext {
             sys,
@@ -571,7 +570,11 @@ impl HwChannel {
         Ok(HwChannel {
             ctx: ctx.clone(),
             ch: NonNull::new(ch).ok_or_else(|| {
-                err("ibv_create_comp_channel", last_errno(), "creating a channel")
+                err(
+                    "ibv_create_comp_channel",
+                    last_errno(),
+                    "creating a channel",
+                )
             })?,
         })
     }
@@ -642,9 +645,8 @@ impl HwCq {
         };
         Ok(HwCq {
             ctx: ctx.clone(),
-            cq: NonNull::new(cq).ok_or_else(|| {
-                err("ibv_create_cq", last_errno(), format!("{depth} entries"))
-            })?,
+            cq: NonNull::new(cq)
+                .ok_or_else(|| err("ibv_create_cq", last_errno(), format!("{depth} entries")))?,
             id,
             _channel: channel.cloned(),
         })
@@ -937,5 +939,9 @@ pub(crate) fn device_name(sys: &SystemVerbs, dev: *mut c_void) -> Option<String>
     // SAFETY: dev is a device of a live list; the name is NUL-terminated.
     let name = unsafe { (sys.fns.get_device_name)(dev) };
     // SAFETY: as above.
-    (!name.is_null()).then(|| unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+    (!name.is_null()).then(|| {
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    })
 }
