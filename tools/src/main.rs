@@ -24,6 +24,7 @@ Environment (every roxe device, in roxe and in programs over the drop-in library
   ROXE_LOG=FILTER         log (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug)
   ROXE_BACKEND=CHOICE     soft | hardware | auto: which devices are offered (default auto)
   ROXE_SYSTEM_LIBIBVERBS=PATH  the system libibverbs.so.1 for real (hardware) devices
+  ROXE_SYSTEM_DEVICES=on|off  the drop-in also lists the system's real devices (default on)
   ROXE_HW_ALLOW_DROP_IN=1 tests only: accept roxe's own drop-in as that library (roxe over roxe)";
 
 #[derive(Parser)]

@@ -538,6 +538,9 @@ struct Setup {
     channel: Option<CompChannel>,
     _pd: Pd,
     addr: std::net::IpAddr,
+    /// A hardware device: nothing in this process needs the core, so a
+    /// poller spins without yielding (as perftest does).
+    hardware: bool,
 }
 
 const ACCESS: AccessFlags = AccessFlags(
@@ -579,6 +582,7 @@ fn setup(p: &Params, event: bool, args: &Args) -> Res<Setup> {
         channel,
         _pd: pd,
         addr: dev.addr(),
+        hardware: dev.backend() == roxe_verbs::Backend::Hardware,
     })
 }
 
@@ -658,6 +662,8 @@ struct Poller<'a> {
     deadline: Instant,
     what: &'static str,
     idle: u32,
+    /// Empty polls before yielding the core (never on hardware).
+    spin_polls: u32,
     next_check: Instant,
 }
 
@@ -670,6 +676,7 @@ impl<'a> Poller<'a> {
             deadline,
             what,
             idle: 0,
+            spin_polls: if s.hardware { u32::MAX } else { SPIN_POLLS },
             next_check: Instant::now(),
         }
     }
@@ -701,12 +708,12 @@ impl<'a> Poller<'a> {
             let sleeping = self.channel.is_some();
             if sleeping {
                 // Slept in the channel already.
-            } else if self.idle > SPIN_POLLS {
+            } else if self.idle > self.spin_polls {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
-            if sleeping || self.idle > SPIN_POLLS || self.idle & 15 == 0 {
+            if sleeping || self.idle > self.spin_polls || self.idle & 15 == 0 {
                 let now = Instant::now();
                 if now >= self.next_check {
                     self.next_check = now + Duration::from_millis(5);

@@ -4,9 +4,12 @@
 //!
 //! `cargo run -p roxe-verbs --example rc_loopback`: two soft devices (each
 //! takes the next free loopback address).
-//! `rc_loopback DEV [DEV_B]`: the devices [`devices`] lists by those names,
-//! soft or hardware (`rc_loopback rxe0`: both QPs on the kernel's rxe0);
-//! the code is the same for both backends.
+//! `rc_loopback A B [C D ...]`: pairs of the devices [`devices`] lists by
+//! those names, soft or hardware, all open at once and exercised at the
+//! same time (one thread per pair); `soft` names a fresh soft device on
+//! the next free loopback address. `rc_loopback rxe0 rxe0 soft soft`: the
+//! kernel's rxe0 and two roxe devices in one program. The code is the
+//! same for both backends.
 
 use roxe_verbs::*;
 use std::time::Duration;
@@ -14,15 +17,40 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(5);
 
 fn main() -> Result<()> {
-    let names: Vec<String> = std::env::args().skip(1).collect();
-    let (a, b) = match names.as_slice() {
-        [] => {
-            let open = |name: &str| device_with(name, DeviceConfig::default()).open();
-            (open("roxe-example-a")?, open("roxe-example-b")?)
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.is_empty() {
+        names = vec!["soft".into(), "soft".into()];
+    }
+    if names.len() % 2 != 0 {
+        names.push(names[names.len() - 1].clone());
+    }
+    let mut pairs = Vec::new();
+    for (i, p) in names.chunks(2).enumerate() {
+        pairs.push((open_named(&p[0], i * 2)?, open_named(&p[1], i * 2 + 1)?));
+    }
+    let threads: Vec<_> = pairs
+        .into_iter()
+        .map(|(a, b)| std::thread::spawn(move || exercise(a, b)))
+        .collect();
+    let mut failed = false;
+    for t in threads {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("FAIL {e}");
+                failed = true;
+            }
+            Err(_) => failed = true,
         }
-        [one] => (open_named(one)?, open_named(one)?),
-        [x, y, ..] => (open_named(x)?, open_named(y)?),
-    };
+    }
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Every RC operation from `a` to `b`, checked.
+fn exercise(a: Context, b: Context) -> Result<()> {
     println!(
         "device a {} {:?} {} (lid {}), device b {} {:?} {} (lid {})",
         a.name(),
@@ -128,14 +156,22 @@ fn main() -> Result<()> {
     check(u64::from_ne_bytes(word) == 7, "CMP_SWAP swapped")?;
 
     match a.stats() {
-        Some(s) => println!("all RC operations ok; device a stats: {:?}", s.engine),
-        None => println!("all RC operations ok"),
+        Some(s) => println!(
+            "all RC operations ok on {} -> {}; device a stats: {:?}",
+            a.name(),
+            b.name(),
+            s.engine
+        ),
+        None => println!("all RC operations ok on {} -> {}", a.name(), b.name()),
     }
     Ok(())
 }
 
-/// The listed device called `name`.
-fn open_named(name: &str) -> Result<Context> {
+/// The listed device called `name`; `soft`: a fresh soft device.
+fn open_named(name: &str, k: usize) -> Result<Context> {
+    if name == "soft" {
+        return device_with(format!("roxe-example-{k}"), DeviceConfig::default()).open();
+    }
     let Some(info) = devices()?.into_iter().find(|d| d.name() == name) else {
         return Err(Error::Verbs(VerbsError::new(
             "ibv_get_device_list",

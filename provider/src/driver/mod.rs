@@ -14,7 +14,7 @@ pub mod stat;
 mod tap;
 
 pub use channel::CompChannel;
-pub use config::{ConfigError, DeviceConfig, FaultSpec, IcrcMode};
+pub use config::{parse_switch, ConfigError, DeviceConfig, FaultSpec, IcrcMode};
 pub use device::{
     addr_of_lid, lid_of, next_auto_addr, CmEventSink, Device, DeviceStats, DriverStats,
     EngineGuard, EventSink, ROCEV2_PORT, SHARED_MODE_PORT,

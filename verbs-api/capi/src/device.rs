@@ -89,13 +89,22 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     guard(null_mut(), || {
-        let devs = match devices() {
-            Ok(d) => d,
-            Err(e) => {
-                set_errno(e);
-                return null_mut();
+        // roxe's devices first, then the system's (passthrough.rs).
+        let mut devs: Vec<*mut ibv_device> = Vec::new();
+        if crate::passthrough::soft_wanted() {
+            match devices() {
+                Ok(d) => devs.extend(d.iter().map(|e| e.dev)),
+                Err(e) => {
+                    set_errno(e);
+                    return null_mut();
+                }
             }
-        };
+        }
+        devs.extend(
+            crate::passthrough::devices()
+                .iter()
+                .map(|&p| p as *mut ibv_device),
+        );
         // SAFETY: calloc of n+1 pointers; checked for NULL below.
         let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }
             .cast::<*mut ibv_device>();
@@ -105,7 +114,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
         }
         for (i, d) in devs.iter().enumerate() {
             // SAFETY: `list` has devs.len() + 1 slots.
-            unsafe { *list.add(i) = d.dev };
+            unsafe { *list.add(i) = *d };
         }
         if !num_devices.is_null() {
             // SAFETY: the caller passes a valid int* or NULL.
@@ -123,6 +132,13 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_device(device),
+        "ibv_get_device_name",
+        fn(*mut ibv_device) -> *const c_char,
+        (device),
+        std::ptr::null()
+    );
     if device.is_null() {
         set_errno(libc::EINVAL);
         return ptr::null();
@@ -133,12 +149,26 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_device(device),
+        "ibv_get_device_guid",
+        fn(*mut ibv_device) -> u64,
+        (device),
+        0
+    );
     // Network byte order, as the real library returns it.
     entry_of(device).map(|e| e.info.guid().to_be()).unwrap_or(0)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_device(device),
+        "ibv_get_device_index",
+        fn(*mut ibv_device) -> c_int,
+        (device),
+        -1
+    );
     match devices() {
         Ok(d) => d
             .iter()
@@ -180,6 +210,17 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a RoxeContex
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    if crate::passthrough::is_system_device(device) {
+        let open = crate::passthrough::symbol::<
+            unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context,
+        >("ibv_open_device");
+        // SAFETY: the system library's ibv_open_device on its own device.
+        let ctx = open.map_or(null_mut(), |f| unsafe { f(device) });
+        if !ctx.is_null() {
+            crate::passthrough::track_context(ctx, true);
+        }
+        return ctx;
+    }
     guard(null_mut(), || {
         let Some(entry) = entry_of(device) else {
             set_errno(libc::ENODEV);
@@ -384,6 +425,17 @@ fn async_sink(write: OwnedFd, qps: Arc<Mutex<HashMap<u32, usize>>>) -> Arc<Event
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    if crate::passthrough::is_system_context(ctx) {
+        let close = crate::passthrough::symbol::<unsafe extern "C" fn(*mut ibv_context) -> c_int>(
+            "ibv_close_device",
+        );
+        // SAFETY: the system library's ibv_close_device on its context.
+        let rc = close.map_or(libc::EOPNOTSUPP, |f| unsafe { f(ctx) });
+        if rc == 0 {
+            crate::passthrough::track_context(ctx, false);
+        }
+        return rc;
+    }
     guard(libc::EIO, || {
         if ctx.is_null() {
             return libc::EINVAL;
@@ -437,6 +489,13 @@ pub unsafe extern "C" fn ibv_query_device(
     ctx: *mut ibv_context,
     attr: *mut ibv_device_attr,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_query_device",
+        fn(*mut ibv_context, *mut ibv_device_attr) -> c_int,
+        (ctx, attr),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: ctx is NULL or an open context (C contract).
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -550,6 +609,13 @@ pub unsafe extern "C" fn ibv_query_port(
     port: u8,
     attr: *mut ibv_port_attr,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_query_port",
+        fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int,
+        (ctx, port, attr),
+        libc::EOPNOTSUPP
+    );
     // SAFETY: forwarded contract; 48 bytes is the compat struct's size.
     unsafe { query_port_ex(ctx, port, attr, COMPAT_PORT_ATTR_SIZE) }
 }
@@ -561,6 +627,13 @@ pub unsafe extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_query_gid",
+        fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int,
+        (ctx, port, index, gid),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -594,6 +667,13 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "_ibv_query_gid_ex",
+        fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int,
+        (ctx, port_num, gid_index, entry, flags, entry_size),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -647,6 +727,13 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "_ibv_query_gid_table",
+        fn(*mut ibv_context, *mut ibv_gid_entry, usize, u32, usize) -> isize,
+        (ctx, entries, max_entries, flags, entry_size),
+        -(libc::EOPNOTSUPP as isize)
+    );
     guard(-(libc::EIO as isize), || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -687,6 +774,13 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: u32,
     gid_type: *mut u32,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_query_gid_type",
+        fn(*mut ibv_context, u8, u32, *mut u32) -> c_int,
+        (ctx, port_num, index, gid_type),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -710,6 +804,13 @@ pub unsafe extern "C" fn ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_query_pkey",
+        fn(*mut ibv_context, u8, c_int, *mut u16) -> c_int,
+        (ctx, port, index, pkey),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -730,6 +831,13 @@ pub unsafe extern "C" fn ibv_query_pkey(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_get_pkey_index",
+        fn(*mut ibv_context, u8, u16) -> c_int,
+        (ctx, port, pkey),
+        libc::EOPNOTSUPP
+    );
     let mut p = 0u16;
     // SAFETY: forwarded; &mut p is valid.
     if unsafe { ibv_query_pkey(ctx, port, 0, &mut p) } == 0 && p == pkey {
@@ -747,6 +855,13 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_get_async_event",
+        fn(*mut ibv_context, *mut ibv_async_event) -> c_int,
+        (ctx, event),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -778,6 +893,17 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     let Some(ev) = (unsafe { event.as_ref() }) else {
         return;
     };
+    // Events naming an object (CQ, QP, SRQ, WQ) of a real device go back
+    // to the system library; device and port events need no ack.
+    let names_object = matches!(ev.event_type, 0..=7 | 14..=16 | 19);
+    crate::passthrough::pass_through!(
+        // SAFETY: an object event names a live object.
+        names_object && unsafe { crate::passthrough::is_system_object(ev.element) },
+        "ibv_ack_async_event",
+        fn(*mut ibv_async_event) -> (),
+        (event),
+        ()
+    );
     if matches!(ev.event_type, 1..=7 | 16) && !ev.element.is_null() {
         let qp = ev.element.cast::<ibv_qp>();
         // SAFETY: QP events name a live QP (programs ack before destroying

@@ -25,6 +25,7 @@ pub use roxe_verbs::abi;
 mod abi_probe;
 mod cm;
 mod device;
+mod passthrough;
 mod qp_ex;
 mod rsocket;
 mod stubs;

@@ -277,7 +277,18 @@ pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
 /// guaranteed", the conservative answer rdma-core itself gives on every
 /// architecture but x86, and for providers without the op.
 #[no_mangle]
-pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut c_void, _op: c_int, _flags: u32) -> c_int {
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    _qp: *mut c_void,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_qp) },
+        "ibv_query_qp_data_in_order",
+        fn(*mut c_void, c_int, u32) -> c_int,
+        (_qp, _op, _flags),
+        libc::EOPNOTSUPP
+    );
     0
 }
 
@@ -389,25 +400,61 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
 
 /// `ibv_attach_mcast`: UD multicast is not supported.
 #[no_mangle]
-pub extern "C" fn ibv_attach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_attach_mcast(
+    _qp: *mut c_void,
+    _gid: *const c_void,
+    _lid: u16,
+) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_qp) },
+        "ibv_attach_mcast",
+        fn(*mut c_void, *const c_void, u16) -> c_int,
+        (_qp, _gid, _lid),
+        libc::EOPNOTSUPP
+    );
     eopnotsupp()
 }
 
 /// `ibv_detach_mcast`: UD multicast is not supported.
 #[no_mangle]
-pub extern "C" fn ibv_detach_mcast(_qp: *mut c_void, _gid: *const c_void, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_detach_mcast(
+    _qp: *mut c_void,
+    _gid: *const c_void,
+    _lid: u16,
+) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_qp) },
+        "ibv_detach_mcast",
+        fn(*mut c_void, *const c_void, u16) -> c_int,
+        (_qp, _gid, _lid),
+        libc::EOPNOTSUPP
+    );
     eopnotsupp()
 }
 
 /// `ibv_query_ece`: no Enhanced Connection Establishment options.
 #[no_mangle]
-pub extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
+pub unsafe extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_qp) },
+        "ibv_query_ece",
+        fn(*mut c_void, *mut c_void) -> c_int,
+        (_qp, _ece),
+        libc::EOPNOTSUPP
+    );
     eopnotsupp()
 }
 
 /// `ibv_set_ece`: no Enhanced Connection Establishment options.
 #[no_mangle]
-pub extern "C" fn ibv_set_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
+pub unsafe extern "C" fn ibv_set_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_qp) },
+        "ibv_set_ece",
+        fn(*mut c_void, *mut c_void) -> c_int,
+        (_qp, _ece),
+        libc::EOPNOTSUPP
+    );
     eopnotsupp()
 }
 

@@ -63,6 +63,13 @@ struct RoxePd {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_alloc_pd",
+        fn(*mut ibv_context) -> *mut ibv_pd,
+        (ctx),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -85,6 +92,13 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_dealloc_pd",
+        fn(*mut ibv_pd) -> c_int,
+        (pd),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: pd is NULL or from ibv_alloc_pd.
         let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
@@ -113,6 +127,13 @@ pub unsafe extern "C" fn ibv_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_reg_mr",
+        fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
+        (pd, addr, length, access),
+        null_mut()
+    );
     // SAFETY: forwarded contract; the iova of ibv_reg_mr is the address.
     unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
 }
@@ -125,6 +146,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_reg_mr_iova",
+        fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr,
+        (pd, addr, length, iova, access),
+        null_mut()
+    );
     // SAFETY: forwarded contract.
     unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as u32) }
 }
@@ -137,6 +165,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ibv_mr {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_reg_mr_iova2",
+        fn(*mut ibv_pd, *mut c_void, usize, u64, u32) -> *mut ibv_mr,
+        (pd, addr, length, iova, access),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: pd is NULL or from ibv_alloc_pd.
         let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
@@ -185,6 +220,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     _length: usize,
     _access: c_int,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_mr) },
+        "ibv_rereg_mr",
+        fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int,
+        (_mr, _flags, _pd, _addr, _length, _access),
+        libc::EOPNOTSUPP
+    );
     set_errno(libc::EOPNOTSUPP);
     // IBV_REREG_MR_ERR_INPUT
     -1
@@ -192,6 +234,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(mr) },
+        "ibv_dereg_mr",
+        fn(*mut ibv_mr) -> c_int,
+        (mr),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         if mr.is_null() {
             return libc::EINVAL;
@@ -221,6 +270,13 @@ struct RoxeChannel {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_create_comp_channel",
+        fn(*mut ibv_context) -> *mut ibv_comp_channel,
+        (ctx),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -244,6 +300,13 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(channel) },
+        "ibv_destroy_comp_channel",
+        fn(*mut ibv_comp_channel) -> c_int,
+        (channel),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: channel is NULL or from ibv_create_comp_channel.
         let Some(ch) = (unsafe { obj::<RoxeChannel, _>(channel) }) else {
@@ -273,6 +336,13 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_create_cq",
+        fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq,
+        (ctx, cqe, cq_context, channel, comp_vector),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: ctx is NULL or an open context.
         let Some(c) = (unsafe { context(ctx) }) else {
@@ -316,11 +386,25 @@ pub unsafe extern "C" fn ibv_create_cq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(_cq) },
+        "ibv_resize_cq",
+        fn(*mut ibv_cq, c_int) -> c_int,
+        (_cq, _cqe),
+        libc::EOPNOTSUPP
+    );
     libc::EOPNOTSUPP
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(cq) },
+        "ibv_destroy_cq",
+        fn(*mut ibv_cq) -> c_int,
+        (cq),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: cq is NULL or from ibv_create_cq.
         let Some(q) = (unsafe { obj::<RoxeCq, _>(cq) }) else {
@@ -352,6 +436,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(channel) },
+        "ibv_get_cq_event",
+        fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+        (channel, cq, cq_context),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: channel is NULL or from ibv_create_comp_channel.
         let Some(ch) = (unsafe { obj::<RoxeChannel, _>(channel) }) else {
@@ -388,6 +479,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(cq) },
+        "ibv_ack_cq_events",
+        fn(*mut ibv_cq, u32) -> (),
+        (cq, nevents),
+        ()
+    );
     if cq.is_null() {
         return;
     }
@@ -468,6 +566,13 @@ pub unsafe extern "C" fn ibv_create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_create_srq",
+        fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
+        (pd, init),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: pd is NULL or from ibv_alloc_pd; init is the caller's.
         let (Some(p), Some(init)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { init.as_mut() })
@@ -552,6 +657,13 @@ pub unsafe extern "C" fn ibv_modify_srq(
     _attr: *mut ibv_srq_attr,
     mask: c_int,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(srq) },
+        "ibv_modify_srq",
+        fn(*mut ibv_srq, *mut ibv_srq_attr, c_int) -> c_int,
+        (srq, _attr, mask),
+        libc::EOPNOTSUPP
+    );
     if srq.is_null() {
         return libc::EINVAL;
     }
@@ -567,6 +679,13 @@ pub unsafe extern "C" fn ibv_modify_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(srq) },
+        "ibv_query_srq",
+        fn(*mut ibv_srq, *mut ibv_srq_attr) -> c_int,
+        (srq, attr),
+        libc::EOPNOTSUPP
+    );
     // SAFETY: srq is NULL or from ibv_create_srq.
     let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
         return libc::EINVAL;
@@ -581,6 +700,13 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(srq) },
+        "ibv_destroy_srq",
+        fn(*mut ibv_srq) -> c_int,
+        (srq),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: srq is NULL or from ibv_create_srq.
         let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
@@ -689,6 +815,13 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_create_qp",
+        fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
+        (pd, init),
+        null_mut()
+    );
     // SAFETY: pd NULL or ours; init is the caller's.
     guard(null_mut(), || unsafe { create_qp(pd, init, None) })
 }
@@ -832,6 +965,13 @@ unsafe fn create_qp(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(qp) },
+        "ibv_destroy_qp",
+        fn(*mut ibv_qp) -> c_int,
+        (qp),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         if qp.is_null() {
             return libc::EINVAL;
@@ -863,6 +1003,13 @@ pub unsafe extern "C" fn ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(qp) },
+        "ibv_modify_qp",
+        fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
+        (qp, attr, mask),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: qp NULL or ours; attr is the caller's.
         let (Some(q), Some(a)) = (unsafe { obj::<RoxeQp, _>(qp) }, unsafe { attr.as_ref() }) else {
@@ -892,6 +1039,13 @@ pub unsafe extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(qp) },
+        "ibv_query_qp",
+        fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int,
+        (qp, attr, _mask, init),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         // SAFETY: qp NULL or ours.
         let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
@@ -926,6 +1080,13 @@ pub unsafe extern "C" fn ibv_query_qp(
 /// The `ibv_qp_ex` of a QP created with send-ops flags, else NULL.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(qp) },
+        "ibv_qp_to_qp_ex",
+        fn(*mut ibv_qp) -> *mut ibv_qp_ex,
+        (qp),
+        null_mut()
+    );
     // SAFETY: qp NULL or ours.
     match unsafe { obj::<RoxeQp, _>(qp) } {
         Some(q) if q.send_ops.is_some() => qp.cast(),
@@ -1059,6 +1220,13 @@ pub(crate) struct RoxeAh {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_create_ah",
+        fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah,
+        (pd, attr),
+        null_mut()
+    );
     guard(null_mut(), || {
         // SAFETY: pd NULL or ours; attr the caller's.
         let (Some(p), Some(a)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe { attr.as_ref() }) else {
@@ -1085,6 +1253,13 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(ah) },
+        "ibv_destroy_ah",
+        fn(*mut ibv_ah) -> c_int,
+        (ah),
+        libc::EOPNOTSUPP
+    );
     guard(libc::EIO, || {
         if ah.is_null() {
             return libc::EINVAL;
@@ -1139,6 +1314,13 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut ibv_grh,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
+    crate::passthrough::pass_through!(
+        crate::passthrough::is_system_context(ctx),
+        "ibv_init_ah_from_wc",
+        fn(*mut ibv_context, u8, *mut ibv_wc, *mut ibv_grh, *mut ibv_ah_attr) -> c_int,
+        (ctx, port_num, wc, grh, ah_attr),
+        libc::EOPNOTSUPP
+    );
     guard(-1, || {
         // SAFETY: all three are the caller's (or NULL).
         let (Some(_), Some(wc), Some(out)) =
@@ -1185,6 +1367,13 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     grh: *mut ibv_grh,
     port_num: u8,
 ) -> *mut ibv_ah {
+    crate::passthrough::pass_through!(
+        unsafe { crate::passthrough::is_system_object(pd) },
+        "ibv_create_ah_from_wc",
+        fn(*mut ibv_pd, *mut ibv_wc, *mut ibv_grh, u8) -> *mut ibv_ah,
+        (pd, wc, grh, port_num),
+        null_mut()
+    );
     // SAFETY: pd NULL or ours.
     let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
         return fail_null(libc::EINVAL);

@@ -112,6 +112,8 @@ entry_points! {
 /// The loaded system library: its path and the entry points used.
 pub struct SystemVerbs {
     path: PathBuf,
+    /// The dlmopen handle (never closed).
+    handle: usize,
     pub(crate) fns: Fns,
 }
 
@@ -136,6 +138,31 @@ impl SystemVerbs {
     /// The file loaded.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Any entry point of the library by name (the drop-in forwards the
+    /// verbs of real devices through these).
+    pub fn symbol(&self, name: &str) -> Option<*mut c_void> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: dlsym on the live handle with a valid C string.
+        let p = unsafe { libc::dlsym(self.handle as *mut c_void, c.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
+    /// The library's `struct ibv_device *`s, from a list that is never
+    /// freed (so they stay valid for the process's life, as the drop-in
+    /// hands them to programs).
+    pub fn device_pointers(&self) -> Vec<*mut c_void> {
+        let mut n: c_int = 0;
+        // SAFETY: as in each_device; the list is deliberately kept.
+        let list = unsafe { (self.fns.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Vec::new();
+        }
+        (0..usize::try_from(n).unwrap_or(0))
+            // SAFETY: i < n entries of the list.
+            .map(|i| unsafe { *list.add(i) })
+            .collect()
     }
 
     /// Run `f` over the system's device list (each `struct ibv_device*`);
@@ -298,6 +325,7 @@ fn load(path: &Path) -> Result<SystemVerbs, String> {
     };
     Ok(SystemVerbs {
         path: path.to_path_buf(),
+        handle: handle as usize,
         fns: Fns::load(sym, path)?,
     })
 }
