@@ -217,6 +217,18 @@ for l in open(sys.argv[1]):
       k=99
     fi
   done
+  # The same program logic on both sides: ibv_rc_pingpong against its
+  # port, roxe pingpong (usec/iter of 5000 64-byte ping-pongs).
+  for prog in ibv_rc_pingpong "roxe pingpong"; do
+    G "timeout 120 sh -c '$prog -d rxe0 -g $GIDX -s 64 -n 5000 -p 18820 >/dev/null 2>&1 & sleep 1; $prog -d rxe0 -g $GIDX -s 64 -n 5000 -p 18820 127.0.0.1; wait'" >"$OUT/overhead-${prog// /-}.txt" 2>&1
+  done
+  c=$(awk '/iters in/ {print $(NF-1); exit}' "$OUT/overhead-ibv_rc_pingpong.txt")
+  r=$(awk '/iters in/ {print $(NF-1); exit}' "$OUT/overhead-roxe-pingpong.txt")
+  if [ -n "$c" ] && [ -n "$r" ]; then
+    detail+="pingpong: ibv_rc_pingpong ${c} usec/iter, roxe pingpong ${r} usec/iter, ratio $(python3 -c "print(round($r/$c,3))")"
+  else
+    detail+="pingpong: no figures"; k=99
+  fi
   if [ $k != 99 ]; then record overhead PASS "$detail"; else record overhead FAIL "$detail (see $OUT/overhead-*.txt)"; fi
 fi
 

@@ -660,17 +660,20 @@ impl HwCq {
             .poll_cq
             .ok_or_else(|| err("ibv_poll_cq", libc::EOPNOTSUPP, "no poll_cq"))?;
         let mut done = 0;
-        let mut buf = [ibv_wc::default(); 16];
+        // Not zeroed: a poller calls this in a tight loop, and the
+        // provider writes the entries it returns.
+        let mut buf = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 16];
         while done < out.len() {
             let want = (out.len() - done).min(buf.len());
             // SAFETY: a live CQ and a buffer of `want` entries.
-            let n = unsafe { poll(self.cq.as_ptr(), want as c_int, buf.as_mut_ptr()) };
+            let n = unsafe { poll(self.cq.as_ptr(), want as c_int, buf.as_mut_ptr().cast()) };
             if n < 0 {
                 return Err(err("ibv_poll_cq", libc::EIO, "the provider failed"));
             }
-            let n = n as usize;
+            let n = (n as usize).min(want);
             for (o, w) in out[done..].iter_mut().zip(&buf[..n]) {
-                *o = wc_from_c(w);
+                // SAFETY: poll_cq wrote its first n entries.
+                *o = wc_from_c(unsafe { w.assume_init_ref() });
             }
             done += n;
             if n < want {
@@ -720,7 +723,7 @@ impl HwSrq {
             .post_srq_recv
             .ok_or_else(|| err("ibv_post_srq_recv", libc::EOPNOTSUPP, "no post_srq_recv"))?;
         let mut sges = c_sges(&wr.sg_list);
-        let mut w = recv_wr_c(wr, &mut sges);
+        let mut w = recv_wr_c(wr, sges.as_mut_slice());
         let mut bad = null_mut();
         // SAFETY: a live SRQ; w and its SGEs live across the call.
         check("ibv_post_srq_recv", unsafe {
@@ -768,14 +771,40 @@ impl Drop for HwQp {
     }
 }
 
-fn c_sges(list: &[Sge]) -> Vec<ibv_sge> {
-    list.iter()
-        .map(|s| ibv_sge {
+/// A WR's SGEs in C form: on the stack for the usual few, else on the heap
+/// (posting is the data path).
+enum CSges {
+    Few([ibv_sge; 4], usize),
+    Many(Vec<ibv_sge>),
+}
+
+impl CSges {
+    fn new(list: &[Sge]) -> CSges {
+        let c = |s: &Sge| ibv_sge {
             addr: s.addr,
             length: s.length,
             lkey: s.lkey,
-        })
-        .collect()
+        };
+        if list.len() <= 4 {
+            let mut a = [ibv_sge::default(); 4];
+            for (d, s) in a.iter_mut().zip(list) {
+                *d = c(s);
+            }
+            CSges::Few(a, list.len())
+        } else {
+            CSges::Many(list.iter().map(c).collect())
+        }
+    }
+    fn as_mut_slice(&mut self) -> &mut [ibv_sge] {
+        match self {
+            CSges::Few(a, n) => &mut a[..*n],
+            CSges::Many(v) => v,
+        }
+    }
+}
+
+fn c_sges(list: &[Sge]) -> CSges {
+    CSges::new(list)
 }
 
 fn recv_wr_c(wr: &RecvWr, sges: &mut [ibv_sge]) -> ibv_recv_wr {
@@ -848,13 +877,22 @@ impl HwQp {
             .as_ref()
             .filter(|_| wr.flags.contains(SendFlags::INLINE));
         let mut sges = match inline {
-            Some(d) => vec![ibv_sge {
-                addr: d.as_ptr() as u64,
-                length: d.len() as u32,
-                lkey: 0,
-            }],
+            Some(d) => CSges::Few(
+                [
+                    ibv_sge {
+                        addr: d.as_ptr() as u64,
+                        length: d.len() as u32,
+                        lkey: 0,
+                    },
+                    ibv_sge::default(),
+                    ibv_sge::default(),
+                    ibv_sge::default(),
+                ],
+                1,
+            ),
             None => c_sges(&wr.sg_list),
         };
+        let sges = sges.as_mut_slice();
         let mut ah_keep = None;
         let wr_union = if let Some(ud) = &wr.ud {
             let ah = self.ctx.ah_for(ud.addr).ok_or_else(|| {
@@ -925,7 +963,7 @@ impl HwQp {
             .post_recv
             .ok_or_else(|| err("ibv_post_recv", libc::EOPNOTSUPP, "no post_recv"))?;
         let mut sges = c_sges(&wr.sg_list);
-        let mut w = recv_wr_c(wr, &mut sges);
+        let mut w = recv_wr_c(wr, sges.as_mut_slice());
         let mut bad = null_mut();
         // SAFETY: a live QP; w and its SGEs live across the call.
         check("ibv_post_recv", unsafe {
