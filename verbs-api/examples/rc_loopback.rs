@@ -21,7 +21,7 @@ fn main() -> Result<()> {
     if names.is_empty() {
         names = vec!["soft".into(), "soft".into()];
     }
-    if names.len() % 2 != 0 {
+    if !names.len().is_multiple_of(2) {
         names.push(names[names.len() - 1].clone());
     }
     let mut pairs = Vec::new();
