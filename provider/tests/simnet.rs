@@ -5,7 +5,9 @@
 //! `ROXE_SIM_MESSAGES=N` sets the soak's message count.
 //! Run alone: `cargo test -p roxe-provider --test simnet`.
 
-use roxe_provider::engine::{CqId, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId};
+use roxe_provider::engine::{
+    CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId,
+};
 use roxe_provider::memory::{MrInfo, Sge};
 use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use roxe_provider::types::{AccessFlags, Errno, PdId, VerbsResult, WcOpcode, WcStatus};
@@ -1171,6 +1173,50 @@ fn uc_and_ud() {
     net.engines[a.e].post_send(a.qpn, wr).unwrap();
     while net.step() {}
     assert!(poll(&mut net, b).is_empty());
+    // ... and counted under its reason, on the device and on the QP.
+    assert_eq!(net.engines[b.e].stats().drops.get(DropReason::BadQkey), 1);
+    let qb = net.engines[b.e]
+        .qp_snapshots()
+        .into_iter()
+        .find(|q| q.qpn == b.qpn)
+        .unwrap();
+    assert_eq!(
+        qb.drops.nonzero().collect::<Vec<_>>(),
+        [(DropReason::BadQkey, 1)]
+    );
+    // With no receive posted, a UD SEND is dropped as NoReceive.
+    let mut wr = SendWr::new(6, SendOpcode::Send, vec![sge(a, 0, 10)]);
+    wr.ud = Some(UdDest {
+        addr: net.engines[b.e].addr(),
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111,
+    });
+    // (The receive posted above was consumed by nothing: take it first.)
+    net.engines[a.e].post_send(a.qpn, wr.clone()).unwrap();
+    net.engines[a.e].post_send(a.qpn, wr).unwrap();
+    while net.step() {}
+    assert_eq!(poll(&mut net, b).len(), 1, "one receive, two SENDs");
+    assert_eq!(net.engines[b.e].stats().drops.get(DropReason::NoReceive), 1);
+    // Garbage, and a packet for a QP that does not exist.
+    let now = net.now;
+    let from = net.engines[a.e].addr();
+    net.engines[b.e].handle_packet(now, from, 4791, &[1, 2, 3]);
+    net.engines[b.e].destroy_qp(b.qpn).unwrap();
+    let mut wr = SendWr::new(7, SendOpcode::Send, vec![sge(a, 0, 10)]);
+    wr.ud = Some(UdDest {
+        addr: net.engines[b.e].addr(),
+        remote_qpn: b.qpn,
+        remote_qkey: 0x1111,
+    });
+    net.engines[a.e].post_send(a.qpn, wr).unwrap();
+    while net.step() {}
+    let d = net.engines[b.e].stats().drops;
+    assert_eq!(
+        (d.get(DropReason::Malformed), d.get(DropReason::NoQp)),
+        (1, 1),
+        "{d:?}"
+    );
+    assert_eq!(d.total(), 4, "every drop has one reason: {d:?}");
     // A UD message larger than the path MTU is refused at post time.
     let mut wr = SendWr::new(5, SendOpcode::Send, vec![sge(a, 0, 5000)]);
     wr.ud = Some(UdDest {

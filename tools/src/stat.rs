@@ -96,11 +96,28 @@ fn value(v: &str) -> Value {
     v.parse::<u64>().map_or_else(|_| json!(v), |n| json!(n))
 }
 
+/// `drops=reason:n,...` (or `-`) as `{"reason": n, ...}`.
+fn drops_value(v: &str) -> Value {
+    Value::Object(
+        v.split(',')
+            .filter_map(|kv| kv.split_once(':'))
+            .map(|(k, n)| (k.to_string(), value(n)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
 fn object(fields: &Fields) -> Value {
     Value::Object(
         fields
             .iter()
-            .map(|(k, v)| (k.clone(), value(v)))
+            .map(|(k, v)| {
+                let v = if k == "drops" {
+                    drops_value(v)
+                } else {
+                    value(v)
+                };
+                (k.clone(), v)
+            })
             .collect::<Map<_, _>>(),
     )
 }
@@ -118,7 +135,7 @@ fn print_tables(devs: &[DeviceStat]) {
     for d in devs {
         let f = &d.device;
         println!(
-            "{} (pid {}): rx {} tx {} retransmits {} timeouts {} NAKs sent {} RNR NAKs received {} dropped {}",
+            "{} (pid {}): rx {} tx {} retransmits {} timeouts {} NAKs sent {} RNR NAKs received {} dropped {} ({})",
             field(f, "addr"),
             field(f, "pid"),
             field(f, "rx_packets"),
@@ -128,17 +145,18 @@ fn print_tables(devs: &[DeviceStat]) {
             field(f, "naks_sent"),
             field(f, "rnr_naks_received"),
             field(f, "rx_dropped"),
+            field(f, "drops"),
         );
         if d.qps.is_empty() {
             continue;
         }
         println!(
-            "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}",
+            "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}  drops",
             "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq"
         );
         for q in &d.qps {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}  {}",
                 field(q, "qpn"),
                 field(q, "type"),
                 field(q, "state"),
@@ -149,6 +167,7 @@ fn print_tables(devs: &[DeviceStat]) {
                 field(q, "epsn"),
                 field(q, "send_queue"),
                 field(q, "recv_queue"),
+                field(q, "drops"),
             );
         }
     }

@@ -82,6 +82,9 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
         .unwrap();
     assert!(dev["tx_packets"].as_u64().unwrap() > 0, "{dev:#}");
     assert_eq!(dev["qps"][0]["peer"], "127.0.234.1", "{dev:#}");
+    // Drops by reason, per device and per QP (none on a clean run).
+    assert!(dev["drops"].is_object(), "{dev:#}");
+    assert!(dev["qps"][0]["drops"].is_object(), "{dev:#}");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
         table.contains("127.0.234.1 (pid") && table.contains("RTS"),

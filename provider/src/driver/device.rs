@@ -583,6 +583,15 @@ impl Shared {
     /// The answer to `roxe stat` (see `stat.rs`): the device's counters,
     /// then one line per QP.
     fn stat_answer(&self, core: &Core) -> String {
+        /// `reason:count,...` of the non-zero drop counters, `-` if none.
+        fn drops_field(d: &crate::engine::DropCounts) -> String {
+            let v: Vec<String> = d.nonzero().map(|(r, n)| format!("{r}:{n}")).collect();
+            if v.is_empty() {
+                "-".into()
+            } else {
+                v.join(",")
+            }
+        }
         use std::fmt::Write as _;
         let e = core.engine.stats();
         let d = &core.stats;
@@ -593,7 +602,7 @@ impl Shared {
             "device pid={} addr={} rx_packets={} tx_packets={} tx_retransmits={} timeouts={} \
              naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
-             timers_late={}",
+             timers_late={} drops={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -611,6 +620,7 @@ impl Shared {
             tx.datagrams,
             tx.errors,
             d.timers_late,
+            drops_field(&e.drops),
         );
         for q in core.engine.qp_snapshots() {
             let (peer, dest_qpn) = match q.peer {
@@ -620,7 +630,8 @@ impl Shared {
             let _ = writeln!(
                 out,
                 "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
-                 una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={}",
+                 una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
+                 drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -631,6 +642,7 @@ impl Shared {
                 q.recv_queue,
                 q.retry_left,
                 q.rnr_retry_left,
+                drops_field(&q.drops),
             );
         }
         out

@@ -8,8 +8,10 @@
 //! which is what lets `tests/simnet.rs` drive engines through millions of
 //! packets on a virtual clock.
 
+mod drops;
 mod requester;
 mod responder;
+pub use drops::{DropCounts, DropReason};
 
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, Sge};
@@ -177,6 +179,28 @@ pub struct Stats {
     /// timer. Always 0 unless the engine has a bug (debug builds panic
     /// instead).
     pub stalls_repaired: u64,
+    /// Every dropped received packet, by reason (the `rx_*` counters
+    /// above are their older, coarser sums).
+    pub drops: DropCounts,
+}
+
+impl Stats {
+    /// Count a received packet dropped for `reason` (by the QP `qpn`, if
+    /// it reached one), and log it at trace level.
+    pub(crate) fn count_drop(&mut self, reason: DropReason, qpn: Option<u32>) {
+        self.drops.add(reason);
+        match reason {
+            DropReason::Malformed => self.rx_malformed += 1,
+            DropReason::BadIcrc => self.rx_bad_icrc += 1,
+            DropReason::NoQp | DropReason::WrongTransport => self.rx_no_qp += 1,
+            DropReason::WrongPeer => self.rx_wrong_peer += 1,
+            _ => self.rx_dropped += 1,
+        }
+        match qpn {
+            Some(qpn) => tracing::trace!(qpn = format_args!("{qpn:#x}"), %reason, "packet dropped"),
+            None => tracing::trace!(%reason, "packet dropped"),
+        }
+    }
 }
 
 /// One QP as `roxe stat` shows it.
@@ -199,6 +223,8 @@ pub struct QpSnapshot {
     pub recv_queue: usize,
     pub retry_left: u8,
     pub rnr_retry_left: u8,
+    /// Packets this QP dropped, by reason.
+    pub drops: DropCounts,
 }
 
 /// An affiliated asynchronous event of a QP (`ibv_get_async_event`).
@@ -253,6 +279,8 @@ pub(crate) struct Qp {
     pub indexed_deadline: Option<Nanos>,
     /// The port's active MTU in bytes (UD's message limit).
     pub port_mtu: usize,
+    /// Received packets this QP dropped, by reason.
+    pub drops: DropCounts,
 }
 
 impl Qp {
@@ -439,7 +467,7 @@ impl Engine {
             .deth()
             .is_some_and(|d| d.qkey == roxe_wire::cm::GSI_QKEY);
         if pkt.opcode() != roxe_wire::Opcode::UdSendOnly || !qkey_ok {
-            self.stats.rx_dropped += 1;
+            self.stats.count_drop(DropReason::NotCm, None);
             return;
         }
         self.cm.handle_mad(now, src, pkt.payload());
@@ -626,6 +654,7 @@ impl Engine {
             rq: VecDeque::new(),
             indexed_deadline: None,
             port_mtu: self.config.active_mtu.bytes(),
+            drops: DropCounts::default(),
         };
         self.qps.insert(qpn, qp);
         Ok(qpn)
@@ -982,6 +1011,7 @@ impl Engine {
                     recv_queue: q.rq.len(),
                     retry_left,
                     rnr_retry_left,
+                    drops: q.drops,
                 }
             })
             .collect();
@@ -1126,15 +1156,24 @@ impl Engine {
         t
     }
 
+    /// Count a packet QP `qpn` dropped for `reason` (no borrow of the QP
+    /// may be live).
+    pub(crate) fn drop_on(&mut self, reason: DropReason, qpn: u32) {
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.drops.add(reason);
+        }
+        self.stats.count_drop(reason, Some(qpn));
+    }
+
     /// Handle one received RoCEv2 UDP payload (BTH .. ICRC) from `src`.
     pub fn handle_packet(&mut self, now: Nanos, src: IpAddr, src_port: u16, bytes: &[u8]) {
         self.stats.rx_packets += 1;
         let Ok(pkt) = Packet::new_checked(bytes) else {
-            self.stats.rx_malformed += 1;
+            self.stats.count_drop(DropReason::Malformed, None);
             return;
         };
         if !self.icrc_ok(src, src_port, &pkt) {
-            self.stats.rx_bad_icrc += 1;
+            self.stats.count_drop(DropReason::BadIcrc, None);
             return;
         }
         let qpn = pkt.bth().dest_qp();
@@ -1142,20 +1181,26 @@ impl Engine {
             self.gsi_receive(now, src, &pkt);
             return;
         }
-        let Some(q) = self.qps.get(&qpn) else {
-            self.stats.rx_no_qp += 1;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.stats.count_drop(DropReason::NoQp, None);
             return;
         };
         let type_ok = matches!(
             (q.init.qp_type, pkt.opcode().transport()),
             (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
         );
-        if !type_ok || !q.can_receive() {
-            self.stats.rx_no_qp += 1;
-            return;
-        }
-        if q.init.qp_type != QpType::Ud && q.peer != Some(src) {
-            self.stats.rx_wrong_peer += 1;
+        let refused = if !type_ok {
+            Some(DropReason::WrongTransport)
+        } else if !q.can_receive() {
+            Some(DropReason::WrongState)
+        } else if q.init.qp_type != QpType::Ud && q.peer != Some(src) {
+            Some(DropReason::WrongPeer)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            q.drops.add(reason);
+            self.stats.count_drop(reason, Some(qpn));
             return;
         }
         if pkt.opcode().is_response() {
@@ -1192,7 +1237,7 @@ impl Engine {
         let udp = roxe_wire::ip::UdpHeader::new_checked(udp_header).ok();
         let (Some(src), Some(udp)) = (src, udp) else {
             self.stats.rx_packets += 1;
-            self.stats.rx_malformed += 1;
+            self.stats.count_drop(DropReason::Malformed, None);
             return;
         };
         // A malformed packet is left to `handle_packet` to count.
@@ -1200,7 +1245,7 @@ impl Engine {
             && !icrc::check(ip_header, udp_header, bytes).is_ok_and(|c| c.ok())
         {
             self.stats.rx_packets += 1;
-            self.stats.rx_bad_icrc += 1;
+            self.stats.count_drop(DropReason::BadIcrc, None);
             return;
         }
         self.handle_packet(now, src, udp.src_port(), bytes);

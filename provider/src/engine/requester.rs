@@ -4,7 +4,7 @@
 //! READ responses and atomic ACKs complete them; the retransmission and RNR
 //! timers drive go-back-N retries.
 
-use super::{Engine, Nanos, Transmit};
+use super::{DropReason, Engine, Nanos, Transmit};
 use crate::qp_attr::{QpAttr, QpState, QpType};
 use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, SendWr, WorkCompletion};
@@ -711,7 +711,8 @@ impl Engine {
             return;
         };
         if !matches!(q.state, QpState::Rts | QpState::Sqd) || q.init.qp_type != QpType::Rc {
-            self.stats.rx_dropped += 1;
+            q.drops.add(DropReason::WrongState);
+            self.stats.count_drop(DropReason::WrongState, Some(qpn));
             return;
         }
         let timeout = AckTimeout::new(q.attr.timeout).unwrap_or(AckTimeout::INFINITE);
@@ -722,7 +723,8 @@ impl Engine {
         let r = &mut q.req;
         // Only responses to PSNs in flight count: [una, next_psn).
         if p.is_before(r.una) || !p.is_before(r.next_psn) {
-            self.stats.rx_dropped += 1;
+            q.drops.add(DropReason::PsnOutOfWindow);
+            self.stats.count_drop(DropReason::PsnOutOfWindow, Some(qpn));
             return;
         }
         let aeth = pkt.aeth();
@@ -796,10 +798,14 @@ impl Engine {
             | Opcode::RcReadResponseLast
             | Opcode::RcReadResponseOnly => {
                 let Some(i) = r.sq.iter().position(|w| w.contains(p)) else {
+                    // In [una, next_psn), so some WQE holds it.
+                    q.drops.add(DropReason::PsnOutOfWindow);
+                    self.stats.count_drop(DropReason::PsnOutOfWindow, Some(qpn));
                     return;
                 };
                 if r.sq[i].wr.opcode != SendOpcode::RdmaRead {
-                    self.stats.rx_dropped += 1;
+                    q.drops.add(DropReason::OpcodeSequence);
+                    self.stats.count_drop(DropReason::OpcodeSequence, Some(qpn));
                     return;
                 }
                 let first = r.sq[i].first_psn;
@@ -838,15 +844,19 @@ impl Engine {
                     r.advance_una(p);
                     progress = true;
                 } else {
-                    self.stats.rx_dropped += 1;
+                    // Not the READ's next response packet: a duplicate.
+                    self.drop_on(DropReason::PsnOutOfWindow, qpn);
                 }
             }
             Opcode::RcAtomicAcknowledge => {
                 let Some(i) = r.sq.iter().position(|w| w.contains(p)) else {
+                    q.drops.add(DropReason::PsnOutOfWindow);
+                    self.stats.count_drop(DropReason::PsnOutOfWindow, Some(qpn));
                     return;
                 };
                 if !r.sq[i].wr.opcode.is_atomic() || r.sq[i].done.is_some() {
-                    self.stats.rx_dropped += 1;
+                    q.drops.add(DropReason::OpcodeSequence);
+                    self.stats.count_drop(DropReason::OpcodeSequence, Some(qpn));
                     return;
                 }
                 implied = r.ack_upto(p - 1);
@@ -876,7 +886,8 @@ impl Engine {
                 progress = true;
             }
             _ => {
-                self.stats.rx_dropped += 1;
+                q.drops.add(DropReason::OpcodeSequence);
+                self.stats.count_drop(DropReason::OpcodeSequence, Some(qpn));
                 return;
             }
         }

@@ -3,7 +3,7 @@
 //! error-class rules (a duplicate is re-acknowledged or replayed, never
 //! executed twice; a gap gets one PSN-sequence NAK and then silence).
 
-use super::{CqId, Engine, RecvWqe, Transmit};
+use super::{CqId, DropReason, Engine, RecvWqe, Transmit};
 use crate::memory::AccessError;
 use crate::qp_attr::{QpState, QpType};
 use crate::types::{AccessFlags, WcOpcode, WcStatus};
@@ -270,7 +270,7 @@ impl Engine {
                     "PSN gap: sequence-error NAK sent"
                 );
             }
-            self.stats.rx_dropped += 1;
+            self.drop_on(DropReason::PsnGap, qpn);
             return;
         }
         if d < 0 {
@@ -345,7 +345,11 @@ impl Engine {
         });
         match found {
             Some(reply) => r.replies.push_back(reply),
-            None => self.stats.rx_dropped += 1,
+            None => {
+                q.drops.add(DropReason::DuplicateUnanswerable);
+                self.stats
+                    .count_drop(DropReason::DuplicateUnanswerable, Some(qpn));
+            }
         }
     }
 
@@ -437,7 +441,7 @@ impl Engine {
                 );
                 self.stats.naks_sent += 1;
             }
-            self.stats.rx_dropped += 1;
+            self.drop_on(DropReason::NoReceive, qpn);
             return Outcome::Fine;
         }
 
@@ -701,7 +705,8 @@ impl Engine {
             q.resp.uc_drop = false;
         } else if !in_seq {
             q.resp.uc_drop = true;
-            self.stats.rx_dropped += 1;
+            q.drops.add(DropReason::PsnGap);
+            self.stats.count_drop(DropReason::PsnGap, Some(qpn));
             return;
         }
         match self.execute(qpn, pkt, false) {
@@ -715,7 +720,7 @@ impl Engine {
                     q.resp.uc_drop = true;
                     q.resp.replies.clear();
                 }
-                self.stats.rx_dropped += 1;
+                self.drop_on(DropReason::Refused, qpn);
             }
         }
     }
@@ -726,11 +731,11 @@ impl Engine {
         let pd = q.init.pd;
         let cq = q.init.recv_cq;
         if deth.qkey != q.attr.qkey {
-            self.stats.rx_dropped += 1;
+            self.drop_on(DropReason::BadQkey, qpn);
             return;
         }
         let Some(wqe) = self.take_recv(qpn) else {
-            self.stats.rx_dropped += 1;
+            self.drop_on(DropReason::NoReceive, qpn);
             return;
         };
         let payload = pkt.payload();
