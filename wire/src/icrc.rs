@@ -131,13 +131,28 @@ pub fn compute_linux_ipv4(
     dst_port: u16,
     roce: &[u8],
 ) -> Result<u32> {
+    compute_ipv4(src, dst, src_port, dst_port, 0, roce)
+}
+
+/// [`compute_linux_ipv4`] for a packet whose IPv4 header carries
+/// identification `ident`: segment `k` of a UDP GSO send from such a socket
+/// carries `k` (the kernel numbers the segments of a send whose first
+/// datagram has identification 0: `inet_gso_segment`).
+pub fn compute_ipv4(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    ident: u16,
+    roce: &[u8],
+) -> Result<u32> {
     let udp_len = UDP_HEADER_LEN + roce.len() + ICRC_LEN;
     let mut ip = [0u8; IPV4_HEADER_LEN];
     Ipv4Repr {
         src,
         dst,
         tos: 0,
-        ident: 0,
+        ident,
         dont_frag: true,
         ttl: 64,
         payload_len: udp_len,

@@ -9,13 +9,19 @@
 //! ([`gso_run`]) become one message with a `UDP_SEGMENT` control message; the
 //! first refusal (`EIO`, `EINVAL`, ...) turns GSO off for good and is counted.
 //!
-//! Why GSO is off by default: the kernel builds the segments itself and
-//! gives them IPv4 identifications 0, 1, 2, ... (`inet_gso_segment`), but
-//! the RoCEv2 ICRC covers the identification and roxe computes it for 0 (the
-//! value Linux writes for one DF datagram). On loopback no segment is ever
-//! built on the way out (`lo` passes the whole 60 KiB datagram, which is
-//! what a capture on `lo` shows), so only the next hop's segments carry the
-//! wrong ICRC, but that is any non-roxe receiver.
+//! GSO is wire-exact: the kernel builds the segments itself and gives them
+//! IPv4 identifications 0, 1, 2, ... (`inet_gso_segment`, for an
+//! unconnected socket with DF set), and the RoCEv2 ICRC covers the
+//! identification, so [`TxBatch::flush`] signs segment `k` for
+//! identification `k` (the engine signs every packet for 0, the value of a
+//! single datagram). Wherever the kernel cuts the send (on the way out of
+//! a NIC or veth, or on the receiving socket), every segment is exactly
+//! the packet rxe or a NIC expects. On `lo` a capture sees the uncut send
+//! (`roxe capture` cuts it as the kernel will; `ROXE_PCAP` records the
+//! individual packets). No GSO to loopback peers where they may read
+//! through raw sockets (beside rxe, `ROXE_ICRC=raw`): those see it uncut.
+//! A receiver with GRO gets such a send back as one buffer; packet `k` is
+//! checked for identification `k` or 0 (`Engine::handle_segment`).
 //!
 //! Receive: [`RxBatch::recv`] takes up to [`MAX_BATCH`] datagrams with one
 //! `recvmmsg(2)` into a preallocated pool.
@@ -58,6 +64,9 @@ pub(crate) struct TxPkt {
     pub len: usize,
     /// Destination device.
     pub dst: IpAddr,
+    /// The IPv4 identification its ICRC is computed for (the engine signs
+    /// for 0; a GSO send re-signs segment `k` for `k`).
+    pub ident: u16,
 }
 
 /// How many packets from the start of `pkts` form one GSO send: consecutive
@@ -117,7 +126,15 @@ pub(crate) struct TxBatch {
     pkts: Vec<TxPkt>,
     end: usize,
     gso: bool,
+    /// No GSO towards loopback addresses: their receivers on this host may
+    /// read through raw sockets (shared-port mode beside rxe), which see
+    /// a GSO send uncut.
+    gso_loopback: bool,
     port: u16,
+    /// The IPv4 source address and UDP source port the socket sends from:
+    /// segment `k` of a GSO send is signed with the ICRC for IPv4
+    /// identification `k` (see the module documentation).
+    source: Option<(std::net::Ipv4Addr, u16)>,
     /// Destination socket addresses, built once per destination.
     addrs: Vec<(IpAddr, socket2::SockAddr)>,
     pub(crate) counters: TxCounters,
@@ -135,16 +152,56 @@ impl std::fmt::Debug for TxBatch {
 
 impl TxBatch {
     /// An empty batch sending to `port` on each destination, with UDP GSO
-    /// if `gso` (see the module documentation for why it is off by default).
+    /// if `gso` (see the module documentation).
     pub(crate) fn new(port: u16, gso: bool) -> TxBatch {
         TxBatch {
             arena: vec![0; MAX_BATCH * TX_SLOT].into_boxed_slice(),
             pkts: Vec::with_capacity(MAX_BATCH),
             end: 0,
             gso,
+            gso_loopback: true,
             port,
+            source: None,
             addrs: Vec::new(),
             counters: TxCounters::default(),
+        }
+    }
+
+    /// The socket's IPv4 source address and port, so GSO segments carry
+    /// the ICRC of the identification the kernel gives them; and whether
+    /// GSO may go to loopback destinations.
+    pub(crate) fn set_source(&mut self, src: IpAddr, sport: u16, gso_loopback: bool) {
+        self.source = match src {
+            IpAddr::V4(a) => Some((a, sport)),
+            IpAddr::V6(_) => None,
+        };
+        self.gso_loopback = gso_loopback;
+    }
+
+    /// Sign the `n` packets from `first`, which leave as one message, for
+    /// the IPv4 identifications the kernel gives them: segment `k` of a
+    /// GSO send carries `k`, a single datagram 0. Only packets signed for
+    /// another value are recomputed (after a partial send or a refused GSO
+    /// send, a packet may move between runs). IPv6 has no identification.
+    fn sign_for_idents(&mut self, first: usize, n: usize) {
+        let (Some((src, sport)), IpAddr::V4(dst)) = (self.source, self.pkts[first].dst) else {
+            return;
+        };
+        for k in 0..n {
+            // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
+            let ident = if n > 1 { k as u16 } else { 0 };
+            let TxPkt { off, len, .. } = self.pkts[first + k];
+            if self.pkts[first + k].ident == ident {
+                continue;
+            }
+            let Some(body_len) = len.checked_sub(roxe_wire::ICRC_LEN) else {
+                continue;
+            };
+            let body = &self.arena[off..off + body_len];
+            if let Ok(c) = roxe_wire::icrc::compute_ipv4(src, dst, sport, self.port, ident, body) {
+                roxe_wire::packet::set_icrc(&mut self.arena[off..off + len], c);
+                self.pkts[first + k].ident = ident;
+            }
         }
     }
 
@@ -169,7 +226,12 @@ impl TxBatch {
     pub(crate) fn commit(&mut self, len: usize, dst: IpAddr) -> &[u8] {
         assert!(len <= TX_SLOT && !self.is_full());
         let off = self.end;
-        self.pkts.push(TxPkt { off, len, dst });
+        self.pkts.push(TxPkt {
+            off,
+            len,
+            dst,
+            ident: 0,
+        });
         self.end += len;
         &self.arena[off..off + len]
     }
@@ -217,14 +279,14 @@ impl TxBatch {
             let mut m = 0;
             let mut j = i;
             while j < self.pkts.len() && m < MAX_BATCH {
-                // GSO only towards loopback devices: on loopback no segment
-                // is built on the way (see the module documentation).
-                let n = if self.gso && self.pkts[j].dst.is_loopback() {
+                let dst = self.pkts[j].dst;
+                let n = if self.gso && (self.gso_loopback || !dst.is_loopback()) {
                     gso_run(&self.pkts[j..], MAX_GSO_SEGMENTS, MAX_GSO_BYTES)
                 } else {
                     1
                 };
                 let seg = if n > 1 { self.pkts[j].len as u16 } else { 0 };
+                self.sign_for_idents(j, n);
                 plan[m] = (j, n, seg);
                 m += 1;
                 j += n;
@@ -315,7 +377,7 @@ impl TxBatch {
 
 impl TxBatch {
     fn flush_one(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
-        let TxPkt { off, len, dst } = self.pkts[0];
+        let TxPkt { off, len, dst, .. } = self.pkts[0];
         let to = SocketAddr::new(dst, self.port);
         let p = &self.arena[off..off + len];
         let mut deadline: Option<Instant> = None;
@@ -582,6 +644,7 @@ mod tests {
                     off,
                     len,
                     dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
+                    ident: 0,
                 };
                 off += len;
                 p

@@ -87,6 +87,24 @@ pub struct DeviceStats {
     pub faults: FaultStats,
 }
 
+/// The IPv4 identification packet `index` of a GRO datagram carried: a
+/// Linux GSO sender's segment `index` (when its ICRC says so), else 0.
+fn gro_ident(from: std::net::SocketAddr, own: IpAddr, p: &[u8], index: usize) -> u16 {
+    let (Ok(k), IpAddr::V4(s), IpAddr::V4(d)) = (u16::try_from(index), from.ip(), own) else {
+        return 0;
+    };
+    let Some(body) = p.len().checked_sub(roxe_wire::ICRC_LEN).map(|n| &p[..n]) else {
+        return 0;
+    };
+    let matches = roxe_wire::icrc::compute_ipv4(s, d, from.port(), ROCEV2_PORT, k, body)
+        .is_ok_and(|c| Ok(c) == roxe_wire::icrc::from_wire(p));
+    if k > 0 && matches {
+        k
+    } else {
+        0
+    }
+}
+
 /// The device's LID on loopback: 127.0.x.y gives LID x·256 + y (a unicast
 /// LID, 1..=0xBFFF), so LID-addressed programs (`is_global = 0`) can reach
 /// roxe devices on one host. Other addresses have no LID (0).
@@ -381,10 +399,14 @@ impl Device {
             (IcrcMode::Strict | IcrcMode::Raw, false) => IcrcPolicy::AssumeLinuxSender,
         };
         // The ICRC covers the UDP source port: the socket's own.
-        ec.fixed_src_port = Some(match shared {
+        let ec_sport = match shared {
             Shared4791::No => ROCEV2_PORT,
             Shared4791::Yes => SHARED_MODE_PORT,
-        });
+        };
+        ec.fixed_src_port = Some(ec_sport);
+        // Peers on this host that read through raw sockets (beside rxe, or
+        // `ROXE_ICRC=raw` like this device) see a GSO send uncut.
+        let gso_loopback = shared == Shared4791::No && config.icrc != IcrcMode::Raw;
         let tap = match &config.pcap {
             Some(p) => Some(Tap::create(p)?),
             None => None,
@@ -400,7 +422,13 @@ impl Device {
             epoch: Instant::now(),
             core: Mutex::new(Core {
                 engine: Engine::new(ec),
-                tx: TxBatch::new(ROCEV2_PORT, gso),
+                tx: {
+                    let mut tx = TxBatch::new(ROCEV2_PORT, gso);
+                    // Beside rxe the peers on this host receive through raw
+                    // sockets, which see a GSO send uncut: none to them.
+                    tx.set_source(addr, ec_sport, gso_loopback);
+                    tx
+                },
                 tx_buf: vec![0; TX_SLOT],
                 faults: config.fault.map(Faults::new),
                 tap,
@@ -775,12 +803,17 @@ impl Shared {
                 continue;
             };
             // GRO: equal packets (the last may be shorter) as one.
-            for p in d.chunks(if seg == 0 { d.len().max(1) } else { seg }) {
+            for (i, p) in d
+                .chunks(if seg == 0 { d.len().max(1) } else { seg })
+                .enumerate()
+            {
                 core.stats.rx_datagrams += 1;
                 if let Some(t) = core.tap.as_mut() {
-                    t.write(from.ip(), from.port(), self.addr, ROCEV2_PORT, p);
+                    let ident = gro_ident(from, self.addr, p, i);
+                    t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
-                core.engine.handle_packet(now, from.ip(), from.port(), p);
+                core.engine
+                    .handle_segment(now, from.ip(), from.port(), p, i);
             }
         }
         n == super::batch::MAX_BATCH

@@ -38,13 +38,28 @@ impl Tap {
         })
     }
 
-    /// Append one UDP payload (BTH .. ICRC) as an IP datagram.
+    /// Append one UDP payload (BTH .. ICRC) as an IP datagram (IPv4
+    /// identification 0).
     pub(crate) fn write(
         &mut self,
         src: IpAddr,
         src_port: u16,
         dst: IpAddr,
         dst_port: u16,
+        payload: &[u8],
+    ) {
+        self.write_ident(src, src_port, dst, dst_port, 0, payload);
+    }
+
+    /// [`write`](Self::write) with IPv4 identification `ident` (a GSO
+    /// segment's).
+    pub(crate) fn write_ident(
+        &mut self,
+        src: IpAddr,
+        src_port: u16,
+        dst: IpAddr,
+        dst_port: u16,
+        ident: u16,
         payload: &[u8],
     ) {
         let udp_len = 8 + payload.len();
@@ -59,7 +74,7 @@ impl Tap {
                 src: s,
                 dst: d,
                 tos: 0,
-                ident: 0,
+                ident,
                 dont_frag: true,
                 ttl: 64,
                 payload_len: udp_len,

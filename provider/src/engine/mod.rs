@@ -1167,12 +1167,27 @@ impl Engine {
 
     /// Handle one received RoCEv2 UDP payload (BTH .. ICRC) from `src`.
     pub fn handle_packet(&mut self, now: Nanos, src: IpAddr, src_port: u16, bytes: &[u8]) {
+        self.handle_segment(now, src, src_port, bytes, 0);
+    }
+
+    /// [`handle_packet`](Self::handle_packet) for packet `index` of a
+    /// datagram UDP GRO coalesced: from a Linux sender's GSO send it
+    /// carried IPv4 identification `index` (from separate sends, 0), and
+    /// the ICRC is checked for both.
+    pub fn handle_segment(
+        &mut self,
+        now: Nanos,
+        src: IpAddr,
+        src_port: u16,
+        bytes: &[u8],
+        index: usize,
+    ) {
         self.stats.rx_packets += 1;
         let Ok(pkt) = Packet::new_checked(bytes) else {
             self.stats.count_drop(DropReason::Malformed, None);
             return;
         };
-        if !self.icrc_ok(src, src_port, &pkt) {
+        if !self.icrc_ok(src, src_port, &pkt, index) {
             self.stats.count_drop(DropReason::BadIcrc, None);
             return;
         }
@@ -1251,25 +1266,36 @@ impl Engine {
         self.handle_packet(now, src, udp.src_port(), bytes);
     }
 
-    fn icrc_ok(&mut self, src: IpAddr, src_port: u16, pkt: &Packet<&[u8]>) -> bool {
+    fn icrc_ok(
+        &mut self,
+        src: IpAddr,
+        src_port: u16,
+        pkt: &Packet<&[u8]>,
+        gro_index: usize,
+    ) -> bool {
         let body = pkt.icrc_covered();
         let port = roxe_wire::ROCEV2_PORT;
+        // A Linux sender's IPv4 identification: 0 for one datagram, k for
+        // segment k of a GSO send (which GRO hands over in order).
+        let linux_ipv4 = |s, d| {
+            let idents = [u16::try_from(gro_index).unwrap_or(0), 0];
+            let n = if gro_index == 0 { 1 } else { 2 };
+            idents[..n].iter().any(|&id| {
+                icrc::compute_ipv4(s, d, src_port, port, id, body).is_ok_and(|c| c == pkt.icrc())
+            })
+        };
         let want = match (src, self.config.addr) {
             (IpAddr::V4(s), IpAddr::V4(d)) => match self.config.icrc_policy {
                 IcrcPolicy::Off => return true,
                 // Verified over the real headers by `handle_ip_packet`.
                 IcrcPolicy::WireHeaders => return true,
                 IcrcPolicy::Warn => {
-                    let ok = icrc::compute_linux_ipv4(s, d, src_port, port, body)
-                        .is_ok_and(|c| c == pkt.icrc());
-                    if !ok {
+                    if !linux_ipv4(s, d) {
                         self.stats.rx_icrc_unverified += 1;
                     }
                     return true;
                 }
-                IcrcPolicy::AssumeLinuxSender => {
-                    icrc::compute_linux_ipv4(s, d, src_port, port, body)
-                }
+                IcrcPolicy::AssumeLinuxSender => return linux_ipv4(s, d),
             },
             (IpAddr::V6(s), IpAddr::V6(d)) => icrc::compute_ipv6(s, d, src_port, port, body),
             _ => return false,
