@@ -147,7 +147,7 @@ fn parse_duration_ns(v: &str) -> Option<u64> {
 }
 
 /// Everything a soft device is opened with.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeviceConfig {
     /// The device's address; `None`: the first free loopback address from
     /// 127.0.0.1 upward.
@@ -160,8 +160,23 @@ pub struct DeviceConfig {
     pub fault: Option<FaultSpec>,
     /// Spin on the socket instead of sleeping (lower latency, one core busy).
     pub busy_poll: bool,
-    /// UDP GSO/GRO between roxe devices on loopback (`ROXE_GSO`).
+    /// UDP GSO for sends and GRO for receives (`ROXE_GSO`, default on:
+    /// segments are wire-exact, see `batch.rs`; the first refusal by the
+    /// kernel turns GSO off for the device).
     pub gso: bool,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            addr: None,
+            icrc: IcrcMode::default(),
+            pcap: None,
+            fault: None,
+            busy_poll: false,
+            gso: true,
+        }
+    }
 }
 
 /// An on/off switch from the environment: `1`, `on`, `true`, `yes` or `0`,
