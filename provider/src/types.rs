@@ -157,6 +157,43 @@ pub enum WcStatus {
     GeneralErr = 21,
 }
 
+impl WcStatus {
+    /// libibverbs' `ibv_wc_status_str` text, NUL-terminated (the one copy:
+    /// the drop-in returns it to C, the tools print it).
+    pub const fn as_cstr(self) -> &'static std::ffi::CStr {
+        match self {
+            WcStatus::Success => c"success",
+            WcStatus::LocLenErr => c"local length error",
+            WcStatus::LocQpOpErr => c"local QP operation error",
+            WcStatus::LocEecOpErr => c"local EE context operation error",
+            WcStatus::LocProtErr => c"local protection error",
+            WcStatus::WrFlushErr => c"Work Request Flushed Error",
+            WcStatus::MwBindErr => c"memory management operation error",
+            WcStatus::BadRespErr => c"bad response error",
+            WcStatus::LocAccessErr => c"local access error",
+            WcStatus::RemInvReqErr => c"remote invalid request error",
+            WcStatus::RemAccessErr => c"remote access error",
+            WcStatus::RemOpErr => c"remote operation error",
+            WcStatus::RetryExcErr => c"transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => c"RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => c"local RDD violation error",
+            WcStatus::RemInvRdReqErr => c"remote invalid RD request",
+            WcStatus::RemAbortErr => c"aborted error",
+            WcStatus::InvEecnErr => c"invalid EE context number",
+            WcStatus::InvEecStateErr => c"invalid EE context state",
+            WcStatus::FatalErr => c"fatal error",
+            WcStatus::RespTimeoutErr => c"response timeout error",
+            WcStatus::GeneralErr => c"general error",
+        }
+    }
+
+    /// [`as_cstr`](Self::as_cstr) as a `&str`.
+    pub fn as_str(self) -> &'static str {
+        // The texts are ASCII.
+        self.as_cstr().to_str().unwrap_or("unknown")
+    }
+}
+
 /// Work completion opcode (`enum ibv_wc_opcode` values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]

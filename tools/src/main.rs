@@ -19,7 +19,7 @@ Environment (every roxe device, in roxe and in programs over the drop-in library
   ROXE_ICRC=MODE          off | warn | strict | raw: how received ICRCs are checked
   ROXE_PCAP=FILE          write every packet a device sends and receives to FILE (pcap)
   ROXE_FAULT=SPEC         loss=P,dup=P,reorder=P,corrupt=P,delay=T,seed=N on every device
-  ROXE_GSO=on|off         UDP segmentation offload for sends (and GRO for receives)
+  ROXE_GSO=on|off         UDP segmentation offload for sends and GRO for receives (default on)
   ROXE_BUSY_POLL=on|off   the progress thread spins instead of sleeping
   ROXE_LOG=FILTER         log (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug)
   ROXE_BACKEND=CHOICE     soft | hardware | auto: which devices are offered (default auto)

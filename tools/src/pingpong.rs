@@ -327,30 +327,7 @@ impl Drand48 {
 
 /// `ibv_wc_status_str`.
 fn wc_status_str(status: WcStatus) -> &'static str {
-    match status {
-        WcStatus::Success => "success",
-        WcStatus::LocLenErr => "local length error",
-        WcStatus::LocQpOpErr => "local QP operation error",
-        WcStatus::LocEecOpErr => "local EE context operation error",
-        WcStatus::LocProtErr => "local protection error",
-        WcStatus::WrFlushErr => "Work Request Flushed Error",
-        WcStatus::MwBindErr => "memory management operation error",
-        WcStatus::BadRespErr => "bad response error",
-        WcStatus::LocAccessErr => "local access error",
-        WcStatus::RemInvReqErr => "remote invalid request error",
-        WcStatus::RemAccessErr => "remote access error",
-        WcStatus::RemOpErr => "remote operation error",
-        WcStatus::RetryExcErr => "transport retry counter exceeded",
-        WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
-        WcStatus::LocRddViolErr => "local RDD violation error",
-        WcStatus::RemInvRdReqErr => "remote invalid RD request",
-        WcStatus::RemAbortErr => "aborted error",
-        WcStatus::InvEecnErr => "invalid EE context number",
-        WcStatus::InvEecStateErr => "invalid EE context state",
-        WcStatus::FatalErr => "fatal error",
-        WcStatus::RespTimeoutErr => "response timeout error",
-        WcStatus::GeneralErr => "general error",
-    }
+    status.as_str()
 }
 
 /// `pp_mtu_to_enum`.

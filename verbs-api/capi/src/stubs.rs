@@ -97,31 +97,17 @@ pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     let s = match status {
-        0 => c"success",
-        1 => c"local length error",
-        2 => c"local QP operation error",
-        3 => c"local EE context operation error",
-        4 => c"local protection error",
-        5 => c"Work Request Flushed Error",
-        6 => c"memory management operation error",
-        7 => c"bad response error",
-        8 => c"local access error",
-        9 => c"remote invalid request error",
-        10 => c"remote access error",
-        11 => c"remote operation error",
-        12 => c"transport retry counter exceeded",
-        13 => c"RNR retry counter exceeded",
-        14 => c"local RDD violation error",
-        15 => c"remote invalid RD request",
-        16 => c"aborted error",
-        17 => c"invalid EE context number",
-        18 => c"invalid EE context state",
-        19 => c"fatal error",
-        20 => c"response timeout error",
-        21 => c"general error",
         22 => c"TM error",
         23 => c"TM software rendezvous",
-        _ => c"unknown",
+        _ => match u32::try_from(status)
+            .ok()
+            .map(roxe_verbs::abi::convert::wc_status_from_c)
+        {
+            // wc_status_from_c maps unknown values to GENERAL_ERR: only a
+            // value that maps back to itself is that status.
+            Some(w) if w as i32 == status => w.as_cstr(),
+            _ => c"unknown",
+        },
     };
     s.as_ptr()
 }
