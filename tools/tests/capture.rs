@@ -62,7 +62,15 @@ fn a_capture_of_roxe_verifies_and_writes_a_pcap() {
     ));
     let t = text(&o);
     assert!(t.contains("capture-exit=0"), "{t}");
-    assert!(t.contains("RoCEv2 packets: 200"), "{t}");
+    // -c counts captured frames; a GSO send (roxe's default) is one frame
+    // of several packets, so there may be a few more than 200.
+    let packets: u64 = t
+        .split("RoCEv2 packets: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(packets >= 200, "{t}");
     assert!(t.contains("icrc=OK") && !t.contains("icrc=BAD"), "{t}");
     assert!(t.contains("result: PASS"), "{t}");
     let roce_check = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
