@@ -19,7 +19,7 @@ sockperf pp -i 127.0.0.1 -p 5303 -t 5 -m 64 2>&1 | grep -E "avg-latency|50.000" 
 kill $sp; wait 2>/dev/null
 for gso in 0 1; do
   ROXE_GSO=$gso ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json server >/dev/null 2>&1 & sleep 0.5
-  echo "roxe_write64k_gso$gso $(ROXE_GSO=$gso ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_sec", d))')"
+  echo "roxe_write64k_gso$gso $(ROXE_GSO=$gso ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_s", d))')"
   wait
 done
 ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 64 --lat -n 20000 -p 18702 --json server >/dev/null 2>&1 & sleep 0.5
