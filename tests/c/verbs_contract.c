@@ -808,16 +808,6 @@ int main(int argc, char **argv)
 		      "returned %p errno %d (%s), expected NULL EOPNOTSUPP", (void *)mw, errno,
 		      strerror(errno));
 	}
-	{
-		struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
-		struct ibv_cq_ex *cqx;
-
-		errno = 0;
-		cqx = ibv_create_cq_ex(c.ctx, &ca);
-		check(!cqx && errno == EOPNOTSUPP, "errno.create_cq_ex",
-		      "returned %p errno %d (%s), expected NULL EOPNOTSUPP", (void *)cqx, errno,
-		      strerror(errno));
-	}
 
 	/* ------------------------------------------ RDMA WRITE with IMM */
 	{
@@ -953,6 +943,74 @@ int main(int argc, char **argv)
 		free(bd.p);
 	}
 qp_ex_done:
+
+	/* ------------------------------------------------ extended CQ */
+	{
+		struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+		struct ibv_cq_ex *cx;
+		struct ibv_qp *qs, *qr;
+		struct ibv_poll_cq_attr pa = { 0 };
+		struct buf bs, br;
+		int seen_send = 0, seen_recv = 0, got = 0;
+		int64_t end;
+
+		errno = 0;
+		cx = ibv_create_cq_ex(c.ctx, &ca);
+		check(cx == NULL && errno == EOPNOTSUPP, "cq_ex.timestamp_refused",
+		      "returned %p errno %d, expected NULL + EOPNOTSUPP", (void *)cx, errno);
+		ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+		ca.cqe = 0;
+		errno = 0;
+		cx = ibv_create_cq_ex(c.ctx, &ca);
+		check(cx == NULL && errno == EINVAL, "cq_ex.zero_cqe_einval",
+		      "returned %p errno %d, expected NULL + EINVAL", (void *)cx, errno);
+		ca.cqe = 64;
+		cx = ibv_create_cq_ex(c.ctx, &ca);
+		if (!check(cx != NULL, "cq_ex.create", "NULL errno %d (%s)", errno, strerror(errno)))
+			goto cq_ex_done;
+		check(ibv_start_poll(cx, &pa) == ENOENT, "cq_ex.empty_enoent",
+		      "start_poll on an empty CQ did not return ENOENT");
+		qs = make_qp(&c, ibv_cq_ex_to_cq(cx), ibv_cq_ex_to_cq(cx), NULL);
+		qr = make_qp(&c, ibv_cq_ex_to_cq(cx), ibv_cq_ex_to_cq(cx), NULL);
+		buf_init(&c, &bs);
+		buf_init(&c, &br);
+		connect_pair(&c, qs, qr, "cq_ex", 0);
+		fill(bs.p, 300, 9);
+		if ((rc = post_recv(qr, 91, &br, 0, 1024)) || (rc = post_send(qs, 92, &bs, 0, 300)))
+			die("cq_ex post: %s", strerror(rc));
+		end = now_ms() + 5000;
+		while (got < 2 && now_ms() < end) {
+			if (ibv_start_poll(cx, &pa) != 0)
+				continue;
+			do {
+				got++;
+				if (cx->wr_id == 92 && cx->status == IBV_WC_SUCCESS &&
+				    ibv_wc_read_opcode(cx) == IBV_WC_SEND &&
+				    ibv_wc_read_qp_num(cx) == qs->qp_num)
+					seen_send = 1;
+				if (cx->wr_id == 91 && cx->status == IBV_WC_SUCCESS &&
+				    ibv_wc_read_opcode(cx) == IBV_WC_RECV &&
+				    ibv_wc_read_byte_len(cx) == 300 &&
+				    ibv_wc_read_qp_num(cx) == qr->qp_num &&
+				    !(ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM))
+					seen_recv = 1;
+			} while (ibv_next_poll(cx) == 0);
+			ibv_end_poll(cx);
+		}
+		check(seen_send, "cq_ex.send_completion", "no SEND completion read through cq_ex");
+		check(seen_recv, "cq_ex.recv_completion", "no RECV completion read through cq_ex");
+		check(diff_at(bs.p, br.p, 300) < 0, "cq_ex.data", "byte %ld differs",
+		      diff_at(bs.p, br.p, 300));
+		rc = ibv_destroy_qp(qs);
+		rc |= ibv_destroy_qp(qr);
+		rc |= ibv_destroy_cq(ibv_cq_ex_to_cq(cx));
+		rc |= ibv_dereg_mr(bs.mr);
+		rc |= ibv_dereg_mr(br.mr);
+		check(rc == 0, "cq_ex.teardown", "a destroy returned nonzero");
+		free(bs.p);
+		free(br.p);
+	}
+cq_ex_done:
 
 	/* -------------------------------------------------- async events */
 	{

@@ -79,7 +79,7 @@ pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     /// advise_mr .. query_rt_values: not supported (NULL: EOPNOTSUPP).
     pub _unsupported0: [*const c_void; 24],
-    pub create_cq_ex: *const c_void,
+    pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
     /// ibv_destroy_flow, ABI_placeholder2, ibv_create_flow,
@@ -131,6 +131,77 @@ pub struct ibv_cq {
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
 }
+
+/// `struct ibv_cq_ex`: an `ibv_cq` (same leading members, so
+/// `ibv_cq_ex_to_cq` is a cast) followed by the polling state and the
+/// function pointers `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the
+/// `ibv_wc_read_*` inline functions call.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: u32,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_tm_info: *const c_void,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+}
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+pub type CreateCqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+
+pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 
 #[repr(C)]
 pub struct ibv_srq {

@@ -152,6 +152,18 @@ fn layouts() -> Vec<Layout> {
             context, channel, cq_context, handle, cqe, mutex, cond,
             comp_events_completed, async_events_completed,
         }
+        ibv_cq_ex {
+            context, channel, cq_context, handle, cqe, mutex, cond,
+            comp_events_completed, async_events_completed, comp_mask, status, wr_id,
+            start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len,
+            read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl,
+            read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+            read_completion_wallclock_ns,
+        }
+        ibv_poll_cq_attr { comp_mask }
+        ibv_cq_init_attr_ex {
+            cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain,
+        }
         ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
         ibv_qp {
             context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state,
@@ -335,6 +347,16 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_SRQ_INIT_ATTR_PD,
         IBV_SRQ_INIT_ATTR_CQ,
         IBV_SRQT_BASIC,
+        IBV_WC_EX_WITH_BYTE_LEN,
+        IBV_WC_EX_WITH_IMM,
+        IBV_WC_EX_WITH_QP_NUM,
+        IBV_WC_EX_WITH_SRC_QP,
+        IBV_WC_EX_WITH_SLID,
+        IBV_WC_EX_WITH_SL,
+        IBV_WC_EX_WITH_DLID_PATH_BITS,
+        IBV_WC_STANDARD_FLAGS,
+        IBV_CQ_INIT_ATTR_MASK_FLAGS,
+        IBV_CQ_INIT_ATTR_MASK_PD,
         RDMA_PS_IPOIB,
         RDMA_PS_TCP,
         RDMA_PS_UDP,

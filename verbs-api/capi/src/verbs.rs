@@ -17,7 +17,7 @@ use roxe_verbs::{
     SendOpcode, SendWr, Sge, Srq, WorkCompletion,
 };
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::mem::zeroed;
 use std::os::fd::AsRawFd;
 use std::ptr::{self, null_mut};
@@ -321,11 +321,270 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     })
 }
 
+/// Every CQ carries the `ibv_cq_ex` layout (its leading members are the
+/// `ibv_cq`), so one created by `ibv_create_cq_ex` is polled through
+/// `ibv_start_poll` & co, and any CQ through `ibv_poll_cq`.
 #[repr(C)]
 struct RoxeCq {
-    c: ibv_cq,
+    c: ibv_cq_ex,
     cq: Cq,
     users: AtomicUsize,
+    /// Completions taken from the CQ by `start_poll`/`next_poll` and not
+    /// yet handed over (the first is the current one), in order.
+    polled: Mutex<std::collections::VecDeque<WorkCompletion>>,
+    /// Whether `polled` holds any (so `ibv_poll_cq` need not lock).
+    has_polled: std::sync::atomic::AtomicBool,
+}
+
+/// A fresh `ibv_cq_ex` with the extended-poll functions filled in.
+fn cq_ex_header(
+    ctx: *mut ibv_context,
+    channel: *mut ibv_comp_channel,
+    cq_context: *mut c_void,
+    handle: u32,
+    cqe: c_int,
+) -> ibv_cq_ex {
+    ibv_cq_ex {
+        context: ctx,
+        channel,
+        cq_context,
+        handle,
+        cqe,
+        mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+        cond: libc::PTHREAD_COND_INITIALIZER,
+        comp_events_completed: 0,
+        async_events_completed: 0,
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        start_poll: Some(cq_ex::start_poll),
+        next_poll: Some(cq_ex::next_poll),
+        end_poll: Some(cq_ex::end_poll),
+        read_opcode: Some(cq_ex::read_opcode),
+        read_vendor_err: Some(cq_ex::read_vendor_err),
+        read_byte_len: Some(cq_ex::read_byte_len),
+        read_imm_data: Some(cq_ex::read_imm_data),
+        read_qp_num: Some(cq_ex::read_qp_num),
+        read_src_qp: Some(cq_ex::read_src_qp),
+        read_wc_flags: Some(cq_ex::read_wc_flags),
+        read_slid: Some(cq_ex::read_zero_u32),
+        read_sl: Some(cq_ex::read_zero_u8),
+        read_dlid_path_bits: Some(cq_ex::read_zero_u8),
+        // Not offered (create_cq_ex refuses the flags that need them).
+        read_completion_ts: None,
+        read_cvlan: None,
+        read_flow_tag: None,
+        read_tm_info: ptr::null(),
+        read_completion_wallclock_ns: None,
+    }
+}
+
+/// A CQ of `cqe` entries on context `ctx` (both creation verbs).
+///
+/// # Safety
+/// `ctx` is NULL or an open context; `channel` NULL or one of its channels.
+unsafe fn create_roxe_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut RoxeCq, c_int> {
+    // SAFETY: per the contract.
+    let Some(c) = (unsafe { context(ctx) }) else {
+        return Err(libc::EINVAL);
+    };
+    if cqe < 1 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: channel is NULL or from ibv_create_comp_channel.
+    let ch = unsafe { obj::<RoxeChannel, _>(channel) };
+    let cq = c
+        .ctx
+        .create_cq(cqe as u32, ch.map(|h| &h.ch))
+        .map_err(|e| e.errno())?;
+    let id = cq.id().0;
+    let raw = leak(RoxeCq {
+        c: cq_ex_header(ctx, channel, cq_context, id, cqe),
+        cq,
+        users: AtomicUsize::new(0),
+        polled: Mutex::new(std::collections::VecDeque::new()),
+        has_polled: std::sync::atomic::AtomicBool::new(false),
+    });
+    if let Some(ch) = ch {
+        let mut cqs = ch.cqs.lock();
+        cqs.insert(id, raw as usize);
+        // SAFETY: refcnt is read by programs only; we update it under the
+        // channel's lock.
+        unsafe { (*channel).refcnt = cqs.len() as c_int };
+    }
+    Ok(raw)
+}
+
+/// `ibv_create_cq_ex` (the `verbs_context` op): standard work-completion
+/// fields only (`IBV_WC_STANDARD_FLAGS`); timestamps, CVLAN, flow tags, TM
+/// and parent domains are refused with EOPNOTSUPP, as by a device without
+/// them.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard(null_mut(), || {
+        // SAFETY: attr is NULL or the caller's.
+        let Some(a) = (unsafe { attr.as_ref() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a hint roxe can ignore.
+        const SINGLE_THREADED: u32 = 1;
+        let known_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+        if a.comp_mask & !known_mask != 0 {
+            return fail_null(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0
+            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !SINGLE_THREADED != 0)
+            || a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0
+        {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
+            return fail_null(libc::EINVAL);
+        };
+        // SAFETY: ctx is the context the inline wrapper passed; the
+        // channel is the caller's.
+        match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector) } {
+            Ok(raw) => raw.cast(),
+            Err(e) => fail_null(e),
+        }
+    })
+}
+
+/// The extended-poll functions (`ibv_start_poll`, `ibv_wc_read_*`, ...).
+mod cq_ex {
+    use super::*;
+
+    /// The CQ behind `cq` and its polled completions.
+    ///
+    /// # Safety
+    /// `cq` is a CQ this library created.
+    unsafe fn roxe<'a>(cq: *mut ibv_cq_ex) -> Option<&'a RoxeCq> {
+        // SAFETY: per the contract (RoxeCq starts with the ibv_cq_ex).
+        unsafe { cq.cast::<RoxeCq>().as_ref() }
+    }
+
+    /// Make the first polled completion (if any) current: status and
+    /// wr_id into the public fields. ENOENT when there is none.
+    fn expose(
+        q: &RoxeCq,
+        cq: *mut ibv_cq_ex,
+        polled: &mut std::collections::VecDeque<WorkCompletion>,
+    ) -> c_int {
+        if polled.is_empty() {
+            let mut buf = [WorkCompletion::new(
+                0,
+                roxe_verbs::WcStatus::Success,
+                roxe_verbs::WcOpcode::Send,
+                0,
+            ); 16];
+            match q.cq.poll(&mut buf) {
+                Ok(n) => polled.extend(buf[..n].iter().copied()),
+                Err(e) => return e.errno(),
+            }
+        }
+        q.has_polled.store(!polled.is_empty(), Ordering::Release);
+        let Some(w) = polled.front() else {
+            return libc::ENOENT;
+        };
+        // SAFETY: cq is the live CQ; the public fields programs read.
+        unsafe {
+            (*cq).status = w.status as u32;
+            (*cq).wr_id = w.wr_id;
+        }
+        0
+    }
+
+    pub(super) unsafe extern "C" fn start_poll(
+        cq: *mut ibv_cq_ex,
+        attr: *mut ibv_poll_cq_attr,
+    ) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: the inline wrapper passes the CQ itself.
+            let Some(q) = (unsafe { roxe(cq) }) else {
+                return libc::EINVAL;
+            };
+            // SAFETY: attr is NULL or the caller's; comp_mask must be 0.
+            if unsafe { attr.as_ref() }.is_some_and(|a| a.comp_mask != 0) {
+                return libc::EINVAL;
+            }
+            let mut polled = q.polled.lock();
+            expose(q, cq, &mut polled)
+        })
+    }
+
+    pub(super) unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: as in start_poll.
+            let Some(q) = (unsafe { roxe(cq) }) else {
+                return libc::EINVAL;
+            };
+            let mut polled = q.polled.lock();
+            // The current one is consumed.
+            polled.pop_front();
+            expose(q, cq, &mut polled)
+        })
+    }
+
+    pub(super) unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+        guard((), || {
+            // SAFETY: as in start_poll.
+            let Some(q) = (unsafe { roxe(cq) }) else {
+                return;
+            };
+            // The current one is consumed; the rest wait for the next poll.
+            let mut polled = q.polled.lock();
+            polled.pop_front();
+            q.has_polled.store(!polled.is_empty(), Ordering::Release);
+        })
+    }
+
+    /// A field of the current completion (0 without one).
+    fn current<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&WorkCompletion) -> T) -> T {
+        guard(T::default(), || {
+            // SAFETY: as in start_poll.
+            let Some(q) = (unsafe { roxe(cq) }) else {
+                return T::default();
+            };
+            q.polled.lock().front().map(f).unwrap_or_default()
+        })
+    }
+
+    pub(super) unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+        current(cq, |w| w.opcode as u32)
+    }
+    pub(super) unsafe extern "C" fn read_vendor_err(_cq: *mut ibv_cq_ex) -> u32 {
+        0
+    }
+    pub(super) unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+        current(cq, |w| w.byte_len)
+    }
+    pub(super) unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+        // __be32, as ibv_wc's imm_data (or the invalidated rkey).
+        current(cq, |w| wc_to_c(w).imm_data)
+    }
+    pub(super) unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+        current(cq, |w| w.qp_num)
+    }
+    pub(super) unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+        current(cq, |w| w.src_qp)
+    }
+    pub(super) unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+        current(cq, |w| w.wc_flags)
+    }
+    pub(super) unsafe extern "C" fn read_zero_u32(_cq: *mut ibv_cq_ex) -> u32 {
+        0
+    }
+    pub(super) unsafe extern "C" fn read_zero_u8(_cq: *mut ibv_cq_ex) -> u8 {
+        0
+    }
 }
 
 #[no_mangle]
@@ -344,43 +603,11 @@ pub unsafe extern "C" fn ibv_create_cq(
         null_mut()
     );
     guard(null_mut(), || {
-        // SAFETY: ctx is NULL or an open context.
-        let Some(c) = (unsafe { context(ctx) }) else {
-            return fail_null(libc::EINVAL);
-        };
-        if cqe < 1 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
-            return fail_null(libc::EINVAL);
+        // SAFETY: ctx NULL or open, channel NULL or its channel (C contract).
+        match unsafe { create_roxe_cq(ctx, cqe, cq_context, channel, comp_vector) } {
+            Ok(raw) => raw.cast(),
+            Err(e) => fail_null(e),
         }
-        // SAFETY: channel is NULL or from ibv_create_comp_channel.
-        let ch = unsafe { obj::<RoxeChannel, _>(channel) };
-        let cq = match c.ctx.create_cq(cqe as u32, ch.map(|h| &h.ch)) {
-            Ok(cq) => cq,
-            Err(e) => return fail_null(e.errno()),
-        };
-        let id = cq.id().0;
-        let raw = leak(RoxeCq {
-            c: ibv_cq {
-                context: ctx,
-                channel,
-                cq_context,
-                handle: id,
-                cqe,
-                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
-                cond: libc::PTHREAD_COND_INITIALIZER,
-                comp_events_completed: 0,
-                async_events_completed: 0,
-            },
-            cq,
-            users: AtomicUsize::new(0),
-        });
-        if let Some(ch) = ch {
-            let mut cqs = ch.cqs.lock();
-            cqs.insert(id, raw as usize);
-            // SAFETY: refcnt is read by programs only; we update it under
-            // the channel's lock.
-            unsafe { (*channel).refcnt = cqs.len() as c_int };
-        }
-        raw.cast()
     })
 }
 
@@ -512,13 +739,27 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_w
             return -1;
         }
         let want = num_entries as usize;
+        let mut done = 0usize;
+        // Completions an extended poll took from the CQ and left come
+        // first (in order).
+        if q.has_polled.load(Ordering::Acquire) {
+            let mut polled = q.polled.lock();
+            while done < want {
+                let Some(w) = polled.pop_front() else {
+                    break;
+                };
+                // SAFETY: the caller's array holds num_entries entries.
+                unsafe { wc.add(done).write(wc_to_c(&w)) };
+                done += 1;
+            }
+            q.has_polled.store(!polled.is_empty(), Ordering::Release);
+        }
         let mut buf = [WorkCompletion::new(
             0,
             roxe_verbs::WcStatus::Success,
             roxe_verbs::WcOpcode::Send,
             0,
         ); 32];
-        let mut done = 0usize;
         while done < want {
             let k = match q.cq.poll(&mut buf[..(want - done).min(32)]) {
                 Ok(k) => k,
