@@ -186,6 +186,11 @@ pub(crate) struct RoxeContext {
     pub ctx: Context,
     /// The read end of the async event pipe (`context.async_fd`).
     async_read: OwnedFd,
+    /// `context.cmd_fd`: roxe has no kernel command channel, but programs
+    /// (pyverbs' shared-PD tests) `dup` it before `ibv_import_device`,
+    /// which then fails with EOPNOTSUPP; `/dev/null` keeps that a clean
+    /// "not supported" rather than EBADF.
+    _cmd_fd: Option<OwnedFd>,
     /// QPN → `ibv_qp*` of this context's QPs, which async events name.
     pub qps: Arc<Mutex<HashMap<u32, usize>>>,
     /// Writes the device's QP events into the pipe while the context lives.
@@ -265,7 +270,13 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         let c = &mut vctx.context;
         c.device = device;
-        c.cmd_fd = -1;
+        let cmd_fd: Option<OwnedFd> = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .ok()
+            .map(OwnedFd::from);
+        c.cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
         c.async_fd = async_read.as_raw_fd();
         c.num_comp_vectors = 1;
         c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
@@ -276,6 +287,7 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
             vctx,
             ctx,
             async_read,
+            _cmd_fd: cmd_fd,
             qps,
             _event_sink: event_sink,
         });
