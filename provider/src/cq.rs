@@ -88,6 +88,16 @@ impl CompletionQueue {
         n
     }
 
+    /// Remove the completions of QP `qpn` not yet polled (a QP moved to
+    /// RESET: libmlx5 cleans its CQs so, and a program restarting a QP
+    /// after an error must not poll the old flushes). Returns how many.
+    pub fn remove_qp(&mut self, qpn: u32) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|wc| wc.qp_num != qpn);
+        self.waiting.store(self.entries.len(), Ordering::Release);
+        before - self.entries.len()
+    }
+
     /// Take every waiting completion.
     pub fn drain(&mut self) -> Vec<WorkCompletion> {
         self.waiting.store(0, Ordering::Release);

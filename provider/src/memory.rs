@@ -53,6 +53,7 @@ const MAX_KEY_INDEX: u32 = (1 << 24) - 1;
 
 const VERB_REG: &str = "ibv_reg_mr";
 const VERB_DEREG: &str = "ibv_dereg_mr";
+const VERB_REREG: &str = "ibv_rereg_mr";
 
 /// Access bits a registration may carry.
 const SUPPORTED_ACCESS: u32 = AccessFlags::LOCAL_WRITE.0
@@ -433,6 +434,97 @@ impl MemoryTable {
             }
             _ => Err(VerbsError::new(
                 VERB_DEREG,
+                Errno::EINVAL,
+                format!("no memory region with lkey {lkey:#x}"),
+            )),
+        }
+    }
+
+    /// `ibv_rereg_mr`: move the region `lkey` names to another PD, give it
+    /// other access rights, and/or (unsafe, see
+    /// [`reregister_translation`](Self::reregister_translation)) other
+    /// memory, keeping its keys (as rxe does). Checked like a registration
+    /// (`EINVAL` for bad access bits, `EINVAL` for an unknown key);
+    /// nothing changes when a check fails. Every access is serialised
+    /// through this table, so none sees a half-changed region.
+    pub fn reregister(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        access: Option<AccessFlags>,
+    ) -> Result<MrInfo, VerbsError> {
+        let access = access.map(check_access).transpose()?;
+        let region = self.region_mut(lkey)?;
+        if let Some(a) = access {
+            if a.contains(AccessFlags::ZERO_BASED)
+                != region.info.access.contains(AccessFlags::ZERO_BASED)
+            {
+                return Err(VerbsError::new(
+                    VERB_REREG,
+                    Errno::EINVAL,
+                    "ZERO_BASED changes the translation",
+                ));
+            }
+            region.info.access = a;
+        }
+        if let Some(pd) = pd {
+            region.info.pd = pd;
+        }
+        Ok(region.info)
+    }
+
+    /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_TRANSLATION`: the region
+    /// `lkey` names now covers caller memory `ptr..ptr + len`, addressed as
+    /// `iova` (with the region's or the new `access`, and PD), keeping its
+    /// keys. An owned region's buffer is freed.
+    ///
+    /// # Safety
+    /// As [`register_raw`](Self::register_raw), for the new memory.
+    pub unsafe fn reregister_translation(
+        &mut self,
+        lkey: u32,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        pd: Option<PdId>,
+        access: Option<AccessFlags>,
+    ) -> Result<MrInfo, VerbsError> {
+        let old = self.region_mut(lkey)?.info;
+        let access = access.map_or(Ok(old.access), check_access)?;
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| VerbsError::new(VERB_REREG, Errno::EINVAL, "null address"))?;
+        let len64 = addr_u64(len)?;
+        if isize::try_from(len).is_err()
+            || (ptr.as_ptr() as usize).checked_add(len).is_none()
+            || iova.checked_add(len64).is_none()
+            || (access.contains(AccessFlags::ZERO_BASED) && iova != 0)
+        {
+            return Err(VerbsError::new(
+                VERB_REREG,
+                Errno::EINVAL,
+                "address range wraps or does not fit the access",
+            ));
+        }
+        let region = self.region_mut(lkey)?;
+        region.mem = Mem {
+            ptr,
+            len,
+            owned_words: None,
+        };
+        region.info.addr = iova;
+        region.info.length = len64;
+        region.info.access = access;
+        if let Some(pd) = pd {
+            region.info.pd = pd;
+        }
+        Ok(region.info)
+    }
+
+    fn region_mut(&mut self, lkey: u32) -> Result<&mut Region, VerbsError> {
+        match self.regions.get_mut(&(lkey >> 8)) {
+            Some(r) if r.info.lkey == lkey => Ok(r),
+            _ => Err(VerbsError::new(
+                VERB_REREG,
                 Errno::EINVAL,
                 format!("no memory region with lkey {lkey:#x}"),
             )),
@@ -1051,6 +1143,50 @@ mod tests {
         let data: Vec<u8> = (0..len).map(|i| seed.wrapping_add(i as u8)).collect();
         t.owned_write(mr.lkey, 0, &data).unwrap();
         mr
+    }
+
+    #[test]
+    fn reregistration_changes_pd_access_and_translation_keeping_keys() {
+        let mut t = MemoryTable::new();
+        let mr = owned(&mut t, 64, all());
+        let data = [7u8; 8];
+        // Access: without REMOTE_WRITE the rkey no longer writes.
+        let info = t.reregister(mr.lkey, None, Some(LW | RR)).unwrap();
+        assert_eq!((info.lkey, info.rkey), (mr.lkey, mr.rkey));
+        assert_eq!(
+            t.remote_write(mr.rkey, PD, mr.addr, &data),
+            Err(AccessError::NoPermission)
+        );
+        // PD: the old PD's QPs are refused, the new one's served.
+        t.reregister(mr.lkey, Some(OTHER_PD), Some(all())).unwrap();
+        assert_eq!(
+            t.remote_write(mr.rkey, PD, mr.addr, &data),
+            Err(AccessError::WrongPd)
+        );
+        t.remote_write(mr.rkey, OTHER_PD, mr.addr, &data).unwrap();
+        // Bad input changes nothing.
+        assert!(t
+            .reregister(mr.lkey, Some(PD), Some(AccessFlags::REMOTE_WRITE))
+            .is_err());
+        assert!(t.reregister(mr.lkey ^ 0x80, Some(PD), None).is_err());
+        assert_eq!(t.query(mr.lkey).unwrap().pd, OTHER_PD);
+        // Translation: new memory at a new iova; the old range is gone.
+        let mut buf = vec![0u64; 4];
+        let ptr = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: `buf` outlives the region (deregistered below) and is
+        // not touched while registered.
+        let info = unsafe {
+            t.reregister_translation(mr.lkey, ptr, 32, 0x1000, Some(PD), None)
+                .unwrap()
+        };
+        assert_eq!((info.addr, info.length, info.lkey), (0x1000, 32, mr.lkey));
+        t.remote_write(mr.rkey, PD, 0x1000 + 8, &data).unwrap();
+        assert_eq!(
+            t.remote_write(mr.rkey, PD, mr.addr, &data),
+            Err(AccessError::OutOfRange)
+        );
+        t.deregister(mr.lkey).unwrap();
+        assert_eq!(buf[1].to_ne_bytes(), data);
     }
 
     #[test]

@@ -1105,6 +1105,91 @@ impl Mr {
             lkey: self.lkey(),
         }
     }
+    /// `ibv_rereg_mr` without a new translation: move the region to `pd`
+    /// (of the same device) and/or give it `access`, keeping its keys.
+    /// Peers and QPs of the old PD are refused from then on.
+    pub fn rereg(&mut self, pd: Option<&Pd>, access: Option<AccessFlags>) -> Result<()> {
+        let lkey = self.lkey();
+        let (MrImp::Soft { info, .. }, Some(d)) = (&mut self.imp, self.pd.device()) else {
+            return Err(verbs(
+                "ibv_rereg_mr",
+                Errno(95),
+                "re-registration on a hardware device is not built",
+            ));
+        };
+        let new_pd = match pd.map(|p| (p, p.half())) {
+            None => None,
+            Some((p, Half::Soft(pd_dev, id))) if std::ptr::eq(pd_dev, d) => Some((p, id)),
+            Some(_) => {
+                return Err(verbs(
+                    "ibv_rereg_mr",
+                    Errno::EINVAL,
+                    "a PD of another device",
+                ))
+            }
+        };
+        *info = d
+            .engine()
+            .memory_mut()
+            .reregister(lkey, new_pd.map(|(_, id)| id), access)?;
+        if let Some((p, _)) = new_pd {
+            self.pd = p.clone();
+        }
+        Ok(())
+    }
+
+    /// `ibv_rereg_mr` with a new translation: the region now covers
+    /// `ptr..ptr + len`, addressed as `iova`, optionally in `pd` and with
+    /// `access`; its keys stay.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_raw`], for the new memory.
+    pub unsafe fn rereg_translation(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        pd: Option<&Pd>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        let lkey = self.lkey();
+        let (MrImp::Soft { info, len: old_len }, Some(d)) = (&mut self.imp, self.pd.device())
+        else {
+            return Err(verbs(
+                "ibv_rereg_mr",
+                Errno(95),
+                "re-registration on a hardware device is not built",
+            ));
+        };
+        let new_pd = match pd.map(|p| (p, p.half())) {
+            None => None,
+            Some((p, Half::Soft(pd_dev, id))) if std::ptr::eq(pd_dev, d) => Some((p, id)),
+            Some(_) => {
+                return Err(verbs(
+                    "ibv_rereg_mr",
+                    Errno::EINVAL,
+                    "a PD of another device",
+                ))
+            }
+        };
+        // SAFETY: the caller upholds register_raw's contract for the new
+        // memory.
+        *info = unsafe {
+            d.engine().memory_mut().reregister_translation(
+                lkey,
+                ptr,
+                len,
+                iova,
+                new_pd.map(|(_, id)| id),
+                access,
+            )?
+        };
+        *old_len = len;
+        if let Some((p, _)) = new_pd {
+            self.pd = p.clone();
+        }
+        Ok(())
+    }
     /// Copy bytes out of a region [`Pd::reg_mr`] allocated.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         match (&self.imp, self.pd.device()) {

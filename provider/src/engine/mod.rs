@@ -764,11 +764,18 @@ impl Engine {
         }
         match new_state {
             QpState::Reset if old_state != QpState::Reset => {
-                // Back to RESET: queues are emptied without completions.
+                // Back to RESET: queues are emptied without completions,
+                // and completions of this QP still in its CQs go too.
                 q.req = requester::Requester::new();
                 q.resp = responder::Responder::new();
                 q.rq.clear();
                 q.peer = None;
+                let cqs = [q.init.send_cq, q.init.recv_cq];
+                for cq in cqs {
+                    if let Some(c) = self.cqs.get_mut(&cq.0) {
+                        c.remove_qp(qpn);
+                    }
+                }
             }
             QpState::Err if old_state != QpState::Err => self.enter_error(qpn),
             _ => {}

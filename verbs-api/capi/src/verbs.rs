@@ -209,27 +209,98 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
-/// Re-registration is not supported: the program keeps its MR and
-/// registers anew (what rdma-core reports for a provider without it).
+/// `ibv_rereg_mr`: another PD (`IBV_REREG_MR_CHANGE_PD`), access
+/// (`_CHANGE_ACCESS`) and/or memory (`_CHANGE_TRANSLATION`), keeping the
+/// keys, as rxe does. 0, or `IBV_REREG_MR_ERR_INPUT` (-1) for bad input and
+/// `IBV_REREG_MR_ERR_CMD` (-4) for a refusal, with errno set.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_mr) },
+        unsafe { crate::passthrough::is_system_object(mr) },
         "ibv_rereg_mr",
         fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int,
-        (_mr, _flags, _pd, _addr, _length, _access),
+        (mr, flags, pd, addr, length, access),
         libc::EOPNOTSUPP
     );
-    set_errno(libc::EOPNOTSUPP);
-    // IBV_REREG_MR_ERR_INPUT
-    -1
+    const CHANGE_TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 1 << 1;
+    const CHANGE_ACCESS: c_int = 1 << 2;
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -4;
+    let input = |e: c_int| {
+        set_errno(e);
+        ERR_INPUT
+    };
+    guard(ERR_CMD, || {
+        if mr.is_null()
+            || flags == 0
+            || flags & !(CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS) != 0
+        {
+            return input(libc::EINVAL);
+        }
+        // SAFETY: mr is an MR of this library; libibverbs requires that
+        // nothing else uses it during ibv_rereg_mr, so this is the only
+        // reference.
+        let m = unsafe { &mut *mr.cast::<RoxeMr>() };
+        let new_pd = if flags & CHANGE_PD != 0 {
+            // SAFETY: pd is NULL or from ibv_alloc_pd.
+            match unsafe { obj::<RoxePd, _>(pd) } {
+                Some(p) => Some(p),
+                None => return input(libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let access = (flags & CHANGE_ACCESS != 0)
+            .then_some(AccessFlags(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE));
+        let r = if flags & CHANGE_TRANSLATION != 0 {
+            if addr.is_null() && length > 0 {
+                return input(libc::EINVAL);
+            }
+            // SAFETY: the C contract, as for ibv_reg_mr, for the new range.
+            unsafe {
+                m.mr.rereg_translation(
+                    addr.cast(),
+                    length,
+                    addr as u64,
+                    new_pd.map(|p| &p.pd),
+                    access,
+                )
+            }
+        } else {
+            m.mr.rereg(new_pd.map(|p| &p.pd), access)
+        };
+        if let Err(e) = r {
+            set_errno(e.errno());
+            return if e.errno() == libc::EINVAL {
+                ERR_INPUT
+            } else {
+                ERR_CMD
+            };
+        }
+        if flags & CHANGE_TRANSLATION != 0 {
+            m.c.addr = addr;
+            m.c.length = length;
+        }
+        if let Some(p) = new_pd {
+            p.users.fetch_add(1, Ordering::AcqRel);
+            // SAFETY: the old PD outlives its MRs (dealloc refuses while
+            // users > 0).
+            unsafe { (*m.pd).users.fetch_sub(1, Ordering::AcqRel) };
+            m.pd = p;
+            m.c.pd = pd;
+        }
+        m.c.lkey = m.mr.lkey();
+        m.c.rkey = m.mr.rkey();
+        0
+    })
 }
 
 #[no_mangle]
