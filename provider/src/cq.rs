@@ -42,6 +42,16 @@ impl CompletionQueue {
         self.depth
     }
 
+    /// `ibv_resize_cq`: hold up to `depth` completions from now on; false
+    /// (nothing changed) when more than that are waiting.
+    pub fn resize(&mut self, depth: usize) -> bool {
+        if depth < self.entries.len() {
+            return false;
+        }
+        self.depth = depth;
+        true
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -123,6 +133,25 @@ impl CompletionQueue {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn resize_keeps_waiting_completions_and_refuses_below_them() {
+        let mut cq = CompletionQueue::new(3);
+        for i in 0..2 {
+            assert!(cq.push(
+                WorkCompletion::new(i, WcStatus::Success, WcOpcode::Send, 1),
+                false
+            ));
+        }
+        assert!(!cq.resize(1), "two are waiting");
+        assert_eq!(cq.depth(), 3);
+        assert!(cq.resize(7));
+        assert_eq!((cq.depth(), cq.len()), (7, 2));
+        assert!(cq.resize(2));
+        assert_eq!(cq.remove_qp(1), 2);
+        assert!(cq.is_empty());
+    }
+
     use super::*;
     use crate::types::WcOpcode;
 

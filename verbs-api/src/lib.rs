@@ -1297,6 +1297,18 @@ impl Cq {
         empty_polls.store(0, Ordering::Relaxed);
         Ok(d.engine().poll_cq(*id, out)?)
     }
+    /// `ibv_resize_cq` (soft devices): hold up to `depth` completions;
+    /// EINVAL below the number waiting.
+    pub fn resize(&self, depth: u32) -> Result<()> {
+        match (&self.inner.imp, self.inner.ctx.soft_device()) {
+            (CqImp::Soft { id, .. }, Some(d)) => Ok(d.engine().resize_cq(*id, depth)?),
+            _ => Err(verbs(
+                "ibv_resize_cq",
+                Errno(95),
+                "resizing a hardware CQ is not built",
+            )),
+        }
+    }
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one)
     /// raises one event on the channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {

@@ -533,6 +533,31 @@ impl Engine {
         Ok(CqId(id))
     }
 
+    /// `ibv_resize_cq`: EINVAL for a depth out of range or below the
+    /// completions waiting.
+    pub fn resize_cq(&mut self, cq: CqId, depth: u32) -> VerbsResult<()> {
+        const VERB: &str = "ibv_resize_cq";
+        if depth == 0 || depth > self.config.max_cqe {
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("cqe {depth} out of range"),
+            ));
+        }
+        let c = self
+            .cqs
+            .get_mut(&cq.0)
+            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such CQ"))?;
+        if !c.resize(depth as usize) {
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("{} completions waiting, more than {depth}", c.len()),
+            ));
+        }
+        Ok(())
+    }
+
     /// `ibv_destroy_cq`: EBUSY while a QP uses it.
     pub fn destroy_cq(&mut self, cq: CqId) -> VerbsResult<()> {
         if self

@@ -683,15 +683,31 @@ pub unsafe extern "C" fn ibv_create_cq(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_cq) },
+        unsafe { crate::passthrough::is_system_object(cq) },
         "ibv_resize_cq",
         fn(*mut ibv_cq, c_int) -> c_int,
-        (_cq, _cqe),
+        (cq, cqe),
         libc::EOPNOTSUPP
     );
-    libc::EOPNOTSUPP
+    guard(libc::EIO, || {
+        // SAFETY: cq is NULL or from ibv_create_cq.
+        let Some(q) = (unsafe { obj::<RoxeCq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Ok(depth) = u32::try_from(cqe) else {
+            return libc::EINVAL;
+        };
+        match q.cq.resize(depth) {
+            Ok(()) => {
+                // SAFETY: the public field programs read.
+                unsafe { (*cq).cqe = cqe };
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    })
 }
 
 #[no_mangle]
