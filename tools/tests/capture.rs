@@ -36,6 +36,20 @@ fn in_namespace(script: &str) -> Output {
         .expect("run unshare")
 }
 
+/// `../shared/tools/roce-check --strict` must pass `pcap` (when present).
+fn roce_check_strict(pcap: &Path) {
+    let roce_check = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
+    if roce_check.is_file() {
+        let rc = Command::new("python3")
+            .arg(&roce_check)
+            .args(["--strict", "-q"])
+            .arg(pcap)
+            .output()
+            .unwrap();
+        assert!(rc.status.success(), "{}", text(&rc));
+    }
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -73,16 +87,7 @@ fn a_capture_of_roxe_verifies_and_writes_a_pcap() {
     assert!(packets >= 200, "{t}");
     assert!(t.contains("icrc=OK") && !t.contains("icrc=BAD"), "{t}");
     assert!(t.contains("result: PASS"), "{t}");
-    let roce_check = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
-    if roce_check.is_file() {
-        let rc = Command::new("python3")
-            .arg(&roce_check)
-            .args(["--strict", "-q"])
-            .arg(&pcap)
-            .output()
-            .unwrap();
-        assert!(rc.status.success(), "{}", text(&rc));
-    }
+    roce_check_strict(&pcap);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -146,15 +151,6 @@ fn gso_segments_carry_the_icrc_of_their_identification() {
     );
     assert!(t.contains("icrc=OK") && !t.contains("icrc=BAD"), "{t}");
     assert!(t.contains("result: PASS"), "{t}");
-    let roce_check = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
-    if roce_check.is_file() {
-        let rc = Command::new("python3")
-            .arg(&roce_check)
-            .args(["--strict", "-q"])
-            .arg(&pcap)
-            .output()
-            .unwrap();
-        assert!(rc.status.success(), "{}", text(&rc));
-    }
+    roce_check_strict(&pcap);
     let _ = std::fs::remove_dir_all(&dir);
 }

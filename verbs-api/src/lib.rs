@@ -1109,33 +1109,8 @@ impl Mr {
     /// (of the same device) and/or give it `access`, keeping its keys.
     /// Peers and QPs of the old PD are refused from then on.
     pub fn rereg(&mut self, pd: Option<&Pd>, access: Option<AccessFlags>) -> Result<()> {
-        let lkey = self.lkey();
-        let (MrImp::Soft { info, .. }, Some(d)) = (&mut self.imp, self.pd.device()) else {
-            return Err(verbs(
-                "ibv_rereg_mr",
-                Errno(95),
-                "re-registration on a hardware device is not built",
-            ));
-        };
-        let new_pd = match pd.map(|p| (p, p.half())) {
-            None => None,
-            Some((p, Half::Soft(pd_dev, id))) if std::ptr::eq(pd_dev, d) => Some((p, id)),
-            Some(_) => {
-                return Err(verbs(
-                    "ibv_rereg_mr",
-                    Errno::EINVAL,
-                    "a PD of another device",
-                ))
-            }
-        };
-        *info = d
-            .engine()
-            .memory_mut()
-            .reregister(lkey, new_pd.map(|(_, id)| id), access)?;
-        if let Some((p, _)) = new_pd {
-            self.pd = p.clone();
-        }
-        Ok(())
+        // SAFETY: no new memory (the translation is kept).
+        unsafe { self.rereg_with(pd, access, None) }
     }
 
     /// `ibv_rereg_mr` with a new translation: the region now covers
@@ -1151,6 +1126,20 @@ impl Mr {
         iova: u64,
         pd: Option<&Pd>,
         access: Option<AccessFlags>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rereg_with(pd, access, Some((ptr, len, iova))) }
+    }
+
+    /// Both re-registrations.
+    ///
+    /// # Safety
+    /// With a translation, as [`Pd::reg_mr_raw`] for its memory.
+    unsafe fn rereg_with(
+        &mut self,
+        pd: Option<&Pd>,
+        access: Option<AccessFlags>,
+        translation: Option<(*mut u8, usize, u64)>,
     ) -> Result<()> {
         let lkey = self.lkey();
         let (MrImp::Soft { info, len: old_len }, Some(d)) = (&mut self.imp, self.pd.device())
@@ -1172,19 +1161,22 @@ impl Mr {
                 ))
             }
         };
-        // SAFETY: the caller upholds register_raw's contract for the new
-        // memory.
-        *info = unsafe {
-            d.engine().memory_mut().reregister_translation(
-                lkey,
-                ptr,
-                len,
-                iova,
-                new_pd.map(|(_, id)| id),
-                access,
-            )?
+        let pd_id = new_pd.map(|(_, id)| id);
+        let mut e = d.engine();
+        *info = match translation {
+            None => e.memory_mut().reregister(lkey, pd_id, access)?,
+            Some((ptr, len, iova)) => {
+                // SAFETY: the caller upholds register_raw's contract for
+                // the new memory.
+                let i = unsafe {
+                    e.memory_mut()
+                        .reregister_translation(lkey, ptr, len, iova, pd_id, access)?
+                };
+                *old_len = len;
+                i
+            }
         };
-        *old_len = len;
+        drop(e);
         if let Some((p, _)) = new_pd {
             self.pd = p.clone();
         }
