@@ -168,9 +168,21 @@ pub(crate) fn symbol<F: Copy>(name: &'static str) -> Option<F> {
 }
 
 /// Forward the enclosing verb to the system library when `$is_system`
-/// holds: `pass_through!(cond, "ibv_x", fn(A, B) -> R, (a, b), missing)`;
-/// `missing` is returned where the library lacks the symbol.
+/// holds: `pass_through!(cond, "ibv_x", fn(A, B) -> R, (a, b), missing)`,
+/// or `pass_through!(object obj, ...)` when `obj` (a verbs object) is of a
+/// real device; `missing` is returned where the library lacks the symbol.
 macro_rules! pass_through {
+    (object $obj:expr, $name:literal, fn($($t:ty),*) -> $r:ty, ($($a:expr),*), $missing:expr) => {
+        $crate::passthrough::pass_through!(
+            // SAFETY: the verb's C contract: its object argument is NULL or a
+            // live verbs object (of this library or of the system's).
+            unsafe { $crate::passthrough::is_system_object($obj) },
+            $name,
+            fn($($t),*) -> $r,
+            ($($a),*),
+            $missing
+        )
+    };
     ($is_system:expr, $name:literal, fn($($t:ty),*) -> $r:ty, ($($a:expr),*), $missing:expr) => {
         if $is_system {
             return match $crate::passthrough::symbol::<unsafe extern "C" fn($($t),*) -> $r>($name) {

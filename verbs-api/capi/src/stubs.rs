@@ -269,7 +269,7 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
     _flags: u32,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_qp) },
+        object _qp,
         "ibv_query_qp_data_in_order",
         fn(*mut c_void, c_int, u32) -> c_int,
         (_qp, _op, _flags),
@@ -392,7 +392,7 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     _lid: u16,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_qp) },
+        object _qp,
         "ibv_attach_mcast",
         fn(*mut c_void, *const c_void, u16) -> c_int,
         (_qp, _gid, _lid),
@@ -409,7 +409,7 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     _lid: u16,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_qp) },
+        object _qp,
         "ibv_detach_mcast",
         fn(*mut c_void, *const c_void, u16) -> c_int,
         (_qp, _gid, _lid),
@@ -422,7 +422,7 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_qp) },
+        object _qp,
         "ibv_query_ece",
         fn(*mut c_void, *mut c_void) -> c_int,
         (_qp, _ece),
@@ -435,7 +435,7 @@ pub unsafe extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c
 #[no_mangle]
 pub unsafe extern "C" fn ibv_set_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(_qp) },
+        object _qp,
         "ibv_set_ece",
         fn(*mut c_void, *mut c_void) -> c_int,
         (_qp, _ece),

@@ -93,7 +93,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_dealloc_pd",
         fn(*mut ibv_pd) -> c_int,
         (pd),
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
     access: c_int,
 ) -> *mut ibv_mr {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_reg_mr",
         fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
         (pd, addr, length, access),
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     access: c_int,
 ) -> *mut ibv_mr {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_reg_mr_iova",
         fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr,
         (pd, addr, length, iova, access),
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     access: u32,
 ) -> *mut ibv_mr {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_reg_mr_iova2",
         fn(*mut ibv_pd, *mut c_void, usize, u64, u32) -> *mut ibv_mr,
         (pd, addr, length, iova, access),
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     access: c_int,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(mr) },
+        object mr,
         "ibv_rereg_mr",
         fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int,
         (mr, flags, pd, addr, length, access),
@@ -306,7 +306,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(mr) },
+        object mr,
         "ibv_dereg_mr",
         fn(*mut ibv_mr) -> c_int,
         (mr),
@@ -372,7 +372,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(channel) },
+        object channel,
         "ibv_destroy_comp_channel",
         fn(*mut ibv_comp_channel) -> c_int,
         (channel),
@@ -685,7 +685,7 @@ pub unsafe extern "C" fn ibv_create_cq(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(cq) },
+        object cq,
         "ibv_resize_cq",
         fn(*mut ibv_cq, c_int) -> c_int,
         (cq, cqe),
@@ -713,7 +713,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(cq) },
+        object cq,
         "ibv_destroy_cq",
         fn(*mut ibv_cq) -> c_int,
         (cq),
@@ -751,7 +751,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(channel) },
+        object channel,
         "ibv_get_cq_event",
         fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
         (channel, cq, cq_context),
@@ -794,7 +794,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(cq) },
+        object cq,
         "ibv_ack_cq_events",
         fn(*mut ibv_cq, u32) -> (),
         (cq, nevents),
@@ -895,7 +895,7 @@ pub unsafe extern "C" fn ibv_create_srq(
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_create_srq",
         fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
         (pd, init),
@@ -986,7 +986,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
     mask: c_int,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(srq) },
+        object srq,
         "ibv_modify_srq",
         fn(*mut ibv_srq, *mut ibv_srq_attr, c_int) -> c_int,
         (srq, _attr, mask),
@@ -1008,7 +1008,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(srq) },
+        object srq,
         "ibv_query_srq",
         fn(*mut ibv_srq, *mut ibv_srq_attr) -> c_int,
         (srq, attr),
@@ -1029,7 +1029,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(srq) },
+        object srq,
         "ibv_destroy_srq",
         fn(*mut ibv_srq) -> c_int,
         (srq),
@@ -1144,7 +1144,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_create_qp",
         fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
         (pd, init),
@@ -1294,7 +1294,7 @@ unsafe fn create_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(qp) },
+        object qp,
         "ibv_destroy_qp",
         fn(*mut ibv_qp) -> c_int,
         (qp),
@@ -1332,7 +1332,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     mask: c_int,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(qp) },
+        object qp,
         "ibv_modify_qp",
         fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
         (qp, attr, mask),
@@ -1368,7 +1368,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(qp) },
+        object qp,
         "ibv_query_qp",
         fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int,
         (qp, attr, _mask, init),
@@ -1409,7 +1409,7 @@ pub unsafe extern "C" fn ibv_query_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(qp) },
+        object qp,
         "ibv_qp_to_qp_ex",
         fn(*mut ibv_qp) -> *mut ibv_qp_ex,
         (qp),
@@ -1549,7 +1549,7 @@ pub(crate) struct RoxeAh {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_create_ah",
         fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah,
         (pd, attr),
@@ -1582,7 +1582,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(ah) },
+        object ah,
         "ibv_destroy_ah",
         fn(*mut ibv_ah) -> c_int,
         (ah),
@@ -1696,7 +1696,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     port_num: u8,
 ) -> *mut ibv_ah {
     crate::passthrough::pass_through!(
-        unsafe { crate::passthrough::is_system_object(pd) },
+        object pd,
         "ibv_create_ah_from_wc",
         fn(*mut ibv_pd, *mut ibv_wc, *mut ibv_grh, u8) -> *mut ibv_ah,
         (pd, wc, grh, port_num),
