@@ -78,7 +78,10 @@ pub struct ibv_context {
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     /// advise_mr .. query_rt_values: not supported (NULL: EOPNOTSUPP).
-    pub _unsupported0: [*const c_void; 24],
+    pub _unsupported0: [*const c_void; 13],
+    pub alloc_parent_domain: Option<AllocParentDomainFn>,
+    /// dealloc_td .. query_rt_values: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0b: [*const c_void; 10],
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
@@ -131,6 +134,23 @@ pub struct ibv_cq {
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
 }
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut c_void,
+    pub comp_mask: u32,
+    pub alloc: *const c_void,
+    pub free: *const c_void,
+    pub pd_context: *mut c_void,
+}
+
+pub type AllocParentDomainFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
 
 /// `struct ibv_cq_ex`: an `ibv_cq` (same leading members, so
 /// `ibv_cq_ex_to_cq` is a cast) followed by the polling state and the

@@ -134,6 +134,8 @@ fn layouts() -> Vec<Layout> {
         verbs_context {
             query_port,
             _unsupported0: starts_at "advise_mr",
+            alloc_parent_domain,
+            _unsupported0b: starts_at "dealloc_td",
             create_cq_ex,
             priv_: member "priv",
             query_device_ex,
@@ -161,6 +163,7 @@ fn layouts() -> Vec<Layout> {
             read_completion_wallclock_ns,
         }
         ibv_poll_cq_attr { comp_mask }
+        ibv_parent_domain_init_attr { pd, td, comp_mask, alloc, free, pd_context }
         ibv_cq_init_attr_ex {
             cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain,
         }
@@ -357,6 +360,8 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_WC_STANDARD_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_PD,
+        IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
+        IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
         RDMA_PS_IPOIB,
         RDMA_PS_TCP,
         RDMA_PS_UDP,

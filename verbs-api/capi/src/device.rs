@@ -267,6 +267,7 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.query_device_ex = Some(query_device_ex);
         vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
         vctx.create_cq_ex = Some(crate::verbs::create_cq_ex);
+        vctx.alloc_parent_domain = Some(crate::verbs::alloc_parent_domain);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         let c = &mut vctx.context;
         c.device = device;

@@ -59,6 +59,50 @@ struct RoxePd {
     c: ibv_pd,
     pd: Pd,
     users: AtomicUsize,
+    /// A parent domain (`ibv_alloc_parent_domain`): the PD it stands for,
+    /// whose objects it creates (roxe has no device buffers for the
+    /// allocators to place, so they are not called, as a provider may).
+    parent_of: Option<*const RoxePd>,
+}
+
+/// `ibv_alloc_parent_domain` (the `verbs_context` op): a PD object that
+/// stands for `attr->pd` (same protection domain: QPs, CQs and MRs made
+/// with either are interchangeable); thread domains are refused.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    guard(null_mut(), || {
+        // SAFETY: attr is NULL or the caller's.
+        let Some(a) = (unsafe { attr.as_ref() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        let known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+        if a.comp_mask & !known != 0 {
+            return fail_null(libc::EINVAL);
+        }
+        if !a.td.is_null() {
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        // SAFETY: pd is NULL or from ibv_alloc_pd (the C contract).
+        let Some(p) = (unsafe { obj::<RoxePd, _>(a.pd) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if p.c.context != ctx || p.parent_of.is_some() {
+            return fail_null(libc::EINVAL);
+        }
+        p.users.fetch_add(1, Ordering::AcqRel);
+        leak(RoxePd {
+            c: ibv_pd {
+                context: ctx,
+                handle: 0,
+            },
+            pd: p.pd.clone(),
+            users: AtomicUsize::new(0),
+            parent_of: Some(p),
+        })
+        .cast()
+    })
 }
 
 #[no_mangle]
@@ -83,6 +127,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                 },
                 pd,
                 users: AtomicUsize::new(0),
+                parent_of: None,
             })
             .cast(),
             Err(e) => fail_null(e.errno()),
@@ -106,6 +151,11 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         };
         if p.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
+        }
+        if let Some(parent) = p.parent_of {
+            // SAFETY: the PD a parent domain stands for outlives it (its
+            // users count refuses dealloc until then).
+            unsafe { (*parent).users.fetch_sub(1, Ordering::AcqRel) };
         }
         // SAFETY: pd came from leak(RoxePd) and is destroyed once.
         drop(unsafe { Box::from_raw(pd.cast::<RoxePd>()) });
@@ -511,11 +561,19 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         if a.comp_mask & !known_mask != 0 {
             return fail_null(libc::EINVAL);
         }
-        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0
-            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !SINGLE_THREADED != 0)
+        if (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !SINGLE_THREADED != 0)
             || a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0
         {
             return fail_null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // A parent domain (its allocators have no CQ buffer to place
+            // here); it must be one of this context's.
+            // SAFETY: parent_domain is NULL or a PD of this library.
+            match unsafe { obj::<RoxePd, _>(a.parent_domain) } {
+                Some(p) if p.parent_of.is_some() && p.c.context == ctx => {}
+                _ => return fail_null(libc::EINVAL),
+            }
         }
         let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
             return fail_null(libc::EINVAL);
