@@ -4,12 +4,12 @@
 //! address).
 //!
 //! ```text
-//! roxe perf write|read|send [-s SIZE] [-n ITERS] [-q QPS] [--lat] [--json] [-p PORT] [server | client ADDR]
+//! roxe perf write|read|send [-d DEV] [-x GID] [-s SIZE] [-n ITERS] [-q QPS] [-Q CQ_MOD] [--lat] [--json] [-p PORT] [server | client ADDR | ADDR]
 //! ```
 //!
 //! # Control protocol
 //!
-//! One TCP connection (the server listens on `-p`, default 18516) carries
+//! One TCP connection (the server listens on `-p`, default 18515) carries
 //! newline-delimited JSON messages, each an object with a `"type"`:
 //!
 //! 1. client → server `hello`: the test (op, mode, size, iters, QP count,
@@ -113,12 +113,11 @@ pub struct Args {
     /// The operation.
     #[arg(value_enum)]
     pub op: Op,
-    /// `server` (the default) or `client ADDR`.
-    #[arg(value_enum, default_value_t = Role::Server)]
-    pub role: Role,
-    /// Client: the server's control address (host or IP, optionally with
-    /// `:PORT`, which overrides `-p`).
-    pub addr: Option<String>,
+    /// Nothing or `server`: wait for a client. `client ADDR`, or a bare
+    /// `ADDR` as perftest takes it: connect to the server there (host or
+    /// IP, optionally with `:PORT`, which overrides `-p`).
+    #[arg(value_name = "server | client ADDR | ADDR", num_args = 0..=2)]
+    pub target: Vec<String>,
     /// Message size in bytes [default: 65536, or 64 with --lat].
     #[arg(short = 's', long)]
     pub size: Option<u32>,
@@ -135,14 +134,14 @@ pub struct Args {
     /// Print the results as one JSON object on stdout, and nothing else.
     #[arg(long)]
     pub json: bool,
-    /// TCP port of the control connection.
-    #[arg(short = 'p', long, default_value_t = 18516)]
+    /// TCP port of the control connection (perftest's default).
+    #[arg(short = 'p', long, default_value_t = 18515)]
     pub port: u16,
     /// Work requests in flight per QP (the send queue depth).
     #[arg(short = 't', long, default_value_t = 128)]
     pub tx_depth: u32,
-    /// Signal every Nth send WR (at most --tx-depth).
-    #[arg(long, default_value_t = 100)]
+    /// Signal every Nth send WR (at most --tx-depth; perftest's -Q).
+    #[arg(short = 'Q', long, default_value_t = 100)]
     pub cq_mod: u32,
     /// Receives posted per QP (send, and latency ping-pongs).
     #[arg(short = 'r', long, default_value_t = 512)]
@@ -303,11 +302,34 @@ fn ctx<E: Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
+impl Args {
+    /// The role and the server's address, from the positional words.
+    fn role(&self) -> Res<(Role, Option<&str>)> {
+        match self.target.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            [] | ["server"] => Ok((Role::Server, None)),
+            ["client", addr] => Ok((Role::Client, Some(addr))),
+            ["client"] => Err("client needs the server's address (client ADDR)".into()),
+            [addr] => Ok((Role::Client, Some(addr))),
+            ["server", a] => Err(format!(
+                "a server takes no address (got {a:?}); did you mean `client {a}`?"
+            )),
+            _ => Err(format!(
+                "expected `server`, `client ADDR` or `ADDR`, got {:?}",
+                self.target
+            )),
+        }
+    }
+}
+
 /// `roxe perf`.
 pub fn run(args: &Args) -> ExitCode {
-    match args.role {
-        Role::Server => server(args),
-        Role::Client => client(args),
+    match args.role() {
+        Ok((Role::Client, Some(addr))) => client(args, addr),
+        Ok(_) => server(args),
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
@@ -783,12 +805,8 @@ impl Progress {
 // ---------------------------------------------------------------------------
 // Client.
 
-fn client(args: &Args) -> ExitCode {
+fn client(args: &Args, addr: &str) -> ExitCode {
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    let Some(addr) = args.addr.as_deref() else {
-        eprintln!("roxe perf: client needs the server's address (client ADDR)");
-        return ExitCode::from(2);
-    };
     let p = match params_of(args) {
         Ok(p) => p,
         Err(e) => {
@@ -1141,10 +1159,6 @@ fn print_report(r: &Report, json: bool) {
 
 fn server(args: &Args) -> ExitCode {
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    if let Some(a) = &args.addr {
-        eprintln!("roxe perf: a server takes no address (got {a:?}); did you mean `client {a}`?");
-        return ExitCode::from(2);
-    }
     if let Err(e) = params_of(args) {
         eprintln!("roxe perf: {e}");
         return ExitCode::from(2);

@@ -271,3 +271,39 @@ fn usage_errors() {
         assert_eq!(d.status.code(), Some(2), "{args:?}: {}", d.stderr);
     }
 }
+
+/// perftest's forms: a server with no role word, a client given only the
+/// server's address, `-Q` for the signalling interval.
+#[test]
+fn perftest_argument_forms() {
+    let net = 40u8;
+    let port = (18600 + u16::from(net)).to_string();
+    let args = ["write", "--json", "-n", "50", "-Q", "5", "-p", &port];
+    let deadline = Instant::now() + LIMIT;
+    let mut reaper = Reaper(vec![spawn(&format!("127.0.50.{}", 2 * net + 1), &args)]);
+    let mut c_args = args.to_vec();
+    c_args.push("127.0.0.1");
+    reaper
+        .0
+        .push(spawn(&format!("127.0.50.{}", 2 * net + 2), &c_args));
+    let client = finish(reaper.0.pop().unwrap(), deadline, "client");
+    let server = finish(reaper.0.pop().unwrap(), deadline, "server");
+    let c = json(&client, "client");
+    json(&server, "server");
+    assert_eq!(
+        (c["iters"].as_u64(), c["cq_mod"].as_u64()),
+        (Some(50), Some(5)),
+        "{c}"
+    );
+    // Role words that do not fit: exit 2 with one line saying why.
+    for (words, want) in [
+        (&["client"][..], "needs the server's address"),
+        (&["server", "127.0.0.1"][..], "takes no address"),
+    ] {
+        let mut a = vec!["write", "-p", &port];
+        a.extend_from_slice(words);
+        let d = finish(spawn("127.0.50.250", &a), Instant::now() + LIMIT, "misuse");
+        assert_eq!(d.status.code(), Some(2), "{words:?}: {}", d.stderr);
+        assert!(d.stderr.contains(want), "{words:?}: {}", d.stderr);
+    }
+}
