@@ -185,7 +185,7 @@ if want perf; then
         pair_args=("$tag" H "$ROXE perf $op $args" G "roxe perf $op -d rxe0 client $HOST_IP $args")
       fi
       if captured "$tag" pair "${pair_args[@]}"; then
-        record "$tag" PASS "bytes seconds GB/s Gbit/s Mmsg/s:$(grep -A1 -E '^ +bytes +seconds' "$OUT/$tag.client.txt" | tail -1 | tr -s ' ')"
+        record "$tag" PASS "bytes seconds GB/s Gbit/s Mmsg/s:$(grep -A1 -E '^ +bytes +seconds' "$OUT/$tag.client.txt" | sed -n 2p | tr -s ' ')"
       else
         record "$tag" FAIL "see $OUT/$tag.*"
       fi

@@ -273,6 +273,9 @@ struct LatUs {
     p999: f64,
     max: f64,
     mean: f64,
+    /// Standard deviation (perftest's t_stdev).
+    #[serde(default)]
+    stdev: f64,
 }
 
 /// The results (what `--json` prints).
@@ -1088,13 +1091,16 @@ fn lat_stats(samples: &mut [Duration], scale: f64) -> LatUs {
         us(samples[rank - 1])
     };
     let sum: f64 = samples.iter().map(|&d| us(d)).sum();
+    let mean = sum / n as f64;
+    let var = samples.iter().map(|&d| (us(d) - mean).powi(2)).sum::<f64>() / n as f64;
     LatUs {
         min: us(samples[0]),
         p50: pct(0.50),
         p99: pct(0.99),
         p999: pct(0.999),
         max: us(samples[n - 1]),
-        mean: sum / n as f64,
+        mean,
+        stdev: var.sqrt(),
     }
 }
 
@@ -1152,6 +1158,39 @@ fn print_report(r: &Report, json: bool) {
             l.min, l.p50, l.p99, l.p999, l.max, l.mean
         );
     }
+    print_perftest_table(r);
+}
+
+/// The same results in perftest's layout (`ib_write_bw`, `ib_write_lat`),
+/// so a script that reads perftest's table reads roxe's. perftest's MB
+/// are 2^20 bytes; roxe does not sample a peak, so "BW peak" is the
+/// average.
+fn print_perftest_table(r: &Report) {
+    const RULE: &str =
+        "---------------------------------------------------------------------------------------";
+    println!("{RULE}");
+    match &r.lat_us {
+        None => {
+            let mb = r.gbytes_per_s * 1e9 / 1_048_576.0;
+            println!(
+                " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+            );
+            println!(
+                " {:<10} {:<10}       {:.2}            {:.2}\t\t   {:.6}",
+                r.size, r.iters, mb, mb, r.mmsgs_per_s
+            );
+        }
+        Some(l) => {
+            println!(
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+            );
+            println!(
+                " {:<7} {:<10}     {:.2}          {:.2}      {:.2}    \t       {:.2}       \t{:.2}  \t\t{:.2}   \t\t{:.2}  ",
+                r.size, r.iters, l.min, l.max, l.p50, l.mean, l.stdev, l.p99, l.p999
+            );
+        }
+    }
+    println!("{RULE}");
 }
 
 // ---------------------------------------------------------------------------

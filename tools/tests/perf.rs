@@ -219,6 +219,26 @@ fn human_output_has_the_figures() {
     for d in [&server, &client] {
         assert!(d.stdout.contains("GB/s") && d.stdout.contains("Gbit/s"));
         assert!(d.stdout.contains("6553600"), "{}", d.stdout);
+        // perftest's table too: its header, and a row of size, iterations,
+        // peak and average MB/s and Mpps that parses as numbers.
+        assert!(
+            d.stdout
+                .contains(" #bytes     #iterations    BW peak[MB/sec]"),
+            "{}",
+            d.stdout
+        );
+        let row = d
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(" 65536 "))
+            .unwrap_or_else(|| panic!("no perftest row: {}", d.stdout));
+        let cols: Vec<f64> = row
+            .split_whitespace()
+            .map(|c| c.parse().unwrap_or_else(|_| panic!("{row}")))
+            .collect();
+        assert_eq!(cols.len(), 5, "{row}");
+        assert_eq!((cols[0], cols[1]), (65536.0, 100.0), "{row}");
+        assert!(cols[3] > 0.0 && cols[4] > 0.0, "{row}");
     }
 }
 
