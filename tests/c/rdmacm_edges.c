@@ -408,6 +408,27 @@ int main(int argc, char **argv)
 	}
 	printf("ok rdma_create_srq\n");
 
+	/* Stale handles (perftest 4.5 reuses a destroyed id and destroys its
+	 * channel twice after a rejected connect): refused, never a crash. */
+	{
+		struct rdma_event_channel *ch3 = rdma_create_event_channel();
+		struct rdma_cm_id *stale;
+		struct sockaddr_in dst = sin_of(addr, port);
+
+		CHECK(ch3 != NULL, "rdma_create_event_channel");
+		CHECK(rdma_create_id(ch3, &stale, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+		CHECK(rdma_destroy_id(stale) == 0, "rdma_destroy_id");
+		errno = 0;
+		CHECK(rdma_resolve_addr(stale, NULL, (struct sockaddr *)&dst, 100) == -1 &&
+			      errno == EINVAL,
+		      "rdma_resolve_addr on a destroyed id: -1 EINVAL");
+		rdma_destroy_event_channel(ch3);
+		errno = 0;
+		rdma_destroy_event_channel(ch3);
+		CHECK(errno == EINVAL, "a second rdma_destroy_event_channel: EINVAL");
+	}
+	printf("ok stale handles\n");
+
 	rdma_destroy_event_channel(ch);
 	printf("all ok\n");
 	return 0;

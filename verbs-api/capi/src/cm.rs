@@ -113,6 +113,11 @@ struct RoxeEventChannel {
     ch: EventChannel,
 }
 
+/// Every live channel's address: a destroyed or foreign pointer (perftest
+/// 4.5 destroys its channel twice after a rejected connect) is refused,
+/// never dereferenced or freed again.
+static LIVE_CHANNELS: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
+
 fn new_channel() -> Result<*mut rdma_event_channel, i32> {
     let ch = EventChannel::new().map_err(|e| e.errno())?;
     let fd = ch.as_fd().as_raw_fd();
@@ -120,21 +125,45 @@ fn new_channel() -> Result<*mut rdma_event_channel, i32> {
         c: rdma_event_channel { fd },
         ch,
     });
-    Ok(Box::into_raw(b).cast())
+    let p: *mut rdma_event_channel = Box::into_raw(b).cast();
+    LIVE_CHANNELS
+        .lock()
+        .get_or_insert_with(std::collections::HashSet::new)
+        .insert(p as usize);
+    Ok(p)
 }
 
+/// The channel behind `c` if it is a live channel of this library.
+///
 /// # Safety
-/// `c` must be NULL or a live channel of this library.
+/// None beyond the C contract: `c` is only compared unless it is live.
 unsafe fn channel_ref<'a>(c: *mut rdma_event_channel) -> Option<&'a RoxeEventChannel> {
-    // SAFETY: per the contract, c is the first member of a RoxeEventChannel.
+    if !LIVE_CHANNELS
+        .lock()
+        .as_ref()
+        .is_some_and(|l| l.contains(&(c as usize)))
+    {
+        return None;
+    }
+    // SAFETY: a live channel: c is the first member of a RoxeEventChannel.
     unsafe { c.cast::<RoxeEventChannel>().as_ref() }
 }
 
+/// Free a channel of this library no id uses any more; false (nothing
+/// done) for a pointer that is not a live channel.
+///
 /// # Safety
-/// `c` must be a channel of this library no id uses any more.
-unsafe fn free_channel(c: *mut rdma_event_channel) {
-    // SAFETY: per the contract; created by new_channel.
-    drop(unsafe { Box::from_raw(c.cast::<RoxeEventChannel>()) });
+/// If live, no id uses `c` any more (librdmacm's contract).
+unsafe fn free_channel(c: *mut rdma_event_channel) -> bool {
+    let was_live = LIVE_CHANNELS
+        .lock()
+        .as_mut()
+        .is_some_and(|l| l.remove(&(c as usize)));
+    if was_live {
+        // SAFETY: live, so created by new_channel and not yet freed.
+        drop(unsafe { Box::from_raw(c.cast::<RoxeEventChannel>()) });
+    }
+    was_live
 }
 
 #[no_mangle]
@@ -151,10 +180,10 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
-        if !channel.is_null() {
-            // SAFETY: the caller destroys a channel of ours whose ids are
-            // gone (librdmacm's contract).
-            unsafe { free_channel(channel) }
+        // SAFETY: the caller destroys a channel whose ids are gone
+        // (librdmacm's contract); anything else is refused.
+        if !channel.is_null() && !unsafe { free_channel(channel) } {
+            set_errno(libc::EINVAL);
         }
     })
 }
@@ -195,6 +224,10 @@ struct IdPriv {
 
 /// Every live id by its roxe id's key, so events find their C id.
 static IDS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+/// Every live id's address: a pointer a program passes that is not one
+/// (destroyed, or never an id: perftest 4.5 retries a rejected connect on
+/// a freed id) is refused with EINVAL instead of being dereferenced.
+static LIVE: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
 
 fn register(p: *mut IdPriv) {
     // SAFETY: p is a live id just created.
@@ -202,6 +235,9 @@ fn register(p: *mut IdPriv) {
     IDS.lock()
         .get_or_insert_with(HashMap::new)
         .insert(key, p as usize);
+    LIVE.lock()
+        .get_or_insert_with(std::collections::HashSet::new)
+        .insert(p as usize);
 }
 
 /// The C id of `cm`, with one more event reported for it (under the
@@ -214,14 +250,15 @@ fn lookup_and_count(cm: &CmId) -> Option<*mut IdPriv> {
     Some(p)
 }
 
+/// The id behind `id`, if it is a live id of this library (`None` for
+/// NULL, a destroyed id or any other pointer).
+///
 /// # Safety
-/// `id` must be NULL or a live id of this library.
+/// None beyond the C contract: `id` is only compared, never read, unless
+/// it is live.
 unsafe fn id_priv(id: *mut rdma_cm_id) -> Option<*mut IdPriv> {
-    if id.is_null() {
-        None
-    } else {
-        Some(id.cast())
-    }
+    let live = LIVE.lock();
+    live.as_ref()?.contains(&(id as usize)).then_some(id.cast())
 }
 
 fn port_space(ps: u32) -> Option<PortSpace> {
@@ -250,8 +287,10 @@ unsafe fn new_id(
     } else {
         (channel, false)
     };
-    // SAFETY: channel is live (ours or the caller's).
-    let ch = unsafe { channel_of(channel) };
+    // SAFETY: only compared unless live.
+    let Some(ch) = (unsafe { channel_ref(channel) }) else {
+        return Err(libc::EINVAL);
+    };
     let cm = match cm {
         Some(cm) => {
             if sync {
@@ -285,13 +324,6 @@ unsafe fn new_id(
     }));
     register(p);
     Ok(p)
-}
-
-/// # Safety
-/// `c` must be a live channel of this library.
-unsafe fn channel_of<'a>(c: *mut rdma_event_channel) -> &'a RoxeEventChannel {
-    // SAFETY: per the contract.
-    unsafe { &*c.cast::<RoxeEventChannel>() }
 }
 
 /// Fill what librdmacm fills once an id has a device (`ucma_get_device`)
@@ -419,6 +451,9 @@ unsafe fn destroy(p: *mut IdPriv) {
     let key = unsafe { (*p).cm.key() };
     if let Some(ids) = IDS.lock().as_mut() {
         ids.remove(&key);
+    }
+    if let Some(live) = LIVE.lock().as_mut() {
+        live.remove(&(p as usize));
     }
     // SAFETY: per the contract.
     let ev = unsafe { (*p).id.event };
@@ -1525,8 +1560,11 @@ pub unsafe extern "C" fn rdma_migrate_id(
         } else {
             (channel, false)
         };
-        // SAFETY: channel is live (ours or the caller's).
-        pr.cm.migrate(&unsafe { channel_of(channel) }.ch);
+        // SAFETY: only compared unless live.
+        let Some(ch) = (unsafe { channel_ref(channel) }) else {
+            return fail(libc::EINVAL);
+        };
+        pr.cm.migrate(&ch.ch);
         // SAFETY: p is live; its C fields are written by this caller only.
         let old = unsafe { std::mem::replace(&mut (*p).id.channel, channel) };
         if was_sync {

@@ -342,6 +342,7 @@ fn rdmacm_edge_cases_from_c() {
         "rdma_set_option",
         "rdma_migrate_id",
         "rdma_create_srq",
+        "stale handles",
     ] {
         assert!(
             r.stdout.contains(&format!("ok {check}\n")),
