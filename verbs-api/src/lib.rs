@@ -564,7 +564,7 @@ impl Context {
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
         let imp = match &self.inner.imp {
-            ContextImp::Soft(d) => PdImp::Soft(d.engine().alloc_pd()),
+            ContextImp::Soft(d) => PdImp::Soft(d.clone(), d.engine().alloc_pd()),
             ContextImp::Hw(h) => PdImp::Hw(hw::HwPd::alloc(h)?),
         };
         Ok(Pd {
@@ -655,6 +655,7 @@ impl Context {
                     d.attach_channel(id, ch);
                 }
                 CqImp::Soft {
+                    dev: d.clone(),
                     id,
                     waiting,
                     empty_polls: AtomicU32::new(0),
@@ -664,7 +665,7 @@ impl Context {
         Ok(Cq {
             inner: Arc::new(CqInner {
                 imp,
-                ctx: self.clone(),
+                _ctx: self.clone(),
                 channel: channel.cloned(),
             }),
         })
@@ -844,14 +845,16 @@ struct PdInner {
     ctx: Context,
 }
 
+/// Each soft half carries its device, so a soft object can never be
+/// paired with a hardware context.
 enum PdImp {
-    Soft(roxe_provider::PdId),
+    Soft(Arc<Device>, roxe_provider::PdId),
     Hw(hw::HwPd),
 }
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if let (PdImp::Soft(id), ContextImp::Soft(d)) = (&self.imp, &self.ctx.inner.imp) {
+        if let PdImp::Soft(d, id) = &self.imp {
             let _ = d.engine().dealloc_pd(*id);
         }
     }
@@ -865,22 +868,16 @@ pub struct Pd {
 
 /// One object's soft or hardware half, by its PD's backend.
 enum Half<'a, S, H> {
-    Soft(&'a Device, S),
+    Soft(&'a Arc<Device>, S),
     Hw(H),
 }
 
 impl Pd {
     fn half(&self) -> Half<'_, roxe_provider::PdId, &hw::HwPd> {
-        match (&self.inner.imp, &self.inner.ctx.inner.imp) {
-            (PdImp::Soft(id), ContextImp::Soft(d)) => Half::Soft(d, *id),
-            (PdImp::Hw(h), _) => Half::Hw(h),
-            // A soft PD only comes from a soft context.
-            (PdImp::Soft(_), ContextImp::Hw(_)) => unreachable!("soft PD on a hardware context"),
+        match &self.inner.imp {
+            PdImp::Soft(d, id) => Half::Soft(d, *id),
+            PdImp::Hw(h) => Half::Hw(h),
         }
-    }
-
-    fn device(&self) -> Option<&Device> {
-        self.inner.ctx.soft_device()
     }
 
     /// The context.
@@ -894,6 +891,7 @@ impl Pd {
         let imp = match self.half() {
             Half::Soft(d, id) => MrImp::Soft {
                 info: d.engine().memory_mut().register_owned(id, len, access)?,
+                dev: d.clone(),
                 len,
             },
             Half::Hw(h) => MrImp::Hw(h.reg_owned(len, access.0)?),
@@ -929,6 +927,7 @@ impl Pd {
                         .memory_mut()
                         .register_raw(id, ptr, len, iova, access)?
                 },
+                dev: d.clone(),
                 len,
             },
             // SAFETY: the same contract (valid until the Mr is dropped).
@@ -958,7 +957,7 @@ impl Pd {
                 };
                 let srq = match init.srq.map(|s| &s.inner.imp) {
                     None => None,
-                    Some(SrqImp::Soft(id)) => Some(*id),
+                    Some(SrqImp::Soft(_, id)) => Some(*id),
                     Some(SrqImp::Hw(_)) => return Err(mismatch()),
                 };
                 let attr = QpInitAttr {
@@ -970,7 +969,7 @@ impl Pd {
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all,
                 };
-                QpImp::Soft(d.engine().create_qp(attr)?)
+                QpImp::Soft(d.clone(), d.engine().create_qp(attr)?)
             }
             Half::Hw(h) => {
                 let (CqImp::Hw(send_cq), CqImp::Hw(recv_cq)) =
@@ -981,7 +980,7 @@ impl Pd {
                 let srq = match init.srq.map(|s| &s.inner.imp) {
                     None => None,
                     Some(SrqImp::Hw(s)) => Some(s),
-                    Some(SrqImp::Soft(_)) => return Err(mismatch()),
+                    Some(SrqImp::Soft(..)) => return Err(mismatch()),
                 };
                 let c = init.cap;
                 let cap = abi::ibv_qp_cap {
@@ -1009,13 +1008,15 @@ impl Pd {
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
         let imp = match self.half() {
-            Half::Soft(d, pd) => SrqImp::Soft(d.engine().create_srq(pd, max_wr, max_sge)?),
+            Half::Soft(d, pd) => {
+                SrqImp::Soft(d.clone(), d.engine().create_srq(pd, max_wr, max_sge)?)
+            }
             Half::Hw(h) => SrqImp::Hw(h.create_srq(max_wr, max_sge)?),
         };
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 imp,
-                pd: self.clone(),
+                _pd: self.clone(),
             }),
         })
     }
@@ -1058,6 +1059,7 @@ pub struct Mr {
 
 enum MrImp {
     Soft {
+        dev: Arc<Device>,
         info: roxe_provider::memory::MrInfo,
         len: usize,
     },
@@ -1142,7 +1144,11 @@ impl Mr {
         translation: Option<(*mut u8, usize, u64)>,
     ) -> Result<()> {
         let lkey = self.lkey();
-        let (MrImp::Soft { info, len: old_len }, Some(d)) = (&mut self.imp, self.pd.device())
+        let MrImp::Soft {
+            dev: d,
+            info,
+            len: old_len,
+        } = &mut self.imp
         else {
             return Err(verbs(
                 "ibv_rereg_mr",
@@ -1152,7 +1158,7 @@ impl Mr {
         };
         let new_pd = match pd.map(|p| (p, p.half())) {
             None => None,
-            Some((p, Half::Soft(pd_dev, id))) if std::ptr::eq(pd_dev, d) => Some((p, id)),
+            Some((p, Half::Soft(pd_dev, id))) if Arc::ptr_eq(pd_dev, d) => Some((p, id)),
             Some(_) => {
                 return Err(verbs(
                     "ibv_rereg_mr",
@@ -1184,33 +1190,31 @@ impl Mr {
     }
     /// Copy bytes out of a region [`Pd::reg_mr`] allocated.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        match (&self.imp, self.pd.device()) {
-            (MrImp::Soft { info, .. }, Some(d)) => d
+        match &self.imp {
+            MrImp::Soft { dev, info, .. } => dev
                 .engine()
                 .memory()
                 .owned_read(info.lkey, offset, out)
                 .map_err(|e| verbs("mr.read", Errno::EINVAL, format!("{e:?}"))),
-            (MrImp::Hw(h), _) => h.read(offset, out),
-            (MrImp::Soft { .. }, None) => unreachable!("soft MR on a hardware context"),
+            MrImp::Hw(h) => h.read(offset, out),
         }
     }
     /// Copy bytes into a region [`Pd::reg_mr`] allocated.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        match (&self.imp, self.pd.device()) {
-            (MrImp::Soft { info, .. }, Some(d)) => d
+        match &self.imp {
+            MrImp::Soft { dev, info, .. } => dev
                 .engine()
                 .memory_mut()
                 .owned_write(info.lkey, offset, data)
                 .map_err(|e| verbs("mr.write", Errno::EINVAL, format!("{e:?}"))),
-            (MrImp::Hw(h), _) => h.write(offset, data),
-            (MrImp::Soft { .. }, None) => unreachable!("soft MR on a hardware context"),
+            MrImp::Hw(h) => h.write(offset, data),
         }
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        if let (MrImp::Soft { info, .. }, Some(d)) = (&self.imp, self.pd.device()) {
+        if let MrImp::Soft { dev: d, info, .. } = &self.imp {
             let _ = d.engine().memory_mut().deregister(info.lkey);
         }
     }
@@ -1219,12 +1223,14 @@ impl Drop for Mr {
 struct CqInner {
     /// Dropped first: a hardware CQ before its channel and context.
     imp: CqImp,
-    ctx: Context,
+    /// Kept alive while the CQ is.
+    _ctx: Context,
     channel: Option<CompChannel>,
 }
 
 enum CqImp {
     Soft {
+        dev: Arc<Device>,
         id: CqId,
         /// Completions waiting, readable without the engine lock.
         waiting: Arc<AtomicUsize>,
@@ -1241,7 +1247,7 @@ const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        if let (CqImp::Soft { id, .. }, Some(d)) = (&self.imp, self.ctx.soft_device()) {
+        if let CqImp::Soft { dev: d, id, .. } = &self.imp {
             if self.channel.is_some() {
                 d.detach_channel(*id);
             }
@@ -1266,17 +1272,14 @@ impl Cq {
     }
     /// `ibv_poll_cq`: fill `out`, return how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let (id, waiting, empty_polls, d) = match (&self.inner.imp, self.inner.ctx.soft_device()) {
-            (
-                CqImp::Soft {
-                    id,
-                    waiting,
-                    empty_polls,
-                },
-                Some(d),
-            ) => (id, waiting, empty_polls, d),
-            (CqImp::Hw(h), _) => return h.poll(out),
-            (CqImp::Soft { .. }, None) => unreachable!("soft CQ on a hardware context"),
+        let (id, waiting, empty_polls, d) = match &self.inner.imp {
+            CqImp::Soft {
+                dev,
+                id,
+                waiting,
+                empty_polls,
+            } => (id, waiting, empty_polls, dev),
+            CqImp::Hw(h) => return h.poll(out),
         };
         if waiting.load(Ordering::Acquire) == 0 {
             // Nothing waiting: do not take the engine lock.
@@ -1292,9 +1295,9 @@ impl Cq {
     /// `ibv_resize_cq` (soft devices): hold up to `depth` completions;
     /// EINVAL below the number waiting.
     pub fn resize(&self, depth: u32) -> Result<()> {
-        match (&self.inner.imp, self.inner.ctx.soft_device()) {
-            (CqImp::Soft { id, .. }, Some(d)) => Ok(d.engine().resize_cq(*id, depth)?),
-            _ => Err(verbs(
+        match &self.inner.imp {
+            CqImp::Soft { dev, id, .. } => Ok(dev.engine().resize_cq(*id, depth)?),
+            CqImp::Hw(_) => Err(verbs(
                 "ibv_resize_cq",
                 Errno(95),
                 "resizing a hardware CQ is not built",
@@ -1304,10 +1307,9 @@ impl Cq {
     /// `ibv_req_notify_cq`: the next completion (or the next solicited one)
     /// raises one event on the channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let (id, d) = match (&self.inner.imp, self.inner.ctx.soft_device()) {
-            (CqImp::Soft { id, .. }, Some(d)) => (*id, d),
-            (CqImp::Hw(h), _) => return h.req_notify(solicited_only),
-            (CqImp::Soft { .. }, None) => unreachable!("soft CQ on a hardware context"),
+        let (id, d) = match &self.inner.imp {
+            CqImp::Soft { dev, id, .. } => (*id, dev),
+            CqImp::Hw(h) => return h.req_notify(solicited_only),
         };
         let mut e = d.engine();
         let cq = e
@@ -1347,11 +1349,12 @@ impl Cq {
 struct SrqInner {
     /// Dropped first: a hardware SRQ before its PD.
     imp: SrqImp,
-    pd: Pd,
+    /// Kept alive while the SRQ is.
+    _pd: Pd,
 }
 
 enum SrqImp {
-    Soft(SrqId),
+    Soft(Arc<Device>, SrqId),
     Hw(hw::HwSrq),
 }
 
@@ -1364,10 +1367,9 @@ pub struct Srq {
 impl Srq {
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        match (&self.inner.imp, self.inner.pd.device()) {
-            (SrqImp::Soft(id), Some(d)) => Ok(d.engine().post_srq_recv(*id, wr)?),
-            (SrqImp::Hw(h), _) => h.post_recv(&wr),
-            (SrqImp::Soft(_), None) => unreachable!("soft SRQ on a hardware context"),
+        match &self.inner.imp {
+            SrqImp::Soft(d, id) => Ok(d.engine().post_srq_recv(*id, wr)?),
+            SrqImp::Hw(h) => h.post_recv(&wr),
         }
     }
 }
@@ -1443,13 +1445,13 @@ struct QpInner {
 }
 
 enum QpImp {
-    Soft(u32),
+    Soft(Arc<Device>, u32),
     Hw(hw::HwQp),
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        if let (QpImp::Soft(qpn), Some(d)) = (&self.imp, self.pd.device()) {
+        if let QpImp::Soft(d, qpn) = &self.imp {
             let _ = d.engine().destroy_qp(*qpn);
         }
     }
@@ -1463,16 +1465,15 @@ pub struct Qp {
 
 impl Qp {
     fn half(&self) -> Half<'_, u32, &hw::HwQp> {
-        match (&self.inner.imp, self.inner.pd.device()) {
-            (QpImp::Soft(qpn), Some(d)) => Half::Soft(d, *qpn),
-            (QpImp::Hw(h), _) => Half::Hw(h),
-            (QpImp::Soft(_), None) => unreachable!("soft QP on a hardware context"),
+        match &self.inner.imp {
+            QpImp::Soft(d, qpn) => Half::Soft(d, *qpn),
+            QpImp::Hw(h) => Half::Hw(h),
         }
     }
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         match &self.inner.imp {
-            QpImp::Soft(qpn) => *qpn,
+            QpImp::Soft(_, qpn) => *qpn,
             QpImp::Hw(h) => h.qp_num(),
         }
     }
