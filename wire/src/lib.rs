@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use ext::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };
-pub use opcode::{HeaderSet, Layout, Opcode, PacketClass, Transport};
+pub use opcode::{HeaderSet, Layout, Opcode, Operation, PacketClass, Transport};
 pub use packet::{Packet, PacketRepr};
 pub use psn::Psn;
 

@@ -32,8 +32,18 @@ pub enum Problem {
     NotAPmtu(Opcode, usize),
     /// LAST packet without payload.
     EmptyLast(Opcode),
-    /// Payload larger than the largest PMTU.
-    LargerThanPmtu(Opcode, usize),
+    /// Payload larger than the PMTU (the largest, 4096, where the
+    /// connection's is unknown).
+    LargerThanPmtu(Opcode, usize, usize),
+    /// FIRST/MIDDLE payload other than the connection's path MTU.
+    NotThePathMtu {
+        /// The opcode.
+        op: Opcode,
+        /// Payload bytes.
+        payload: usize,
+        /// The path MTU.
+        pmtu: usize,
+    },
     /// RDMA WRITE ONLY whose payload differs from its RETH DMA length.
     WriteLengthMismatch {
         /// Payload bytes.
@@ -78,6 +88,7 @@ impl Problem {
             | Problem::NotAPmtu(..)
             | Problem::EmptyLast(_)
             | Problem::LargerThanPmtu(..)
+            | Problem::NotThePathMtu { .. }
             | Problem::WriteLengthMismatch { .. }
             | Problem::ReadTooLong(_)
             | Problem::NakOnResponse(..)
@@ -92,6 +103,7 @@ impl Problem {
             Problem::PadNotAllowed(..) => "pad",
             Problem::NotAPmtu(..) => "pmtu",
             Problem::EmptyLast(_) | Problem::LargerThanPmtu(..) => "payload",
+            Problem::NotThePathMtu { .. } => "pmtu",
             Problem::WriteLengthMismatch { .. } | Problem::ReadTooLong(_) => "reth-length",
             Problem::NakOnResponse(..) => "aeth",
             Problem::UdToQp0 => "ud-qp0",
@@ -116,11 +128,11 @@ impl fmt::Display for Problem {
                 "{op} payload {n} bytes is not a valid PMTU (256/512/1024/2048/4096)"
             ),
             Problem::EmptyLast(op) => write!(f, "{op} with empty payload"),
-            Problem::LargerThanPmtu(op, n) => {
-                write!(
-                    f,
-                    "{op} payload {n} larger than the largest PMTU {MAX_PMTU}"
-                )
+            Problem::LargerThanPmtu(op, n, pmtu) => {
+                write!(f, "{op} payload {n} larger than the PMTU {pmtu}")
+            }
+            Problem::NotThePathMtu { op, payload, pmtu } => {
+                write!(f, "{op} payload {payload} is not the path MTU {pmtu}")
             }
             Problem::WriteLengthMismatch { payload, dma_len } => write!(
                 f,
@@ -147,6 +159,27 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The payload-length rule of a packet's place in its message (IBA
+/// 9.7.3.1.2): FIRST and MIDDLE carry exactly the path MTU, LAST 1..=PMTU
+/// bytes, ONLY 0..=PMTU. With the connection's `pmtu` this is the check a
+/// responder NAKs (invalid request); without it, FIRST/MIDDLE must be one
+/// of the valid PMTUs and nothing may exceed the largest.
+pub fn payload_length(op: Opcode, payload: usize, pmtu: Option<usize>) -> Option<Problem> {
+    let limit = pmtu.unwrap_or(MAX_PMTU);
+    match op.class() {
+        PacketClass::First | PacketClass::Middle => match pmtu {
+            Some(pmtu) if payload != pmtu => Some(Problem::NotThePathMtu { op, payload, pmtu }),
+            None if !VALID_PMTUS.contains(&payload) => Some(Problem::NotAPmtu(op, payload)),
+            _ => None,
+        },
+        PacketClass::Last if payload == 0 => Some(Problem::EmptyLast(op)),
+        PacketClass::Last | PacketClass::Only if payload > limit => {
+            Some(Problem::LargerThanPmtu(op, payload, limit))
+        }
+        _ => None,
+    }
+}
+
 /// Every problem of a structurally valid packet, errors and warnings.
 pub fn lint(packet: &Packet<&[u8]>) -> Vec<Problem> {
     let mut out = Vec::new();
@@ -156,29 +189,10 @@ pub fn lint(packet: &Packet<&[u8]>) -> Vec<Problem> {
     let payload = packet.payload().len();
     let ext = crate::ExtHeaders::parse(op, packet.ext_bytes()).map(|(h, _)| h);
 
-    match op.class() {
-        PacketClass::First | PacketClass::Middle => {
-            if pad != 0 {
-                out.push(Problem::PadNotAllowed(op, pad));
-            }
-            if !VALID_PMTUS.contains(&payload) {
-                out.push(Problem::NotAPmtu(op, payload));
-            }
-        }
-        PacketClass::Last => {
-            if payload == 0 {
-                out.push(Problem::EmptyLast(op));
-            } else if payload > MAX_PMTU {
-                out.push(Problem::LargerThanPmtu(op, payload));
-            }
-        }
-        PacketClass::Only => {
-            if payload > MAX_PMTU {
-                out.push(Problem::LargerThanPmtu(op, payload));
-            }
-        }
-        PacketClass::NoPayload | PacketClass::Atomic8 | PacketClass::Cnp => {}
+    if matches!(op.class(), PacketClass::First | PacketClass::Middle) && pad != 0 {
+        out.push(Problem::PadNotAllowed(op, pad));
     }
+    out.extend(payload_length(op, payload, None));
 
     if let Ok(h) = ext {
         if let (

@@ -37,6 +37,34 @@ pub enum PacketClass {
     Cnp,
 }
 
+/// What a packet does, whatever its transport and place in its message:
+/// the column the requester and responder choose and dispatch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// SEND (any transport; with immediate data or invalidation or not).
+    Send,
+    /// RDMA WRITE (with immediate data or not).
+    Write,
+    /// RDMA READ request.
+    ReadRequest,
+    /// RDMA READ response.
+    ReadResponse,
+    /// ACK or NAK.
+    Acknowledge,
+    /// Atomic ACK carrying the original value.
+    AtomicAcknowledge,
+    /// Atomic compare-and-swap.
+    CompareSwap,
+    /// Atomic fetch-and-add.
+    FetchAdd,
+    /// FLUSH (IBA 1.5).
+    Flush,
+    /// ATOMIC WRITE (IBA 1.5).
+    AtomicWrite,
+    /// Congestion notification.
+    Cnp,
+}
+
 /// A set of extension headers, in wire order (see [`HeaderSet::ORDER`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct HeaderSet(u16);
@@ -184,7 +212,7 @@ impl Layout {
 }
 
 macro_rules! opcodes {
-    ($( $(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $transport:ident, $class:ident, $headers:expr, $response:literal; )*) => {
+    ($( $(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $transport:ident, $operation:ident, $class:ident, $headers:expr, $response:literal; )*) => {
         /// A RoCEv2 BTH opcode that roxe understands.
         ///
         /// RD and XRC opcodes and reserved values do not convert: see
@@ -207,6 +235,11 @@ macro_rules! opcodes {
             /// The transport service.
             pub const fn transport(self) -> Transport {
                 match self { $( Opcode::$variant => Transport::$transport, )* }
+            }
+
+            /// What the packet does (SEND, WRITE, READ request, ...).
+            pub const fn operation(self) -> Operation {
+                match self { $( Opcode::$variant => Operation::$operation, )* }
             }
 
             /// The packet's place in its message, which sets its payload rules.
@@ -254,88 +287,109 @@ const DETH: HeaderSet = HeaderSet::DETH;
 
 opcodes! {
     /// RC SEND, first packet.
-    RcSendFirst = 0x00, "RC_SEND_FIRST", Rc, First, NONE, false;
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Rc, Send, First, NONE, false;
     /// RC SEND, middle packet.
-    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Rc, Middle, NONE, false;
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Rc, Send, Middle, NONE, false;
     /// RC SEND, last packet.
-    RcSendLast = 0x02, "RC_SEND_LAST", Rc, Last, NONE, false;
+    RcSendLast = 0x02, "RC_SEND_LAST", Rc, Send, Last, NONE, false;
     /// RC SEND, last packet with immediate data.
-    RcSendLastImm = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Rc, Last, IMM, false;
+    RcSendLastImm = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Rc, Send, Last, IMM, false;
     /// RC SEND in one packet.
-    RcSendOnly = 0x04, "RC_SEND_ONLY", Rc, Only, NONE, false;
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Rc, Send, Only, NONE, false;
     /// RC SEND in one packet with immediate data.
-    RcSendOnlyImm = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Rc, Only, IMM, false;
+    RcSendOnlyImm = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Rc, Send, Only, IMM, false;
     /// RC RDMA WRITE, first packet.
-    RcWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Rc, First, RETH, false;
+    RcWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Rc, Write, First, RETH, false;
     /// RC RDMA WRITE, middle packet.
-    RcWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Rc, Middle, NONE, false;
+    RcWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Rc, Write, Middle, NONE, false;
     /// RC RDMA WRITE, last packet.
-    RcWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Rc, Last, NONE, false;
+    RcWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Rc, Write, Last, NONE, false;
     /// RC RDMA WRITE, last packet with immediate data.
-    RcWriteLastImm = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rc, Last, IMM, false;
+    RcWriteLastImm = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rc, Write, Last, IMM, false;
     /// RC RDMA WRITE in one packet.
-    RcWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Rc, Only, RETH, false;
+    RcWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Rc, Write, Only, RETH, false;
     /// RC RDMA WRITE in one packet with immediate data.
-    RcWriteOnlyImm = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rc, Only, RETH.union(IMM), false;
+    RcWriteOnlyImm = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rc, Write, Only, RETH.union(IMM), false;
     /// RC RDMA READ request.
-    RcReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", Rc, NoPayload, RETH, false;
+    RcReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", Rc, ReadRequest, NoPayload, RETH, false;
     /// RC RDMA READ response, first packet.
-    RcReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", Rc, First, AETH, true;
+    RcReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", Rc, ReadResponse, First, AETH, true;
     /// RC RDMA READ response, middle packet.
-    RcReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", Rc, Middle, NONE, true;
+    RcReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", Rc, ReadResponse, Middle, NONE, true;
     /// RC RDMA READ response, last packet.
-    RcReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", Rc, Last, AETH, true;
+    RcReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", Rc, ReadResponse, Last, AETH, true;
     /// RC RDMA READ response in one packet.
-    RcReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", Rc, Only, AETH, true;
+    RcReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", Rc, ReadResponse, Only, AETH, true;
     /// RC ACK or NAK.
-    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Rc, NoPayload, AETH, true;
+    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Rc, Acknowledge, NoPayload, AETH, true;
     /// RC atomic ACK carrying the original value.
-    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", Rc, NoPayload, AETH.union(HeaderSet::ATOMIC_ACK_ETH), true;
+    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", Rc, AtomicAcknowledge, NoPayload, AETH.union(HeaderSet::ATOMIC_ACK_ETH), true;
     /// RC atomic compare-and-swap.
-    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", Rc, NoPayload, HeaderSet::ATOMIC_ETH, false;
+    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", Rc, CompareSwap, NoPayload, HeaderSet::ATOMIC_ETH, false;
     /// RC atomic fetch-and-add.
-    RcFetchAdd = 0x14, "RC_FETCH_ADD", Rc, NoPayload, HeaderSet::ATOMIC_ETH, false;
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", Rc, FetchAdd, NoPayload, HeaderSet::ATOMIC_ETH, false;
     /// RC SEND, last packet, invalidating an rkey.
-    RcSendLastInv = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Rc, Last, HeaderSet::IETH, false;
+    RcSendLastInv = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Rc, Send, Last, HeaderSet::IETH, false;
     /// RC SEND in one packet, invalidating an rkey.
-    RcSendOnlyInv = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, Only, HeaderSet::IETH, false;
+    RcSendOnlyInv = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, Send, Only, HeaderSet::IETH, false;
     /// RC FLUSH (IBA 1.5).
-    RcFlush = 0x1C, "RC_FLUSH", Rc, NoPayload, HeaderSet::FETH.union(RETH), false;
+    RcFlush = 0x1C, "RC_FLUSH", Rc, Flush, NoPayload, HeaderSet::FETH.union(RETH), false;
     /// RC ATOMIC WRITE (IBA 1.5): 8 bytes written atomically.
-    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", Rc, Atomic8, RETH, false;
+    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", Rc, AtomicWrite, Atomic8, RETH, false;
     /// UC SEND, first packet.
-    UcSendFirst = 0x20, "UC_SEND_FIRST", Uc, First, NONE, false;
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Uc, Send, First, NONE, false;
     /// UC SEND, middle packet.
-    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Uc, Middle, NONE, false;
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Uc, Send, Middle, NONE, false;
     /// UC SEND, last packet.
-    UcSendLast = 0x22, "UC_SEND_LAST", Uc, Last, NONE, false;
+    UcSendLast = 0x22, "UC_SEND_LAST", Uc, Send, Last, NONE, false;
     /// UC SEND, last packet with immediate data.
-    UcSendLastImm = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Uc, Last, IMM, false;
+    UcSendLastImm = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Uc, Send, Last, IMM, false;
     /// UC SEND in one packet.
-    UcSendOnly = 0x24, "UC_SEND_ONLY", Uc, Only, NONE, false;
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Uc, Send, Only, NONE, false;
     /// UC SEND in one packet with immediate data.
-    UcSendOnlyImm = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Uc, Only, IMM, false;
+    UcSendOnlyImm = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Uc, Send, Only, IMM, false;
     /// UC RDMA WRITE, first packet.
-    UcWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Uc, First, RETH, false;
+    UcWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Uc, Write, First, RETH, false;
     /// UC RDMA WRITE, middle packet.
-    UcWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Uc, Middle, NONE, false;
+    UcWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Uc, Write, Middle, NONE, false;
     /// UC RDMA WRITE, last packet.
-    UcWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Uc, Last, NONE, false;
+    UcWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Uc, Write, Last, NONE, false;
     /// UC RDMA WRITE, last packet with immediate data.
-    UcWriteLastImm = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Uc, Last, IMM, false;
+    UcWriteLastImm = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Uc, Write, Last, IMM, false;
     /// UC RDMA WRITE in one packet.
-    UcWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Uc, Only, RETH, false;
+    UcWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Uc, Write, Only, RETH, false;
     /// UC RDMA WRITE in one packet with immediate data.
-    UcWriteOnlyImm = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Uc, Only, RETH.union(IMM), false;
+    UcWriteOnlyImm = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Uc, Write, Only, RETH.union(IMM), false;
     /// UD SEND (always a single packet).
-    UdSendOnly = 0x64, "UD_SEND_ONLY", Ud, Only, DETH, false;
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Ud, Send, Only, DETH, false;
     /// UD SEND with immediate data.
-    UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Only, DETH.union(IMM), false;
+    UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Send, Only, DETH.union(IMM), false;
     /// Congestion notification packet (RoCEv2 annex A17.9).
-    Cnp = 0x81, "CNP", Cnp, Cnp, HeaderSet::CNP_PAD, false;
+    Cnp = 0x81, "CNP", Cnp, Cnp, Cnp, HeaderSet::CNP_PAD, false;
 }
 
 impl Opcode {
+    /// The opcode of a request packet: `operation` on `transport`, at
+    /// `class` in its message, with immediate data or an invalidation
+    /// (IETH) when asked. `None` where the IBA has no such opcode (UC READ,
+    /// a MIDDLE with immediate data, ...).
+    pub fn request(
+        transport: Transport,
+        operation: Operation,
+        class: PacketClass,
+        immediate: bool,
+        invalidate: bool,
+    ) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|o| {
+            !o.is_response()
+                && o.transport() == transport
+                && o.operation() == operation
+                && o.class() == class
+                && o.has_immediate() == immediate
+                && o.headers().contains(HeaderSet::IETH) == invalidate
+        })
+    }
+
     /// The raw opcode byte.
     pub const fn value(self) -> u8 {
         self as u8
@@ -383,6 +437,58 @@ impl fmt::Display for Opcode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_request_opcode_is_found_by_its_columns() {
+        for &op in Opcode::ALL.iter().filter(|o| !o.is_response()) {
+            let found = Opcode::request(
+                op.transport(),
+                op.operation(),
+                op.class(),
+                op.has_immediate(),
+                op.headers().contains(HeaderSet::IETH),
+            );
+            assert_eq!(found, Some(op), "{op}");
+        }
+        // No such opcodes: UC READ, a MIDDLE with immediate data.
+        let uc_read = Opcode::request(
+            Transport::Uc,
+            Operation::ReadRequest,
+            PacketClass::NoPayload,
+            false,
+            false,
+        );
+        assert_eq!(uc_read, None);
+        let mid_imm = Opcode::request(
+            Transport::Rc,
+            Operation::Send,
+            PacketClass::Middle,
+            true,
+            false,
+        );
+        assert_eq!(mid_imm, None);
+    }
+
+    #[test]
+    fn operations_match_the_names() {
+        for &op in Opcode::ALL {
+            let name = op.name();
+            let expect = match op.operation() {
+                Operation::Send => "SEND",
+                Operation::Write => "RDMA_WRITE",
+                Operation::ReadRequest => "READ_REQUEST",
+                Operation::ReadResponse => "READ_RESPONSE",
+                Operation::Acknowledge => "ACKNOWLEDGE",
+                Operation::AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
+                Operation::CompareSwap => "COMPARE_SWAP",
+                Operation::FetchAdd => "FETCH_ADD",
+                Operation::Flush => "FLUSH",
+                Operation::AtomicWrite => "ATOMIC_WRITE",
+                Operation::Cnp => "CNP",
+            };
+            assert!(name.contains(expect), "{name} is not {expect}");
+        }
+    }
 
     #[test]
     fn table_is_consistent() {

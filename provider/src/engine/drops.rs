@@ -40,11 +40,14 @@ pub enum DropReason {
     BadQkey,
     /// To QP1: not a CM MAD this device serves.
     NotCm,
+    /// An engine invariant failed while handling it (a bug; debug builds
+    /// panic instead).
+    Internal,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::Malformed,
         DropReason::BadIcrc,
         DropReason::NoQp,
@@ -59,6 +62,7 @@ impl DropReason {
         DropReason::NoReceive,
         DropReason::BadQkey,
         DropReason::NotCm,
+        DropReason::Internal,
     ];
 
     /// A short name (`roxe stat`, logs).
@@ -78,6 +82,7 @@ impl DropReason {
             DropReason::NoReceive => "no_receive",
             DropReason::BadQkey => "bad_qkey",
             DropReason::NotCm => "not_cm",
+            DropReason::Internal => "internal",
         }
     }
 }

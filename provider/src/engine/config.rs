@@ -1,0 +1,106 @@
+//! What an engine and its QPs are created with: device limits and
+//! identity, the ICRC policy, QP capabilities.
+
+use super::{CqId, SrqId};
+use crate::qp_attr::{Mtu, QpLimits, QpType};
+use crate::types::PdId;
+use std::net::IpAddr;
+
+/// How received IPv4 packets' ICRCs are checked (IPv6 is always verified).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcrcPolicy {
+    /// Verify assuming the sender's IPv4 header is the one Linux emits for
+    /// an unconnected don't-fragment UDP socket (identification 0), which is
+    /// how roxe sends; drop on mismatch.
+    AssumeLinuxSender,
+    /// Verify as `AssumeLinuxSender`, but accept a mismatch and count it in
+    /// [`Stats::rx_icrc_unverified`]: peers such as rxe and mlx5 put
+    /// non-zero identifications in their IPv4 headers, which a UDP socket
+    /// never shows, so their ICRCs cannot be recomputed.
+    Warn,
+    /// Do not verify IPv4 ICRCs.
+    Off,
+    /// The driver reads whole IP datagrams (a raw socket) and hands each
+    /// packet to [`Engine::handle_ip_packet`] with the headers it arrived
+    /// under, which verifies the ICRC over them exactly (any IPv4
+    /// identification). [`Engine::handle_packet`] alone then does not check
+    /// IPv4 ICRCs: its caller has.
+    WireHeaders,
+}
+
+/// Device-wide limits and identity.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The device's address (its RoCEv2 GID).
+    pub addr: IpAddr,
+    /// Largest `max_send_wr`/`max_recv_wr` (rxe: 0x4000).
+    pub max_qp_wr: u32,
+    /// Largest `max_send_sge`/`max_recv_sge` (rxe: 32).
+    pub max_sge: u32,
+    /// Largest `max_inline_data` (rxe: 400... roxe allows a full 4 KiB MTU).
+    pub max_inline: u32,
+    /// Largest CQ depth.
+    pub max_cqe: u32,
+    /// Limits for QP attributes.
+    pub qp_limits: QpLimits,
+    /// ICRC check on received IPv4 packets.
+    pub icrc_policy: IcrcPolicy,
+    /// Every packet leaves from this UDP source port (a driver with one
+    /// socket bound to 4791); `None`: a per-QP port, as rxe spreads flows.
+    /// The ICRC covers the source port, so it must be the real one.
+    pub fixed_src_port: Option<u16>,
+    /// The port's active MTU (from the link; 4096 on loopback): the
+    /// largest UD message, and what `ibv_query_port` reports.
+    pub active_mtu: Mtu,
+}
+
+impl EngineConfig {
+    /// Defaults for a device at `addr`.
+    pub fn new(addr: IpAddr) -> Self {
+        EngineConfig {
+            addr,
+            max_qp_wr: 0x4000,
+            max_sge: 32,
+            max_inline: 4096,
+            max_cqe: 0x1_0000,
+            qp_limits: QpLimits::default(),
+            icrc_policy: IcrcPolicy::AssumeLinuxSender,
+            fixed_src_port: None,
+            active_mtu: Mtu::Mtu4096,
+        }
+    }
+}
+
+/// Queue sizes a QP is created with (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`, as the engine needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Shared receive queue, if any.
+    pub srq: Option<SrqId>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}

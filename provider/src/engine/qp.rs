@@ -1,0 +1,492 @@
+//! One queue pair: it owns its requester, completer and responder state
+//! (rxe's three roles) and is driven through a [`QpCtx`], the narrow part
+//! of the engine a QP may touch for one call: memory, CQs, SRQs, counters
+//! and the event queue. The entry points are the verbs (`post_send`,
+//! `post_recv`, `modify`), [`Qp::on_packet`] (admission, then
+//! `on_request` in `resp` or `on_response` in `comp`),
+//! [`Qp::poll_transmit`] (`resp::reply` first, then `req`) and
+//! [`Qp::on_timeout`] (`comp`). Nothing here looks another QP up: what
+//! crosses QPs (a CQ overflow moves every QP feeding that CQ to ERR) is
+//! noted in the context and done by the engine after the call.
+
+use super::{
+    addr_of_gid, err, req::Requester, resp::Responder, CqId, DropCounts, DropReason, EngineConfig,
+    Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
+};
+use crate::cq::CompletionQueue;
+use crate::memory::{MemoryTable, Sge};
+use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
+use crate::types::{Errno, VerbsResult, WcOpcode, WcStatus};
+use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
+use roxe_wire::{AckTimeout, Packet, Psn, Transport};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+
+/// A posted receive.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+    pub total: u64,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub pd: crate::types::PdId,
+    pub queue: VecDeque<RecvWqe>,
+    pub max_wr: u32,
+    pub max_sge: u32,
+}
+
+/// What a QP may use beyond itself during one call, borrowed from the
+/// engine.
+pub(crate) struct QpCtx<'a> {
+    pub config: &'a EngineConfig,
+    pub memory: &'a mut MemoryTable,
+    pub cqs: &'a mut HashMap<u32, CompletionQueue>,
+    pub srqs: &'a mut HashMap<u32, Srq>,
+    pub stats: &'a mut Stats,
+    pub events: &'a mut Vec<QpEvent>,
+    /// CQs a completion did not fit in during this call: afterwards the
+    /// engine moves every QP feeding them to ERR (rxe's class G).
+    pub overflowed: Vec<CqId>,
+}
+
+impl QpCtx<'_> {
+    /// Deliver a completion; an overflow is noted for the engine.
+    pub fn push_wc(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
+        let ok = self
+            .cqs
+            .get_mut(&cq.0)
+            .is_some_and(|c| c.push(wc, solicited));
+        if !ok && !self.overflowed.contains(&cq) {
+            self.overflowed.push(cq);
+        }
+    }
+
+    /// A completion of a QP already in ERR: an overflow changes nothing more.
+    fn push_wc_no_cascade(&mut self, cq: CqId, wc: WorkCompletion) {
+        if let Some(q) = self.cqs.get_mut(&cq.0) {
+            q.push(wc, false);
+        }
+    }
+
+    /// An impossible internal state: a bug in the engine. Debug builds
+    /// stop here; release builds count it and carry on.
+    pub fn internal_error(&mut self, qpn: u32, what: &'static str) {
+        debug_assert!(false, "QP {qpn:#x}: {what}");
+        tracing::error!(
+            qpn = format_args!("{qpn:#x}"),
+            what,
+            "engine invariant broken"
+        );
+        self.stats.count_drop(DropReason::Internal, Some(qpn));
+    }
+}
+
+/// One queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub init: QpInitAttr,
+    /// The stored attributes; `attr.qp_state` is the QP's state (the only
+    /// copy of it).
+    pub attr: QpAttr,
+    /// The connected peer (RC/UC), from the AV's GID.
+    pub peer: Option<IpAddr>,
+    pub req: Requester,
+    pub resp: Responder,
+    pub rq: VecDeque<RecvWqe>,
+    /// The deadline under which `Engine::timers` holds this QP.
+    pub indexed_deadline: Option<Nanos>,
+    /// The port's active MTU in bytes (UD's message limit).
+    pub port_mtu: usize,
+    /// Received packets this QP dropped, by reason.
+    pub drops: DropCounts,
+}
+
+impl Qp {
+    /// A QP in RESET.
+    pub fn new(qpn: u32, init: QpInitAttr, port_mtu: usize) -> Qp {
+        Qp {
+            qpn,
+            init,
+            attr: QpAttr {
+                qp_state: QpState::Reset,
+                cur_qp_state: QpState::Reset,
+                ..QpAttr::default()
+            },
+            peer: None,
+            req: Requester::new(),
+            resp: Responder::new(),
+            rq: VecDeque::new(),
+            indexed_deadline: None,
+            port_mtu,
+            drops: DropCounts::default(),
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    fn set_state(&mut self, s: QpState) {
+        self.attr.qp_state = s;
+        self.attr.cur_qp_state = s;
+    }
+
+    pub fn pmtu(&self) -> usize {
+        // UD has no path MTU attribute: its limit is the port's active MTU.
+        if self.init.qp_type == QpType::Ud {
+            self.port_mtu
+        } else {
+            self.attr.path_mtu.bytes()
+        }
+    }
+
+    pub fn src_port(&self) -> u16 {
+        // Like rxe, a fixed source port per QP in 0xC000..0xFFFF.
+        0xC000 | (self.qpn as u16 & 0x3FFF)
+    }
+
+    /// The retransmission timeout the QP was given.
+    pub fn ack_timeout(&self) -> AckTimeout {
+        AckTimeout::new(self.attr.timeout).unwrap_or(AckTimeout::INFINITE)
+    }
+
+    /// Why this QP could wait forever with work outstanding, if it could:
+    /// an RC message in flight with neither a retransmission nor an RNR
+    /// timer armed.
+    pub fn liveness_violation(&self) -> Option<&'static str> {
+        if self.init.qp_type != QpType::Rc || !matches!(self.state(), QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        (!self.req.timer_covers_flight(self.ack_timeout()))
+            .then_some("a message in flight with no timer armed")
+    }
+
+    /// The watchdog's repair: arm the retransmission timer.
+    pub fn repair_liveness(&mut self, now: Nanos) {
+        let timeout = self.ack_timeout();
+        self.req.arm_retransmission(now, timeout);
+    }
+
+    pub fn can_receive(&self) -> bool {
+        matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+    }
+
+    /// In SQD, the drain is over once no message that had started is
+    /// unfinished: `sq_draining` clears, as rxe's requester clears it, and
+    /// SQD may be left for RTS again; `IBV_EVENT_SQ_DRAINED` is raised if
+    /// the QP asked for it.
+    pub fn update_drain(&mut self, cx: &mut QpCtx) {
+        if self.state() == QpState::Sqd && self.attr.sq_draining && !self.req.in_flight() {
+            self.attr.sq_draining = false;
+            if self.attr.en_sqd_async_notify {
+                cx.events.push(QpEvent {
+                    qpn: self.qpn,
+                    event_type: QpEvent::SQ_DRAINED,
+                });
+            }
+        }
+    }
+
+    /// Count a received packet this QP dropped for `reason`.
+    pub fn drop_packet(&mut self, cx: &mut QpCtx, reason: DropReason) {
+        self.drops.add(reason);
+        cx.stats.count_drop(reason, Some(self.qpn));
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> (QpAttr, QpInitAttr) {
+        (self.attr, self.init)
+    }
+
+    /// `ibv_modify_qp`, with the transition and attribute checks of
+    /// libibverbs/rxe (EINVAL for anything they reject).
+    pub fn modify(
+        &mut self,
+        cx: &mut QpCtx,
+        attr: &QpAttr,
+        mask: AttrMask,
+        limits: &QpLimits,
+    ) -> VerbsResult<()> {
+        let qpn = self.qpn;
+        // With the stored attributes: an AV whose port is not the QP's on
+        // the way to RTR, and leaving SQD before the drain ends, are EINVAL.
+        let old_state = self.state();
+        let new_state = qp_attr::check_modify_with_stored(
+            self.init.qp_type,
+            old_state,
+            &self.attr,
+            attr,
+            mask,
+            limits,
+        )?;
+        if old_state != new_state {
+            tracing::debug!(
+                qpn = format_args!("{qpn:#x}"),
+                from = %old_state,
+                to = %new_state,
+                "QP state change"
+            );
+        }
+        let fx = qp_attr::apply(&mut self.attr, attr, mask, new_state);
+        if fx.changed.contains(AttrMask::AV) {
+            self.peer = Some(addr_of_gid(self.attr.av.dgid));
+        }
+        self.update_drain(cx);
+        if fx.changed.contains(AttrMask::RQ_PSN) {
+            self.resp.reset_psn(Psn::new(self.attr.rq_psn));
+        }
+        if fx.changed.contains(AttrMask::SQ_PSN) {
+            self.req.reset_psn(Psn::new(self.attr.sq_psn));
+        }
+        if fx.changed.contains(AttrMask::RETRY_CNT) || fx.changed.contains(AttrMask::RNR_RETRY) {
+            self.req.reset_retries(&self.attr);
+        }
+        if fx.reset() && old_state != QpState::Reset {
+            // Back to RESET: queues are emptied without completions, and
+            // completions of this QP still in its CQs go too.
+            self.req = Requester::new();
+            self.resp = Responder::new();
+            self.rq.clear();
+            self.peer = None;
+            for cq in [self.init.send_cq, self.init.recv_cq] {
+                if let Some(c) = cx.cqs.get_mut(&cq.0) {
+                    c.remove_qp(qpn);
+                }
+            }
+        }
+        if fx.error() && old_state != QpState::Err {
+            self.enter_error(cx);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, cx: &mut QpCtx, wr: RecvWr) -> VerbsResult<()> {
+        const VERB: &str = "ibv_post_recv";
+        if self.init.srq.is_some() {
+            return Err(err(VERB, Errno::EINVAL, "QP uses an SRQ"));
+        }
+        if self.state() == QpState::Reset {
+            return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
+        }
+        // rxe's post_one_recv (and mlx5) test for a full queue first.
+        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
+            return Err(err(VERB, Errno::ENOMEM, "receive queue full"));
+        }
+        if wr.sg_list.len() > self.init.cap.max_recv_sge as usize {
+            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+        }
+        let total = MemoryTable::sge_total(&wr.sg_list);
+        let wqe = RecvWqe {
+            wr_id: wr.wr_id,
+            sg_list: wr.sg_list,
+            total,
+        };
+        if self.state() == QpState::Err {
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            cx.push_wc(self.init.recv_cq, wc, false);
+            return Ok(());
+        }
+        self.rq.push_back(wqe);
+        Ok(())
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, cx: &mut QpCtx, wr: SendWr) -> VerbsResult<()> {
+        const VERB: &str = "ibv_post_send";
+        let t = self.init.qp_type;
+        let op_ok = match t {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.opcode,
+                SendOpcode::Send
+                    | SendOpcode::SendWithImm
+                    | SendOpcode::RdmaWrite
+                    | SendOpcode::RdmaWriteWithImm
+            ),
+            QpType::Ud => matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm),
+        };
+        if !op_ok {
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("{:?} not valid on {t:?}", wr.opcode),
+            ));
+        }
+        let state = self.state();
+        if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(err(VERB, Errno::EINVAL, format!("QP in {state}")));
+        }
+        let cap = self.init.cap;
+        if wr.sg_list.len() > cap.max_send_sge as usize {
+            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+        }
+        let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
+        if inline && wr.opcode.is_read_or_atomic() {
+            // rxe's validate_send_wr: the opcode has no WR_INLINE_MASK.
+            return Err(err(
+                VERB,
+                Errno::EINVAL,
+                format!("{:?} cannot carry inline data", wr.opcode),
+            ));
+        }
+        let len = if inline {
+            match &wr.inline_data {
+                Some(d) if d.len() <= cap.max_inline_data as usize => d.len() as u64,
+                Some(_) => {
+                    return Err(err(
+                        VERB,
+                        Errno::EINVAL,
+                        "inline data beyond max_inline_data",
+                    ))
+                }
+                None => return Err(err(VERB, Errno::EINVAL, "INLINE without data")),
+            }
+        } else {
+            MemoryTable::sge_total(&wr.sg_list)
+        };
+        if len > 1 << 31 {
+            return Err(err(VERB, Errno::EINVAL, "message longer than 2^31 bytes"));
+        }
+        if wr.opcode.is_atomic() && len != 8 {
+            return Err(err(VERB, Errno::EINVAL, "atomic needs one 8-byte SGE"));
+        }
+        if t == QpType::Ud {
+            if wr.ud.is_none() {
+                return Err(err(
+                    VERB,
+                    Errno::EINVAL,
+                    "UD send without an address handle",
+                ));
+            }
+            if state == QpState::Rts && len as usize > self.pmtu() {
+                return Err(err(
+                    VERB,
+                    Errno::EINVAL,
+                    "UD message larger than the path MTU",
+                ));
+            }
+        }
+        // As rxe's post_one_send: the WR is validated (EINVAL) before the
+        // queue is found full (ENOMEM).
+        if self.req.outstanding() >= cap.max_send_wr as usize {
+            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
+        }
+        if state == QpState::Err {
+            let wc = WorkCompletion::new(
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                wr.opcode.wc_opcode(),
+                self.qpn,
+            );
+            cx.push_wc(self.init.send_cq, wc, false);
+            return Ok(());
+        }
+        self.req.post(wr, len as u32);
+        Ok(())
+    }
+
+    /// Move to ERR: every outstanding send and receive WR completes with
+    /// WR_FLUSH_ERR.
+    pub fn enter_error(&mut self, cx: &mut QpCtx) {
+        let qpn = self.qpn;
+        tracing::debug!(
+            qpn = format_args!("{qpn:#x}"),
+            "QP entered ERR: WRs flushed"
+        );
+        self.set_state(QpState::Err);
+        if self.init.srq.is_some() {
+            cx.events.push(QpEvent {
+                qpn,
+                event_type: QpEvent::LAST_WQE_REACHED,
+            });
+        }
+        let sends = self.req.flush();
+        let mut pending = self.resp.take_current_recv();
+        pending.extend(self.rq.drain(..));
+        for w in sends {
+            let wc = WorkCompletion::new(
+                w.wr.wr_id,
+                WcStatus::WrFlushErr,
+                w.wr.opcode.wc_opcode(),
+                qpn,
+            );
+            cx.push_wc_no_cascade(self.init.send_cq, wc);
+        }
+        for r in pending {
+            let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+            cx.push_wc_no_cascade(self.init.recv_cq, wc);
+        }
+    }
+
+    /// The QP failed (a transport error): to ERR, unless it is there.
+    pub fn fail(&mut self, cx: &mut QpCtx) {
+        if self.state() != QpState::Err {
+            self.enter_error(cx);
+        }
+    }
+
+    /// What `roxe stat` shows of this QP.
+    pub fn snapshot(&self) -> QpSnapshot {
+        let (next_psn, una, send_queue, retry_left, rnr_retry_left) = self.req.stat();
+        QpSnapshot {
+            qpn: self.qpn,
+            qp_type: self.init.qp_type,
+            state: self.state(),
+            peer: self.peer.map(|p| (p, self.attr.dest_qp_num)),
+            next_psn,
+            una,
+            epsn: self.resp.epsn(),
+            send_queue,
+            recv_queue: self.rq.len(),
+            retry_left,
+            rnr_retry_left,
+            drops: self.drops,
+        }
+    }
+
+    /// A packet addressed to this QP from `src`: admitted if its transport,
+    /// the QP's state and its sender fit, then a request for the responder
+    /// or a response for the completer.
+    pub fn on_packet(&mut self, cx: &mut QpCtx, now: Nanos, src: IpAddr, pkt: &Packet<&[u8]>) {
+        let type_ok = matches!(
+            (self.init.qp_type, pkt.opcode().transport()),
+            (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
+        );
+        let refused = if !type_ok {
+            Some(DropReason::WrongTransport)
+        } else if !self.can_receive() {
+            Some(DropReason::WrongState)
+        } else if self.init.qp_type != QpType::Ud && self.peer != Some(src) {
+            Some(DropReason::WrongPeer)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.drop_packet(cx, reason);
+        } else if pkt.opcode().is_response() {
+            self.on_response(cx, now, pkt);
+        } else {
+            self.on_request(cx, src, pkt);
+        }
+    }
+
+    /// The next packet this QP sends, if any: responses first (they
+    /// unblock the peer's requester), then requests.
+    pub fn poll_transmit(
+        &mut self,
+        cx: &mut QpCtx,
+        now: Nanos,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if let Some(t) = self.reply_transmit(cx, buf) {
+            return Some(t);
+        }
+        self.request_transmit(cx, now, buf)
+    }
+}

@@ -1,0 +1,280 @@
+//! What an in-sequence request that passed the opcode checks does: READ
+//! and atomics queue their responses (remembered for replay), WRITEs and
+//! SENDs place their payload, and the last packet of a message completes a
+//! receive where it consumes one.
+
+use super::{check, InMsg, Outcome, Reply, Resource};
+use crate::engine::qp::{Qp, QpCtx};
+use crate::engine::DropReason;
+use crate::memory::AccessError;
+use crate::types::{AccessFlags, WcOpcode, WcStatus};
+use crate::wr::{wc_flags, WorkCompletion};
+use roxe_wire::aeth::{AethSyndrome, NakCode, RnrTimer};
+use roxe_wire::{Opcode, Operation, Packet};
+
+impl Qp {
+    /// Execute an in-sequence request (RC; UC with `reliable == false`:
+    /// errors then drop silently instead of NAKing).
+    pub(super) fn execute(
+        &mut self,
+        cx: &mut QpCtx,
+        pkt: &Packet<&[u8]>,
+        reliable: bool,
+    ) -> Outcome {
+        let op = pkt.opcode();
+        let checked = check::op_sequence(self.resp.msg.as_ref(), op)
+            .and_then(|()| check::op_valid(op, self.attr.qp_access_flags));
+        if let Err(code) = checked {
+            return self.class_c(pkt, code, reliable);
+        }
+        if check::needs_receive(op) && !self.has_recv(cx) {
+            if reliable {
+                let t = RnrTimer::new(self.attr.min_rnr_timer).unwrap_or(RnrTimer::LONGEST);
+                self.resp.nak(pkt.bth().psn(), AethSyndrome::RnrNak(t));
+                tracing::debug!(
+                    qpn = format_args!("{:#x}", self.qpn),
+                    psn = %pkt.bth().psn(),
+                    "no receive posted: RNR NAK sent"
+                );
+                cx.stats.naks_sent += 1;
+            }
+            self.drop_packet(cx, DropReason::NoReceive);
+            return Outcome::Fine;
+        }
+        if let Err(code) = check::length(pkt, self.pmtu()) {
+            return self.class_c(pkt, code, reliable);
+        }
+        let result = match op.operation() {
+            Operation::ReadRequest => self.execute_read(cx, pkt),
+            Operation::CompareSwap | Operation::FetchAdd => self.execute_atomic(cx, pkt),
+            Operation::Write => self.execute_write(cx, pkt),
+            Operation::Send => return self.execute_send(cx, pkt, reliable),
+            // `check::op_valid` let nothing else through.
+            _ => Err(NakCode::InvalidRequest),
+        };
+        match result {
+            Ok(outcome) => outcome,
+            Err(code) => self.class_c(pkt, code, reliable),
+        }
+    }
+
+    /// A class C error (invalid request, remote access): NAK (RC), and the
+    /// QP goes to ERR.
+    fn class_c(&mut self, pkt: &Packet<&[u8]>, code: NakCode, reliable: bool) -> Outcome {
+        if reliable {
+            self.resp.nak(pkt.bth().psn(), AethSyndrome::Nak(code));
+        }
+        Outcome::Fail(None)
+    }
+
+    fn next_msn(&mut self) -> u32 {
+        self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+        self.resp.msn
+    }
+
+    fn execute_read(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
+        let reth = check::rkey(cx.memory, pkt, self.init.pd, AccessFlags::REMOTE_READ)?;
+        let p = pkt.bth().psn();
+        let n = (reth.dma_len as usize).div_ceil(self.pmtu()).max(1) as u32;
+        let msn = self.next_msn();
+        let depth = self.attr.max_dest_rd_atomic;
+        let r = &mut self.resp;
+        let res = Resource::Read {
+            first: p,
+            n,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+            msn,
+        };
+        r.remember(res, depth);
+        r.replies.push_back(Reply::Read {
+            first: p,
+            next: 0,
+            n,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+            msn,
+        });
+        r.epsn = p + n;
+        Ok(Outcome::Fine)
+    }
+
+    fn execute_atomic(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
+        let a = pkt.atomic_eth().ok_or(NakCode::InvalidRequest)?;
+        let pd = self.init.pd;
+        let res = if pkt.opcode() == Opcode::RcCompareSwap {
+            cx.memory
+                .atomic_cmp_swap(a.rkey, pd, a.va, a.compare, a.swap_add)
+        } else {
+            cx.memory.atomic_fetch_add(a.rkey, pd, a.va, a.swap_add)
+        };
+        let orig = match res {
+            Ok(v) => v,
+            Err(AccessError::Misaligned) => return Err(NakCode::InvalidRequest),
+            Err(_) => return Err(NakCode::RemoteAccessError),
+        };
+        let p = pkt.bth().psn();
+        let msn = self.next_msn();
+        let depth = self.attr.max_dest_rd_atomic;
+        let r = &mut self.resp;
+        r.remember(Resource::Atomic { psn: p, orig, msn }, depth);
+        r.replies.push_back(Reply::AtomicAck { psn: p, orig, msn });
+        r.epsn = p + 1;
+        Ok(Outcome::Fine)
+    }
+
+    fn execute_write(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
+        let op = pkt.opcode();
+        let pd = self.init.pd;
+        if op.starts_message() {
+            let reth = check::rkey(cx.memory, pkt, pd, AccessFlags::REMOTE_WRITE)?;
+            self.resp.msg = Some(InMsg::Write {
+                va: reth.va,
+                rkey: reth.rkey,
+                written: 0,
+                total: u64::from(reth.dma_len),
+            });
+        }
+        let Some(InMsg::Write {
+            va,
+            rkey,
+            written,
+            total,
+        }) = self.resp.msg
+        else {
+            // `check::op_sequence` saw a WRITE in progress.
+            return Err(NakCode::InvalidRequest);
+        };
+        let payload = pkt.payload();
+        let n = payload.len() as u64;
+        let ends = op.ends_message();
+        if written + n > total || (ends && written + n != total) {
+            return Err(NakCode::InvalidRequest);
+        }
+        if n > 0
+            && cx
+                .memory
+                .remote_write(rkey, pd, va.wrapping_add(written), payload)
+                .is_err()
+        {
+            return Err(NakCode::RemoteAccessError);
+        }
+        self.resp.epsn = pkt.bth().psn() + 1;
+        if !ends {
+            self.resp.msg = Some(InMsg::Write {
+                va,
+                rkey,
+                written: written + n,
+                total,
+            });
+            return Ok(Outcome::Fine);
+        }
+        self.resp.msg = None;
+        self.next_msn();
+        let Some(imm) = pkt.imm_dt() else {
+            return Ok(Outcome::Fine);
+        };
+        // `check::needs_receive` found one posted.
+        let Some(wqe) = self.take_recv(cx) else {
+            cx.internal_error(self.qpn, "the receive a WRITE with immediate needed went");
+            return Ok(Outcome::Fine);
+        };
+        let mut wc = WorkCompletion::new(
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            self.qpn,
+        );
+        wc.byte_len = total as u32;
+        wc.imm_data = imm;
+        wc.wc_flags = wc_flags::WITH_IMM;
+        Ok(Outcome::Complete(
+            self.init.recv_cq,
+            wc,
+            pkt.bth().solicited(),
+        ))
+    }
+
+    fn execute_send(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>, reliable: bool) -> Outcome {
+        let qpn = self.qpn;
+        let op = pkt.opcode();
+        let p = pkt.bth().psn();
+        let recv_cq = self.init.recv_cq;
+        if op.starts_message() {
+            // `check::needs_receive` found one posted.
+            let Some(wqe) = self.take_recv(cx) else {
+                cx.internal_error(qpn, "the receive a SEND needed went");
+                return Outcome::Fine;
+            };
+            self.resp.msg = Some(InMsg::Send { wqe, offset: 0 });
+        }
+        let Some(InMsg::Send { wqe, offset }) = self.resp.msg.take() else {
+            // `check::op_sequence` saw a SEND in progress.
+            return self.class_c(pkt, NakCode::InvalidRequest, reliable);
+        };
+        let payload = pkt.payload();
+        let n = payload.len() as u64;
+        let fits = offset + n <= wqe.total;
+        let placed = fits
+            && (n == 0
+                || cx
+                    .memory
+                    .scatter(self.init.pd, &wqe.sg_list, offset as usize, payload)
+                    .is_ok());
+        if !reliable && !placed {
+            // UC: the message is dropped silently (class D) and its receive
+            // WQE stays for the next one, as in rxe (the caller puts it back).
+            self.resp.msg = Some(InMsg::Send { wqe, offset });
+            return Outcome::Fail(None);
+        }
+        if !fits {
+            // The receive buffer is too small: the receiver sees LOC_LEN_ERR
+            // (as on hardware; rxe reports REM_INV_REQ_ERR here), the sender
+            // REM_INV_REQ_ERR.
+            self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, qpn);
+            return Outcome::Fail(Some((recv_cq, wc)));
+        }
+        if !placed {
+            self.resp
+                .nak(p, AethSyndrome::Nak(NakCode::RemoteOperationalError));
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, qpn);
+            return Outcome::Fail(Some((recv_cq, wc)));
+        }
+        let ends = op.ends_message();
+        if ends && pkt.ieth().is_some() {
+            // SEND_WITH_INV: only a memory window or a fast-registration MR
+            // can be invalidated remotely, and roxe has neither, so the
+            // invalidation fails, as rxe's does for an ordinary MR
+            // (rxe_invalidate_mr: not IB_MR_TYPE_MEM_REG). rxe's class J:
+            // the receive completes with REM_INV_REQ_ERR and the QP goes to
+            // ERR, never reporting IBV_WC_WITH_INV for a key that still
+            // works. The requester is NAKed invalid request (rxe's class J
+            // path leaves its ACK syndrome alone and ACKs the message, so
+            // its sender sees success and only later a retry error).
+            if reliable {
+                self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
+            }
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, qpn);
+            return Outcome::Fail(Some((recv_cq, wc)));
+        }
+        self.resp.epsn = p + 1;
+        if !ends {
+            self.resp.msg = Some(InMsg::Send {
+                wqe,
+                offset: offset + n,
+            });
+            return Outcome::Fine;
+        }
+        self.next_msn();
+        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, qpn);
+        wc.byte_len = (offset + n) as u32;
+        if let Some(imm) = pkt.imm_dt() {
+            wc.imm_data = imm;
+            wc.wc_flags |= wc_flags::WITH_IMM;
+        }
+        Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
+    }
+}

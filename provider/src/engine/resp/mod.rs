@@ -1,0 +1,377 @@
+//! Responder (rxe's `rxe_resp.c`): request packets become memory writes,
+//! receive completions, ACKs, NAKs, READ responses and atomic ACKs, with
+//! rxe's PSN and error-class rules (a duplicate is re-acknowledged or
+//! replayed, never executed twice; a gap gets one PSN-sequence NAK and
+//! then silence). This file holds the state and the per-transport entry;
+//! `check` the checks in rxe's order, `execute` what an accepted request
+//! does, `reply` the responses it sends.
+
+mod check;
+mod execute;
+mod reply;
+
+use super::qp::{Qp, QpCtx, RecvWqe};
+use super::{CqId, DropReason};
+use crate::qp_attr::QpType;
+use crate::types::{WcOpcode, WcStatus};
+use crate::wr::{wc_flags, WorkCompletion};
+use roxe_wire::aeth::{AethSyndrome, NakCode};
+use roxe_wire::{Opcode, Operation, Packet, Psn};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+/// A message being received across several packets.
+#[derive(Debug)]
+pub(super) enum InMsg {
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        written: u64,
+        total: u64,
+    },
+}
+
+/// A READ or atomic remembered for replay (the responder-resource ring).
+#[derive(Debug, Clone, Copy)]
+enum Resource {
+    Read {
+        first: Psn,
+        n: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// A response waiting to be sent.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Ack {
+        psn: Psn,
+        syndrome: AethSyndrome,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    Read {
+        first: Psn,
+        next: u32,
+        n: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        msn: u32,
+    },
+}
+
+/// Per-QP responder state.
+#[derive(Debug)]
+pub(crate) struct Responder {
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    msg: Option<InMsg>,
+    resources: VecDeque<Resource>,
+    replies: VecDeque<Reply>,
+    /// UC: drop packets until the next FIRST/ONLY.
+    uc_drop: bool,
+}
+
+impl Responder {
+    pub fn new() -> Self {
+        Responder {
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_sent: false,
+            msg: None,
+            resources: VecDeque::new(),
+            replies: VecDeque::new(),
+            uc_drop: false,
+        }
+    }
+
+    /// The next PSN this responder expects (`roxe stat`).
+    pub fn epsn(&self) -> u32 {
+        self.epsn.value()
+    }
+
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.epsn = psn;
+    }
+
+    /// The receive WQE of a half-received SEND (for flushing).
+    pub fn take_current_recv(&mut self) -> Vec<RecvWqe> {
+        match self.msg.take() {
+            Some(InMsg::Send { wqe, .. }) => vec![wqe],
+            other => {
+                self.msg = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Queue an ACK, merging with a queued one: ACKs are cumulative.
+    fn ack(&mut self, psn: Psn) {
+        let reply = Reply::Ack {
+            psn,
+            syndrome: AethSyndrome::ACK,
+            msn: self.msn,
+        };
+        if let Some(Reply::Ack {
+            syndrome: AethSyndrome::Ack { .. },
+            ..
+        }) = self.replies.back()
+        {
+            self.replies.pop_back();
+        }
+        self.replies.push_back(reply);
+    }
+
+    fn nak(&mut self, psn: Psn, syndrome: AethSyndrome) {
+        self.replies.push_back(Reply::Ack {
+            psn,
+            syndrome,
+            msn: self.msn,
+        });
+    }
+
+    fn remember(&mut self, r: Resource, depth: u8) {
+        if self.resources.len() >= usize::from(depth.max(1)) {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+}
+
+/// What a received request did beyond its own packet.
+enum Outcome {
+    Fine,
+    /// A receive completes (CQ, completion, solicited).
+    Complete(CqId, WorkCompletion, bool),
+    /// Class C/A error: the NAK is queued; the QP goes to ERR, optionally
+    /// completing a receive with an error first.
+    Fail(Option<(CqId, WorkCompletion)>),
+}
+
+/// SEND and WRITE are acknowledged (coalesced); READ and atomics are
+/// answered by their responses.
+fn is_send_or_write(op: Opcode) -> bool {
+    matches!(op.operation(), Operation::Send | Operation::Write)
+}
+
+impl Qp {
+    /// Take the next receive WQE (the SRQ's or the QP's own).
+    fn take_recv(&mut self, cx: &mut QpCtx) -> Option<RecvWqe> {
+        match self.init.srq {
+            Some(s) => cx.srqs.get_mut(&s.0)?.queue.pop_front(),
+            None => self.rq.pop_front(),
+        }
+    }
+
+    fn has_recv(&self, cx: &QpCtx) -> bool {
+        match self.init.srq {
+            Some(s) => cx.srqs.get(&s.0).is_some_and(|s| !s.queue.is_empty()),
+            None => !self.rq.is_empty(),
+        }
+    }
+
+    /// A request packet from `src`.
+    pub(super) fn on_request(&mut self, cx: &mut QpCtx, src: IpAddr, pkt: &Packet<&[u8]>) {
+        match self.init.qp_type {
+            QpType::Rc => self.rc_request(cx, pkt),
+            QpType::Uc => self.uc_request(cx, pkt),
+            QpType::Ud => self.ud_request(cx, src, pkt),
+        }
+    }
+
+    fn rc_request(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) {
+        let qpn = self.qpn;
+        let p = pkt.bth().psn();
+        let op = pkt.opcode();
+        // check_psn: a gap gets one NAK carrying the PSN expected, then
+        // silence; a duplicate is answered without executing again.
+        let r = &mut self.resp;
+        let d = r.epsn.distance(p);
+        if d > 0 {
+            if !r.nak_sent {
+                r.nak_sent = true;
+                let e = r.epsn;
+                r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
+                cx.stats.naks_sent += 1;
+                tracing::debug!(
+                    qpn = format_args!("{qpn:#x}"),
+                    expected = %e,
+                    got = %p,
+                    "PSN gap: sequence-error NAK sent"
+                );
+            }
+            self.drop_packet(cx, DropReason::PsnGap);
+            return;
+        }
+        if d < 0 {
+            self.rc_duplicate(cx, pkt);
+            return;
+        }
+        r.nak_sent = false;
+        match self.execute(cx, pkt, true) {
+            Outcome::Fine => {}
+            Outcome::Complete(cq, wc, solicited) => cx.push_wc(cq, wc, solicited),
+            Outcome::Fail(wc) => {
+                cx.stats.naks_sent += 1;
+                if let Some((cq, wc)) = wc {
+                    cx.push_wc(cq, wc, false);
+                }
+                self.fail(cx);
+                return;
+            }
+        }
+        // Acknowledge what the requester asked to be acknowledged.
+        if pkt.bth().ack_req() && is_send_or_write(op) && self.resp.epsn != p {
+            self.resp.ack(p);
+        }
+    }
+
+    /// A request PSN already executed: re-ACK, or replay a READ or an
+    /// atomic's saved result, never execute again.
+    fn rc_duplicate(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) {
+        let p = pkt.bth().psn();
+        let r = &mut self.resp;
+        let op = pkt.opcode();
+        if is_send_or_write(op) {
+            let e = r.epsn - 1;
+            r.ack(e);
+            return;
+        }
+        let found = r.resources.iter().rev().find_map(|res| match (*res, op) {
+            (
+                Resource::Read {
+                    first,
+                    n,
+                    va,
+                    rkey,
+                    len,
+                    msn,
+                },
+                Opcode::RcReadRequest,
+            ) if !p.is_before(first) && !p.is_after(first + (n - 1)) => {
+                let k = first.distance(p) as u32;
+                let same_key = pkt.reth().is_some_and(|rh| rh.rkey == rkey);
+                same_key.then_some(Reply::Read {
+                    first,
+                    next: k,
+                    n,
+                    va,
+                    rkey,
+                    len,
+                    msn,
+                })
+            }
+            (Resource::Atomic { psn, orig, msn }, Opcode::RcCompareSwap | Opcode::RcFetchAdd)
+                if psn == p =>
+            {
+                Some(Reply::AtomicAck { psn, orig, msn })
+            }
+            _ => None,
+        });
+        match found {
+            Some(reply) => r.replies.push_back(reply),
+            None => self.drop_packet(cx, DropReason::DuplicateUnanswerable),
+        }
+    }
+
+    /// Drop the unfinished message; a SEND's receive WQE goes back to the
+    /// front of the queue it came from (the QP's SRQ, or its own receive
+    /// queue) to be used again.
+    fn abandon_message(&mut self, cx: &mut QpCtx) {
+        let Some(InMsg::Send { wqe, .. }) = self.resp.msg.take() else {
+            return;
+        };
+        match self.init.srq.and_then(|s| cx.srqs.get_mut(&s.0)) {
+            Some(srq) => srq.queue.push_front(wqe),
+            None => self.rq.push_front(wqe),
+        }
+    }
+
+    fn uc_request(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) {
+        let p = pkt.bth().psn();
+        let starts = pkt.opcode().starts_message();
+        let in_seq = p == self.resp.epsn && !self.resp.uc_drop;
+        if starts || !in_seq {
+            // Any FIRST/ONLY resynchronises; an unfinished message is lost
+            // and its receive buffer is used again.
+            self.abandon_message(cx);
+        }
+        if starts {
+            self.resp.epsn = p;
+            self.resp.uc_drop = false;
+        } else if !in_seq {
+            self.resp.uc_drop = true;
+            self.drop_packet(cx, DropReason::PsnGap);
+            return;
+        }
+        match self.execute(cx, pkt, false) {
+            Outcome::Fine => {}
+            Outcome::Complete(cq, wc, solicited) => cx.push_wc(cq, wc, solicited),
+            Outcome::Fail(_) => {
+                // UC errors drop the message silently (class D).
+                self.abandon_message(cx);
+                self.resp.msg = None;
+                self.resp.uc_drop = true;
+                self.resp.replies.clear();
+                self.drop_packet(cx, DropReason::Refused);
+            }
+        }
+    }
+
+    fn ud_request(&mut self, cx: &mut QpCtx, src: IpAddr, pkt: &Packet<&[u8]>) {
+        let Some(deth) = pkt.deth() else {
+            // `Packet::new_checked` found a DETH in every UD opcode.
+            cx.internal_error(self.qpn, "a UD packet without a DETH");
+            return;
+        };
+        if deth.qkey != self.attr.qkey {
+            self.drop_packet(cx, DropReason::BadQkey);
+            return;
+        }
+        let Some(wqe) = self.take_recv(cx) else {
+            self.drop_packet(cx, DropReason::NoReceive);
+            return;
+        };
+        let pd = self.init.pd;
+        let payload = pkt.payload();
+        let grh = crate::engine::rx::grh_area(src, cx.config.addr, pkt.as_bytes().len());
+        let status = if wqe.total < 40 + payload.len() as u64 {
+            WcStatus::LocLenErr
+        } else if cx.memory.scatter(pd, &wqe.sg_list, 0, &grh).is_err()
+            || cx.memory.scatter(pd, &wqe.sg_list, 40, payload).is_err()
+        {
+            WcStatus::LocProtErr
+        } else {
+            WcStatus::Success
+        };
+        let mut wc = WorkCompletion::new(wqe.wr_id, status, WcOpcode::Recv, self.qpn);
+        if status == WcStatus::Success {
+            wc.byte_len = 40 + payload.len() as u32;
+            wc.src_qp = deth.src_qp;
+            wc.wc_flags = wc_flags::GRH;
+            if let Some(imm) = pkt.imm_dt() {
+                wc.imm_data = imm;
+                wc.wc_flags |= wc_flags::WITH_IMM;
+            }
+        }
+        cx.push_wc(self.init.recv_cq, wc, pkt.bth().solicited());
+    }
+}
