@@ -15,9 +15,10 @@
 //! Run: `cargo bench --bench engine` (figures go to docs/PERFORMANCE.md).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use roxe_provider::engine::{CqId, Engine, EngineConfig, Nanos, QpCap, QpInitAttr};
+use roxe_provider::engine::{CqId, Engine, EngineConfig, Nanos, QpCap};
 use roxe_provider::memory::{MrInfo, Sge};
-use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use roxe_provider::qp_attr::{Mtu, QpType};
+use roxe_provider::testing::{self, pattern, Connection, Endpoint};
 use roxe_provider::types::{AccessFlags, WcOpcode, WcStatus};
 use roxe_provider::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
 use std::net::{IpAddr, Ipv4Addr};
@@ -50,34 +51,21 @@ struct End {
 impl End {
     fn new(addr: IpAddr) -> End {
         let mut eng = Engine::new(EngineConfig::new(addr));
-        let pd = eng.alloc_pd();
-        let cq = eng.create_cq(4096).unwrap();
-        let mr = eng
-            .memory_mut()
-            .register_owned(
-                pd,
-                MR_LEN,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-            )
-            .unwrap();
-        let qpn = eng
-            .create_qp(QpInitAttr {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 256,
-                    max_recv_wr: 256,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
-        End { eng, cq, mr, qpn }
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let ep = Endpoint::create(&mut eng, QpType::Rc, 4096, MR_LEN, access, cap).unwrap();
+        End {
+            eng,
+            cq: ep.cq,
+            mr: ep.mr,
+            qpn: ep.qpn,
+        }
     }
 
     /// `n` more RC QPs in RTS that never carry traffic (facing made-up
@@ -101,53 +89,14 @@ impl End {
         }
     }
 
-    /// RESET → INIT → RTR → RTS facing `peer` (as ibv_rc_pingpong does).
+    /// RESET → INIT → RTR → RTS facing `peer` (as ibv_rc_pingpong does),
+    /// with a timeout (~67 ms) never reached on a lossless wire.
     fn connect(&mut self, peer_qpn: u32, peer: IpAddr) {
-        let IpAddr::V4(v4) = peer else {
-            unreachable!("IPv4 peers only")
+        let c = Connection {
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            ..Connection::rc(Mtu::Mtu4096)
         };
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        };
-        let init = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
-        self.eng.modify_qp(self.qpn, &a, init).unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu4096;
-        a.dest_qp_num = peer_qpn;
-        a.rq_psn = 0;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.av = AddressVector {
-            dgid: v4.to_ipv6_mapped().octets(),
-            is_global: true,
-            hop_limit: 64,
-            port_num: 1,
-            ..AddressVector::default()
-        };
-        let rtr = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER;
-        self.eng.modify_qp(self.qpn, &a, rtr).unwrap();
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 0;
-        a.timeout = 14; // ~67 ms: never reached on a lossless wire
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 16;
-        let rts = AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC;
-        self.eng.modify_qp(self.qpn, &a, rts).unwrap();
+        testing::connect(&mut self.eng, self.qpn, peer_qpn, peer, &c).unwrap();
     }
 
     fn fill(&mut self, seed: u64) {
@@ -166,21 +115,6 @@ impl End {
             .unwrap();
         v
     }
-}
-
-/// SplitMix64 bytes: distinct data per seed.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        v.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// Which traffic a rig pushes.

@@ -20,7 +20,10 @@ fn every_golden_packet_parses_verifies_and_re_emits_exactly() {
     let mut opcodes = BTreeSet::new();
     for path in &files {
         let mut in_file = 0usize;
-        for rec in pcap::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+        let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let reader = pcap::CaptureReader::new(std::io::BufReader::new(file))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for rec in reader {
             let rec = rec.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let at = format!("{} frame {}", path.display(), rec.frame);
             let ip = match pcap::link_payload(rec.link, &rec.data) {
@@ -110,7 +113,12 @@ fn every_golden_packet_parses_verifies_and_re_emits_exactly() {
 #[test]
 fn connectx4_cnp_icrc_vector() {
     let path = roxe_suite::workspace_root().join("tests/data/golden/public-mlx5-cx4lx-cnp.pcap");
-    let rec = pcap::open(&path).unwrap().next().unwrap().unwrap();
+    let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+    let rec = pcap::CaptureReader::new(file)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     let Some(L3::Ipv4(ip)) = pcap::link_payload(rec.link, &rec.data) else {
         panic!("not IPv4")
     };

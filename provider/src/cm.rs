@@ -25,7 +25,7 @@ use roxe_wire::cm::{
     self, attr, reason, CmMad, CmMessage, DrepRepr, DreqRepr, MadHeaderRepr, MraRepr, RejRepr,
     RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 
 /// A connection's local communication ID (also its handle here).
@@ -184,6 +184,9 @@ pub struct CmStats {
     /// REQs dropped because the listener's backlog was full (the
     /// requester resends them, as a TCP SYN meets a full queue).
     pub dropped_backlog_full: u64,
+    /// REQs dropped because they belong to a connection already closed
+    /// here (stale duplicates).
+    pub rx_stale_req: u64,
 }
 
 /// Where a connection is (the kernel's `ib_cm_state`, as far as rdma_cm
@@ -241,6 +244,10 @@ struct Listener {
     pending: u32,
 }
 
+/// How many closed passive connections [`Cm`] remembers to recognise
+/// stale duplicate REQs (about 24 bytes each).
+const CLOSED_REMEMBERED: usize = 4096;
+
 /// One device's Communication Manager.
 #[derive(Debug)]
 pub struct Cm {
@@ -253,6 +260,12 @@ pub struct Cm {
     conns: HashMap<ConnId, Conn>,
     /// Passive connections by (peer, peer's comm ID), to spot resent REQs.
     by_remote: HashMap<(IpAddr, u32), ConnId>,
+    /// (peer, peer's comm ID) of the last [`CLOSED_REMEMBERED`] passive
+    /// connections destroyed: a REQ naming one is a stale duplicate, not a
+    /// new request (the kernel keeps such IDs in its timewait list and
+    /// answers them with REJ "stale connection").
+    closed: HashSet<(IpAddr, u32)>,
+    closed_order: VecDeque<(IpAddr, u32)>,
     timers: BTreeSet<(Nanos, ConnId)>,
     /// The service ID of each SIDR_REQ awaiting the user's reply.
     sidr_services: HashMap<ConnId, u64>,
@@ -290,6 +303,8 @@ impl Cm {
             listener_ids: BTreeMap::new(),
             conns: HashMap::new(),
             by_remote: HashMap::new(),
+            closed: HashSet::new(),
+            closed_order: VecDeque::new(),
             timers: BTreeSet::new(),
             sidr_services: HashMap::new(),
             tx: VecDeque::new(),
@@ -711,8 +726,17 @@ impl Cm {
         self.release_backlog(conn);
         self.sidr_services.remove(&conn);
         if let Some(c) = self.conns.remove(&conn) {
-            if self.by_remote.get(&(c.peer, c.remote_id)) == Some(&conn) {
-                self.by_remote.remove(&(c.peer, c.remote_id));
+            let key = (c.peer, c.remote_id);
+            if self.by_remote.get(&key) == Some(&conn) {
+                self.by_remote.remove(&key);
+                if self.closed_order.len() >= CLOSED_REMEMBERED {
+                    if let Some(old) = self.closed_order.pop_front() {
+                        self.closed.remove(&old);
+                    }
+                }
+                if self.closed.insert(key) {
+                    self.closed_order.push_back(key);
+                }
             }
         }
     }
@@ -891,6 +915,13 @@ impl Cm {
     }
 
     fn on_req(&mut self, now: Nanos, from: IpAddr, tid: u64, req: ReqRepr) -> bool {
+        if self.closed.contains(&(from, req.local_comm_id)) {
+            // A duplicate of the REQ of a connection already closed here
+            // (delayed or duplicated on the way): never a new request.
+            self.stats.rx_stale_req += 1;
+            tracing::debug!(peer = %from, "CM REQ of a closed connection: dropped");
+            return true;
+        }
         if let Some(&conn) = self.by_remote.get(&(from, req.local_comm_id)) {
             // A resent REQ: answer again what was answered.
             if let Some(c) = self.conns.get(&conn) {

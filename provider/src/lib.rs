@@ -18,4 +18,6 @@ pub mod cq;
 pub mod driver;
 pub mod engine;
 pub mod logging;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wr;

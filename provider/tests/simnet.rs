@@ -9,35 +9,14 @@ use roxe_provider::engine::{
     CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId,
 };
 use roxe_provider::memory::{MrInfo, Sge};
-use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use roxe_provider::qp_attr::{AttrMask, Mtu, QpAttr, QpState, QpType};
+use roxe_provider::testing::{self, access_all, pattern, Connection, Endpoint, Rng};
 use roxe_provider::types::{AccessFlags, Errno, PdId, VerbsResult, WcOpcode, WcStatus};
 use roxe_provider::wire::Opcode;
 use roxe_provider::wr::{wc_flags, RecvWr, SendFlags, SendOpcode, SendWr, UdDest, WorkCompletion};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr};
-
-/// SplitMix64: a small, seeded, reproducible generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
-    }
-}
 
 #[derive(Clone, Copy, Default)]
 struct Faults {
@@ -312,21 +291,7 @@ struct Side {
 
 const MR_LEN: usize = 1 << 20;
 
-fn access_all() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC
-}
-
 fn setup_side(net: &mut Net, e: usize, qp_type: QpType, cq_depth: u32) -> Side {
-    let eng = &mut net.engines[e];
-    let pd = eng.alloc_pd();
-    let cq = eng.create_cq(cq_depth).unwrap();
-    let mr = eng
-        .memory_mut()
-        .register_owned(pd, MR_LEN, access_all())
-        .unwrap();
     let cap = QpCap {
         max_send_wr: 4096,
         max_recv_wr: 4096,
@@ -334,21 +299,26 @@ fn setup_side(net: &mut Net, e: usize, qp_type: QpType, cq_depth: u32) -> Side {
         max_recv_sge: 4,
         max_inline_data: 256,
     };
-    let qpn = eng
-        .create_qp(QpInitAttr {
-            qp_type,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap,
-            sq_sig_all: false,
-        })
-        .unwrap();
-    Side { e, pd, cq, mr, qpn }
+    let ep = Endpoint::create(
+        &mut net.engines[e],
+        qp_type,
+        cq_depth,
+        MR_LEN,
+        access_all(),
+        cap,
+    )
+    .unwrap();
+    Side {
+        e,
+        pd: ep.pd,
+        cq: ep.cq,
+        mr: ep.mr,
+        qpn: ep.qpn,
+    }
 }
 
-/// Bring a QP to RTS facing `peer`, as ibv_rc_pingpong does.
+/// Bring a QP to RTS facing `peer`, as ibv_rc_pingpong does, from PSN
+/// 0xFFFFF0 (to exercise the 24-bit wrap).
 #[allow(clippy::too_many_arguments)]
 fn connect(
     net: &mut Net,
@@ -361,84 +331,20 @@ fn connect(
     rnr_retry: u8,
 ) {
     let peer_addr = net.engines[peer.e].addr();
-    let eng = &mut net.engines[s.e];
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: access_all(),
-        qkey: 0x1111,
-        ..QpAttr::default()
+    let access = match qp_type {
+        QpType::Uc => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        _ => access_all(),
     };
-    let init_mask = match qp_type {
-        QpType::Ud => AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-        QpType::Uc => {
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
-        }
-        QpType::Rc => {
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS
-        }
+    let c = Connection {
+        qp_type,
+        access,
+        psn: 0xFF_FFF0,
+        timeout,
+        retry_cnt: retry,
+        rnr_retry,
+        ..Connection::rc(mtu)
     };
-    if qp_type == QpType::Uc {
-        a.qp_access_flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    }
-    eng.modify_qp(s.qpn, &a, init_mask).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = mtu;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = 0xFF_FFF0; // exercise the 24-bit wrap
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    let gid = match peer_addr {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    };
-    a.av = AddressVector {
-        dgid: gid,
-        is_global: true,
-        hop_limit: 64,
-        port_num: 1,
-        ..AddressVector::default()
-    };
-    let rtr_mask = match qp_type {
-        QpType::Ud => AttrMask::STATE,
-        QpType::Uc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-        }
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-    };
-    eng.modify_qp(s.qpn, &a, rtr_mask).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = 0xFF_FFF0;
-    a.timeout = timeout;
-    a.retry_cnt = retry;
-    a.rnr_retry = rnr_retry;
-    a.max_rd_atomic = 16;
-    let rts_mask = match qp_type {
-        QpType::Rc => {
-            AttrMask::STATE
-                | AttrMask::SQ_PSN
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => AttrMask::STATE | AttrMask::SQ_PSN,
-    };
-    eng.modify_qp(s.qpn, &a, rts_mask).unwrap();
-    // UD needs the path MTU for its size limit; it is the device's (4096).
+    testing::connect(&mut net.engines[s.e], s.qpn, peer.qpn, peer_addr, &c).unwrap();
 }
 
 fn pair(net: &mut Net, qp_type: QpType, mtu: Mtu) -> (Side, Side) {
@@ -494,11 +400,6 @@ fn wait_wcs(net: &mut Net, s: Side, n: usize) -> Vec<WorkCompletion> {
         got.len() >= n
     });
     got
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed);
-    (0..len).map(|_| r.next() as u8).collect()
 }
 
 fn seed() -> u64 {
@@ -2679,6 +2580,50 @@ mod cm_tests {
         let now = net.now;
         net.engines[1].cm().disconnect(now, cb, &[]).unwrap();
         assert_eq!(next_event(&mut net, 1), CmEvent::TimewaitExit { conn: cb });
+    }
+
+    /// A REQ that arrives again after its connection was closed (delayed
+    /// or duplicated on the way) is a stale duplicate: never a new
+    /// ConnectRequest, which a server would accept into a connection whose
+    /// active side is gone (simnet's loss and duplication soak found it).
+    #[test]
+    fn a_stale_req_after_the_connection_closed_is_dropped() {
+        let mut net = Net::new(2, 1, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let ca = connect(&mut net, 0, 1, b"");
+        // Carry the REQ by hand, keeping a copy to replay.
+        let (to, mad) = net.engines[0].cm().poll_transmit().expect("the REQ");
+        assert_eq!(to, net.engines[1].addr());
+        let mut req = [0u8; roxe_wire::cm::MAD_LEN];
+        mad.emit(&mut req).unwrap();
+        let (now, a) = (net.now, net.engines[0].addr());
+        net.engines[1].cm().handle_mad(now, a, &req);
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { conn, .. } => conn,
+            e => panic!("{e:?}"),
+        };
+        let now = net.now;
+        net.engines[1]
+            .cm()
+            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
+            .unwrap();
+        assert!(matches!(
+            next_event(&mut net, 0),
+            CmEvent::ConnectResponse { .. }
+        ));
+        net.engines[0].cm().establish(ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        net.engines[0].cm().destroy(ca);
+        net.engines[1].cm().destroy(cb);
+        while net.engines[1].cm().poll_event().is_some() {}
+        let now = net.now;
+        net.engines[1].cm().handle_mad(now, a, &req);
+        for _ in 0..1000 {
+            net.step();
+        }
+        assert_eq!(net.engines[1].cm().poll_event(), None);
+        assert_eq!(net.engines[1].cm().stats().rx_stale_req, 1);
     }
 
     #[test]

@@ -312,7 +312,10 @@ pub fn run(args: &Args) -> ExitCode {
         }
     };
     let mut writer = match &args.write {
-        Some(p) => match pcap::create(p) {
+        Some(p) => match std::fs::File::create(p)
+            .map_err(pcap::PcapError::from)
+            .and_then(|f| pcap::PcapWriter::new(std::io::BufWriter::new(f)))
+        {
             Ok(w) => Some(w),
             Err(e) => {
                 eprintln!("roxe capture: {}: {e}", p.display());

@@ -177,7 +177,9 @@ fn decode_file(
     path: &PathBuf,
     out: &mut impl std::io::Write,
 ) -> Result<(Summary, Vec<Value>), String> {
-    let reader = pcap::open(path).map_err(|e| e.to_string())?;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let reader =
+        pcap::CaptureReader::new(std::io::BufReader::new(file)).map_err(|e| e.to_string())?;
     let mut s = Summary::default();
     let mut packets = Vec::new();
     if !args.json {

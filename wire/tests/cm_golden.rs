@@ -61,7 +61,8 @@ fn read(name: &str) -> Option<Capture> {
         mads: Vec::new(),
         data_ports: BTreeMap::new(),
     };
-    for rec in pcap::open(&path).unwrap() {
+    let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+    for rec in pcap::CaptureReader::new(file).unwrap() {
         let rec = rec.unwrap();
         let ip = match pcap::link_payload(rec.link, &rec.data) {
             Some(L3::Ipv4(b)) | Some(L3::Ipv6(b)) => b,

@@ -28,8 +28,12 @@ pub(crate) struct Tap {
 
 impl Tap {
     pub(crate) fn create(path: &Path) -> io::Result<Tap> {
-        let writer = roxe_wire::pcap::create(path)
-            .map_err(|e| io::Error::other(format!("ROXE_PCAP {}: {e}", path.display())))?;
+        let named = |e: &dyn std::fmt::Display| {
+            io::Error::other(format!("ROXE_PCAP {}: {e}", path.display()))
+        };
+        let file = std::fs::File::create(path).map_err(|e| named(&e))?;
+        let writer =
+            roxe_wire::pcap::PcapWriter::new(io::BufWriter::new(file)).map_err(|e| named(&e))?;
         Ok(Tap {
             writer,
             scratch: Vec::with_capacity(9000),

@@ -77,7 +77,9 @@ fn cm_view(path: &Path) -> CmView {
         offers: Vec::new(),
         first_requests: Vec::new(),
     };
-    for rec in pcap::open(path).expect("open the capture") {
+    let file = std::fs::File::open(path).expect("open the capture");
+    let reader = pcap::CaptureReader::new(std::io::BufReader::new(file)).expect("a pcap file");
+    for rec in reader {
         let rec = rec.expect("a pcap record");
         let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = pcap::link_payload(rec.link, &rec.data) else {
             continue;
