@@ -29,6 +29,7 @@ type Fields = Vec<(String, String)>;
 struct DeviceStat {
     device: Fields,
     qps: Vec<Fields>,
+    cqs: Vec<Fields>,
 }
 
 fn parse_fields(line: &str) -> Option<(&str, Fields)> {
@@ -44,14 +45,20 @@ fn parse_fields(line: &str) -> Option<(&str, Fields)> {
 fn parse(answer: &str) -> Option<DeviceStat> {
     let mut dev = None;
     let mut qps = Vec::new();
+    let mut cqs = Vec::new();
     for line in answer.lines() {
         match parse_fields(line) {
             Some(("device", f)) => dev = Some(f),
             Some(("qp", f)) => qps.push(f),
+            Some(("cq", f)) => cqs.push(f),
             _ => {}
         }
     }
-    Some(DeviceStat { device: dev?, qps })
+    Some(DeviceStat {
+        device: dev?,
+        qps,
+        cqs,
+    })
 }
 
 /// Ask every device; remove the sockets nobody answers on.
@@ -93,7 +100,11 @@ fn collect() -> Result<Vec<DeviceStat>, String> {
 }
 
 fn value(v: &str) -> Value {
-    v.parse::<u64>().map_or_else(|_| json!(v), |n| json!(n))
+    match v {
+        "true" => json!(true),
+        "false" => json!(false),
+        _ => v.parse::<u64>().map_or_else(|_| json!(v), |n| json!(n)),
+    }
 }
 
 /// `drops=reason:n,...` (or `-`) as `{"reason": n, ...}`.
@@ -147,16 +158,16 @@ fn print_tables(devs: &[DeviceStat]) {
             field(f, "rx_dropped"),
             field(f, "drops"),
         );
-        if d.qps.is_empty() {
-            continue;
+        if !d.qps.is_empty() {
+            println!(
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>5} {:>5}  drops",
+                "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq",
+                "rx", "tx", "retx", "naks", "rnr"
+            );
         }
-        println!(
-            "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}  drops",
-            "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq"
-        );
         for q in &d.qps {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6}  {}",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>5} {:>5}  {}",
                 field(q, "qpn"),
                 field(q, "type"),
                 field(q, "state"),
@@ -167,7 +178,28 @@ fn print_tables(devs: &[DeviceStat]) {
                 field(q, "epsn"),
                 field(q, "send_queue"),
                 field(q, "recv_queue"),
+                field(q, "rx_packets"),
+                field(q, "tx_packets"),
+                field(q, "tx_retransmits"),
+                field(q, "naks_sent"),
+                field(q, "rnr_naks_received"),
                 field(q, "drops"),
+            );
+        }
+        if !d.cqs.is_empty() {
+            println!(
+                "  {:>6} {:>7} {:>7} {:>4} {:>10}",
+                "cq", "depth", "waiting", "qps", "overflowed"
+            );
+        }
+        for c in &d.cqs {
+            println!(
+                "  {:>6} {:>7} {:>7} {:>4} {:>10}",
+                field(c, "id"),
+                field(c, "depth"),
+                field(c, "waiting"),
+                field(c, "qps"),
+                field(c, "overflowed"),
             );
         }
     }
@@ -189,6 +221,7 @@ pub fn run(args: &Args) -> ExitCode {
                 .map(|d| {
                     let mut o = object(&d.device);
                     o["qps"] = Value::Array(d.qps.iter().map(object).collect());
+                    o["cqs"] = Value::Array(d.cqs.iter().map(object).collect());
                     o
                 })
                 .collect();

@@ -85,6 +85,14 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
     // Drops by reason, per device and per QP (none on a clean run).
     assert!(dev["drops"].is_object(), "{dev:#}");
     assert!(dev["qps"][0]["drops"].is_object(), "{dev:#}");
+    // Per-QP traffic and the CQs.
+    assert!(dev["qps"][0]["tx_packets"].as_u64().unwrap() > 0, "{dev:#}");
+    assert!(dev["qps"][0]["rx_packets"].as_u64().unwrap() > 0, "{dev:#}");
+    assert!(dev["qps"][0]["tx_retransmits"].is_u64(), "{dev:#}");
+    let cqs = dev["cqs"].as_array().unwrap();
+    assert!(!cqs.is_empty(), "{dev:#}");
+    assert!(cqs.iter().all(|c| c["overflowed"] == false), "{dev:#}");
+    assert!(cqs.iter().any(|c| c["qps"] == 1), "{dev:#}");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
         table.contains("127.0.234.1 (pid") && table.contains("RTS"),

@@ -659,7 +659,8 @@ impl Shared {
                 out,
                 "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
                  una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
-                 drops={}",
+                 rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
+                 rnr_naks_received={} drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -670,7 +671,20 @@ impl Shared {
                 q.recv_queue,
                 q.retry_left,
                 q.rnr_retry_left,
+                q.counters.rx_packets,
+                q.counters.tx_packets,
+                q.counters.tx_retransmits,
+                q.counters.timeouts,
+                q.counters.naks_sent,
+                q.counters.rnr_naks_received,
                 drops_field(&q.drops),
+            );
+        }
+        for c in core.engine.cq_snapshots() {
+            let _ = writeln!(
+                out,
+                "cq id={} depth={} waiting={} overflowed={} qps={}",
+                c.id.0, c.depth, c.waiting, c.overflowed, c.qps
             );
         }
         out

@@ -130,6 +130,7 @@ impl Qp {
                     let implied = self.req.ack_upto(p - 1);
                     if matches!(syndrome, AethSyndrome::RnrNak(_)) {
                         cx.stats.rnr_naks_received += 1;
+                        self.counters.rnr_naks_received += 1;
                     }
                     if implied.is_none() {
                         self.on_nak(cx, now, p, syndrome);
@@ -324,6 +325,7 @@ impl Qp {
         }
         if r.rto.is_some_and(|d| d <= now) {
             cx.stats.timeouts += 1;
+            self.counters.timeouts += 1;
             tracing::debug!(
                 qpn = format_args!("{:#x}", self.qpn),
                 una = %r.una,

@@ -29,6 +29,7 @@ use roxe_wire::{icrc, Packet, Psn, ICRC_LEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
+pub use qp::QpCounters;
 use qp::{Qp, QpCtx, RecvWqe, Srq};
 
 /// Nanoseconds on the caller's clock.
@@ -133,6 +134,22 @@ pub struct QpSnapshot {
     pub rnr_retry_left: u8,
     /// Packets this QP dropped, by reason.
     pub drops: DropCounts,
+    /// What it sent and received.
+    pub counters: QpCounters,
+}
+
+/// One CQ as `roxe stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqSnapshot {
+    pub id: CqId,
+    /// Capacity.
+    pub depth: usize,
+    /// Completions waiting to be polled.
+    pub waiting: usize,
+    /// A completion did not fit once (its QPs went to ERR).
+    pub overflowed: bool,
+    /// QPs feeding it (send or receive).
+    pub qps: usize,
 }
 
 /// An affiliated asynchronous event of a QP (`ibv_get_async_event`).
@@ -633,6 +650,27 @@ impl Engine {
     pub fn qp_snapshots(&self) -> Vec<QpSnapshot> {
         // A BTreeMap iterates in QPN order.
         self.qps.values().map(Qp::snapshot).collect()
+    }
+
+    /// Every CQ, in id order (`roxe stat`).
+    pub fn cq_snapshots(&self) -> Vec<CqSnapshot> {
+        let mut v: Vec<CqSnapshot> = self
+            .cqs
+            .iter()
+            .map(|(&id, c)| CqSnapshot {
+                id: CqId(id),
+                depth: c.depth(),
+                waiting: c.len(),
+                overflowed: c.overflowed(),
+                qps: self
+                    .qps
+                    .values()
+                    .filter(|q| q.init.send_cq.0 == id || q.init.recv_cq.0 == id)
+                    .count(),
+            })
+            .collect();
+        v.sort_by_key(|c| c.id);
+        v
     }
 
     /// Take the asynchronous events raised since the last call.

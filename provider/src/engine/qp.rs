@@ -104,6 +104,25 @@ pub(crate) struct Qp {
     pub port_mtu: usize,
     /// Received packets this QP dropped, by reason.
     pub drops: DropCounts,
+    /// What this QP sent and received (`roxe stat`).
+    pub counters: QpCounters,
+}
+
+/// One QP's traffic counters, as `roxe stat` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Packets addressed to this QP (dropped ones included).
+    pub rx_packets: u64,
+    /// Packets this QP sent.
+    pub tx_packets: u64,
+    /// Of those, retransmissions.
+    pub tx_retransmits: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// NAKs sent (sequence, RNR, errors).
+    pub naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
 }
 
 impl Qp {
@@ -124,6 +143,7 @@ impl Qp {
             indexed_deadline: None,
             port_mtu,
             drops: DropCounts::default(),
+            counters: QpCounters::default(),
         }
     }
 
@@ -447,6 +467,7 @@ impl Qp {
             retry_left,
             rnr_retry_left,
             drops: self.drops,
+            counters: self.counters,
         }
     }
 
@@ -454,6 +475,7 @@ impl Qp {
     /// the QP's state and its sender fit, then a request for the responder
     /// or a response for the completer.
     pub fn on_packet(&mut self, cx: &mut QpCtx, now: Nanos, src: IpAddr, pkt: &Packet<&[u8]>) {
+        self.counters.rx_packets += 1;
         let type_ok = matches!(
             (self.init.qp_type, pkt.opcode().transport()),
             (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
@@ -484,9 +506,12 @@ impl Qp {
         now: Nanos,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        if let Some(t) = self.reply_transmit(cx, buf) {
-            return Some(t);
+        let t = self
+            .reply_transmit(cx, buf)
+            .or_else(|| self.request_transmit(cx, now, buf));
+        if t.is_some() {
+            self.counters.tx_packets += 1;
         }
-        self.request_transmit(cx, now, buf)
+        t
     }
 }

@@ -510,6 +510,7 @@ impl Qp {
         }
         if psn.is_before(r.high_psn) {
             cx.stats.tx_retransmits += 1;
+            self.counters.tx_retransmits += 1;
         } else {
             r.high_psn = psn.next();
         }

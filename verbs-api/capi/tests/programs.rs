@@ -943,3 +943,81 @@ fn verbs_log_level_and_file_log_qp_states() {
         );
     }
 }
+
+/// The answers of every roxe device's `roxe stat` socket under `dir`
+/// (`$XDG_RUNTIME_DIR/roxe`).
+fn stat_answers(dir: &Path) -> Vec<String> {
+    use std::io::Read;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(e.path()) else {
+            continue;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut answer = String::new();
+        if s.read_to_string(&mut answer).is_ok() {
+            out.push(answer);
+        }
+    }
+    out
+}
+
+/// What `roxe stat` reads, from a running `ib_write_bw` over the drop-in:
+/// both devices answer, each with its QP facing the other (the client's
+/// in RTS) and the traffic counted on it, and their CQs.
+#[test]
+fn stat_shows_the_qps_of_a_running_ib_write_bw() {
+    if !common::programs_installed("stat_shows_the_qps_of_a_running_ib_write_bw") {
+        return;
+    }
+    let net = Net(43);
+    let xdg = common::scratch("stat_ib_write_bw");
+    let port = net.port(0).to_string();
+    let args = ["-d", "roxe0", "-x", "0", "-p", &port, "-D", "3"];
+    let server =
+        Side::new("ib_write_bw", &net.server(0), &args).env("XDG_RUNTIME_DIR", xdg.as_os_str());
+    let client = Side::new("ib_write_bw", &net.client(0), &args)
+        .env("XDG_RUNTIME_DIR", xdg.as_os_str())
+        .arg(net.server(0));
+    let dir = xdg.join("roxe");
+    let (server_addr, client_addr) = (net.server(0), net.client(0));
+    let watcher = std::thread::spawn(move || {
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < end {
+            let answers = stat_answers(&dir);
+            let qp_toward = |me: &str, peer: &str, state: &str, moving: &str| {
+                answers.iter().any(|a| {
+                    a.lines()
+                        .next()
+                        .is_some_and(|d| d.contains(&format!("addr={me} ")))
+                        && a.lines().any(|l| {
+                            l.starts_with("qp ")
+                                && l.contains(&format!("state={state} "))
+                                && l.contains(&format!("peer={peer} "))
+                                && !l.contains(&format!(" {moving}=0 "))
+                        })
+                })
+            };
+            // perftest's write server takes its QP only to RTR: it never
+            // sends a request, only the ACKs its responder makes.
+            if qp_toward(&client_addr, &server_addr, "RTS", "tx_packets")
+                && qp_toward(&server_addr, &client_addr, "RTR", "rx_packets")
+            {
+                return Ok(answers);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(stat_answers(&dir))
+    });
+    let p = run_pair_within(&server, &client, net.port(0), Duration::from_secs(0));
+    p.assert_ok();
+    match watcher.join().expect("the stat watcher") {
+        Ok(answers) => assert!(answers.iter().all(|a| a.contains("cq id=")), "{answers:?}"),
+        Err(last) => {
+            panic!("the QPs of both devices not in roxe stat: {last:#?}\n{p:?}")
+        }
+    }
+}

@@ -37,6 +37,7 @@ impl Qp {
                     "no receive posted: RNR NAK sent"
                 );
                 cx.stats.naks_sent += 1;
+                self.counters.naks_sent += 1;
             }
             self.drop_packet(cx, DropReason::NoReceive);
             return Outcome::Fine;

@@ -211,6 +211,7 @@ impl Qp {
                 let e = r.epsn;
                 r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
                 cx.stats.naks_sent += 1;
+                self.counters.naks_sent += 1;
                 tracing::debug!(
                     qpn = format_args!("{qpn:#x}"),
                     expected = %e,
@@ -231,6 +232,7 @@ impl Qp {
             Outcome::Complete(cq, wc, solicited) => cx.push_wc(cq, wc, solicited),
             Outcome::Fail(wc) => {
                 cx.stats.naks_sent += 1;
+                self.counters.naks_sent += 1;
                 if let Some((cq, wc)) = wc {
                     cx.push_wc(cq, wc, false);
                 }
