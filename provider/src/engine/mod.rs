@@ -799,6 +799,18 @@ impl Engine {
             roxe_wire::packet::set_icrc(&mut buf[..t.len], c);
         }
         self.stats.tx_packets += 1;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            if let Ok(p) = Packet::new_checked(&buf[..t.len]) {
+                tracing::trace!(
+                    dest_qpn = format_args!("{:#x}", p.bth().dest_qp()),
+                    opcode = %p.opcode(),
+                    psn = %p.bth().psn(),
+                    len = t.len,
+                    dst = %t.dst,
+                    "packet sent"
+                );
+            }
+        }
         t
     }
 }

@@ -33,6 +33,14 @@ impl Engine {
             return;
         }
         let qpn = pkt.bth().dest_qp();
+        tracing::trace!(
+            qpn = format_args!("{qpn:#x}"),
+            opcode = %pkt.opcode(),
+            psn = %pkt.bth().psn(),
+            len = bytes.len(),
+            %src,
+            "packet received"
+        );
         if qpn == roxe_wire::cm::GSI_QPN {
             self.gsi_receive(now, src, &pkt);
             return;

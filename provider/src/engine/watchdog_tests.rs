@@ -191,3 +191,29 @@ fn a_lost_timer_is_found_counted_and_rearmed() {
     assert_eq!(status, Some(WcStatus::RetryExcErr));
     assert!(e.stats().tx_retransmits >= 2);
 }
+
+#[test]
+fn packets_are_traced_at_trace_level_only() {
+    let capture = |level| {
+        let log = Captured::default();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(sub, engine_with_a_write_in_flight);
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        text
+    };
+    let trace = capture(tracing::Level::TRACE);
+    assert!(
+        trace.lines().any(|l| l.contains("packet sent")
+            && l.contains("opcode=RC_RDMA_WRITE_ONLY")
+            && l.contains("dest_qpn=0x12")
+            && l.contains("dst=127.0.0.2")),
+        "{trace}"
+    );
+    let debug = capture(tracing::Level::DEBUG);
+    assert!(!debug.contains("packet sent"), "{debug}");
+    assert!(debug.contains("QP state change"), "{debug}");
+}
