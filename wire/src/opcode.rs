@@ -368,11 +368,49 @@ opcodes! {
     Cnp = 0x81, "CNP", Cnp, Cnp, Cnp, HeaderSet::CNP_PAD, false;
 }
 
+/// The number of distinct [`request_key`]s.
+const REQUEST_KEYS: usize = 4 * 11 * 7 * 2 * 2;
+
+/// A dense index of a request's columns.
+const fn request_key(
+    transport: Transport,
+    operation: Operation,
+    class: PacketClass,
+    immediate: bool,
+    invalidate: bool,
+) -> usize {
+    (((transport as usize * 11 + operation as usize) * 7 + class as usize) * 2 + immediate as usize)
+        * 2
+        + invalidate as usize
+}
+
+/// Every request opcode at its [`request_key`].
+const fn request_table() -> [Option<Opcode>; REQUEST_KEYS] {
+    let mut table = [None; REQUEST_KEYS];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let o = Opcode::ALL[i];
+        if !o.is_response() {
+            let key = request_key(
+                o.transport(),
+                o.operation(),
+                o.class(),
+                o.headers().contains(HeaderSet::IMM_DT),
+                o.headers().contains(HeaderSet::IETH),
+            );
+            table[key] = Some(o);
+        }
+        i += 1;
+    }
+    table
+}
+
 impl Opcode {
     /// The opcode of a request packet: `operation` on `transport`, at
     /// `class` in its message, with immediate data or an invalidation
     /// (IETH) when asked. `None` where the IBA has no such opcode (UC READ,
     /// a MIDDLE with immediate data, ...).
+    #[inline]
     pub fn request(
         transport: Transport,
         operation: Operation,
@@ -380,14 +418,10 @@ impl Opcode {
         immediate: bool,
         invalidate: bool,
     ) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|o| {
-            !o.is_response()
-                && o.transport() == transport
-                && o.operation() == operation
-                && o.class() == class
-                && o.has_immediate() == immediate
-                && o.headers().contains(HeaderSet::IETH) == invalidate
-        })
+        // A table built at compile time from the opcode table: the
+        // requester asks once per packet.
+        const TABLE: [Option<Opcode>; REQUEST_KEYS] = request_table();
+        TABLE[request_key(transport, operation, class, immediate, invalidate)]
     }
 
     /// The raw opcode byte.
