@@ -109,6 +109,111 @@ pub enum AccessError {
     /// memory for a raw region whose iova and pointer differ modulo 8).
     #[error("atomic target not 8-byte aligned")]
     Misaligned,
+    /// A type 2 memory window bound to another QP.
+    #[error("memory window bound to another QP")]
+    WrongQp,
+}
+
+/// Who makes a remote access: the protection domain of the QP a request
+/// came in on, and the QP (a type 2 memory window answers only the QP it
+/// was bound through). A bare [`PdId`] is a QP of that PD that no type 2
+/// window accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// The QP's protection domain.
+    pub pd: PdId,
+    /// The QP's number.
+    pub qpn: Option<u32>,
+}
+
+impl From<PdId> for RemoteQp {
+    fn from(pd: PdId) -> RemoteQp {
+        RemoteQp { pd, qpn: None }
+    }
+}
+
+/// The two memory window types (`enum ibv_mw_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwType {
+    /// Bound with `ibv_bind_mw`, to any QP of its PD; unbound by a
+    /// zero-length bind; never invalidated.
+    Type1 = 1,
+    /// Bound with an `IBV_WR_BIND_MW` work request, to the QP that posted
+    /// it; invalidated by LOCAL_INV or a SEND_WITH_INV on that QP.
+    Type2 = 2,
+}
+
+/// A bind of a memory window to part of a memory region
+/// (`struct ibv_mw_bind_info` with the window and its new key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window's current key (its index names the window).
+    pub mw_rkey: u32,
+    /// The key the window has after the bind: same index, the key byte the
+    /// consumer chose (`ibv_inc_rkey`).
+    pub new_rkey: u32,
+    /// The memory region, by its lkey (0 with length 0: unbind, type 1).
+    pub mr_lkey: u32,
+    /// First address of the window, in the region's iova space.
+    pub addr: u64,
+    /// Length in bytes (0: unbind, type 1 only).
+    pub length: u64,
+    /// Remote rights the window grants (`REMOTE_READ`, `REMOTE_WRITE`,
+    /// `REMOTE_ATOMIC`).
+    pub access: AccessFlags,
+}
+
+/// Why a bind, an invalidation or a window verb was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    /// No such window or region, or a stale key.
+    #[error("no memory window or region with that key")]
+    BadKey,
+    /// Window, region and QP are not all of one protection domain.
+    #[error("protection domains differ")]
+    WrongPd,
+    /// The region lacks `MW_BIND`, or the rights asked need `LOCAL_WRITE`
+    /// on it, or rights other than remote ones were asked.
+    #[error("access rights do not allow the bind")]
+    Access,
+    /// The window would reach outside the region.
+    #[error("window outside its region")]
+    OutOfRange,
+    /// The new key names another window (index changed).
+    #[error("the new key's index is not the window's")]
+    KeyIndex,
+    /// A type 2 window already bound (it must be invalidated first), or a
+    /// type 1 window named where only type 2 may be (invalidation), or
+    /// the reverse.
+    #[error("wrong window type or state for this operation")]
+    State,
+    /// The window is bound to another QP.
+    #[error("window bound to another QP")]
+    WrongQp,
+    /// Zero-based windows are not supported.
+    #[error("zero-based windows are not supported")]
+    ZeroBased,
+}
+
+/// A window's current binding.
+#[derive(Debug, Clone, Copy)]
+struct Binding {
+    /// The region it is bound into (its key at bind time).
+    mr_key: u32,
+    addr: u64,
+    length: u64,
+    access: AccessFlags,
+    /// Type 2: the QP it was bound through.
+    qpn: Option<u32>,
+}
+
+/// A memory window.
+#[derive(Debug)]
+struct Window {
+    rkey: u32,
+    pd: PdId,
+    kind: MwType,
+    binding: Option<Binding>,
 }
 
 /// A scatter/gather element of a local work request (`ibv_sge`).
@@ -256,6 +361,9 @@ impl Drop for Mem {
 struct Region {
     info: MrInfo,
     mem: Mem,
+    /// Memory windows bound into it: it cannot be deregistered until they
+    /// are unbound, invalidated or deallocated.
+    windows: u32,
 }
 
 impl Region {
@@ -285,6 +393,8 @@ impl Region {
 pub struct MemoryTable {
     /// Live regions by key index (`key >> 8`).
     regions: HashMap<u32, Region>,
+    /// Live memory windows by key index (the same index space).
+    windows: HashMap<u32, Window>,
     /// Key byte last used by each index (`generations[index - 1]`).
     generations: Vec<u8>,
     /// Next index to try (cyclic in `1..=max_regions`).
@@ -310,6 +420,7 @@ impl MemoryTable {
     pub fn with_max_regions(max: u32) -> Self {
         MemoryTable {
             regions: HashMap::new(),
+            windows: HashMap::new(),
             generations: Vec::new(),
             next_index: 1,
             max_regions: max.clamp(1, MAX_KEY_INDEX),
@@ -428,6 +539,11 @@ impl MemoryTable {
     pub fn deregister(&mut self, lkey: u32) -> Result<(), VerbsError> {
         let index = lkey >> 8;
         match self.regions.get(&index) {
+            Some(region) if region.info.lkey == lkey && region.windows > 0 => Err(VerbsError::new(
+                VERB_DEREG,
+                Errno::EBUSY,
+                format!("{} memory windows are bound to it", region.windows),
+            )),
             Some(region) if region.info.lkey == lkey => {
                 self.regions.remove(&index);
                 Ok(())
@@ -563,12 +679,17 @@ impl MemoryTable {
     pub fn remote_write(
         &mut self,
         rkey: u32,
-        pd: PdId,
+        by: impl Into<RemoteQp>,
         va: u64,
         data: &[u8],
     ) -> Result<(), AccessError> {
-        let (region, off) =
-            self.resolve(rkey, pd, AccessFlags::REMOTE_WRITE, va, slice_len(data)?)?;
+        let (region, off) = self.resolve_remote(
+            rkey,
+            by.into(),
+            AccessFlags::REMOTE_WRITE,
+            va,
+            slice_len(data)?,
+        )?;
         region.mem.write(off, data)
     }
 
@@ -579,12 +700,17 @@ impl MemoryTable {
     pub fn remote_read(
         &self,
         rkey: u32,
-        pd: PdId,
+        by: impl Into<RemoteQp>,
         va: u64,
         out: &mut [u8],
     ) -> Result<(), AccessError> {
-        let (region, off) =
-            self.resolve(rkey, pd, AccessFlags::REMOTE_READ, va, slice_len(out)?)?;
+        let (region, off) = self.resolve_remote(
+            rkey,
+            by.into(),
+            AccessFlags::REMOTE_READ,
+            va,
+            slice_len(out)?,
+        )?;
         region.mem.read(off, out)
     }
 
@@ -598,7 +724,7 @@ impl MemoryTable {
     pub fn check_remote(
         &self,
         rkey: u32,
-        pd: PdId,
+        by: impl Into<RemoteQp>,
         va: u64,
         len: u64,
         need: AccessFlags,
@@ -606,7 +732,8 @@ impl MemoryTable {
         if len == 0 {
             return Ok(());
         }
-        self.resolve(rkey, pd, need, va, len).map(|_| ())
+        self.resolve_remote(rkey, by.into(), need, va, len)
+            .map(|_| ())
     }
 
     /// An incoming ATOMIC CMP_SWAP on the 8 bytes at `va`: if they equal
@@ -619,12 +746,12 @@ impl MemoryTable {
     pub fn atomic_cmp_swap(
         &mut self,
         rkey: u32,
-        pd: PdId,
+        by: impl Into<RemoteQp>,
         va: u64,
         compare: u64,
         swap: u64,
     ) -> Result<u64, AccessError> {
-        self.atomic(rkey, pd, va, AtomicOp::CmpSwap { compare, swap })
+        self.atomic(rkey, by.into(), va, AtomicOp::CmpSwap { compare, swap })
     }
 
     /// An incoming ATOMIC FETCH_ADD on the 8 bytes at `va` (wrapping).
@@ -633,11 +760,11 @@ impl MemoryTable {
     pub fn atomic_fetch_add(
         &mut self,
         rkey: u32,
-        pd: PdId,
+        by: impl Into<RemoteQp>,
         va: u64,
         add: u64,
     ) -> Result<u64, AccessError> {
-        self.atomic(rkey, pd, va, AtomicOp::FetchAdd { add })
+        self.atomic(rkey, by.into(), va, AtomicOp::FetchAdd { add })
     }
 
     /// Read bytes `[offset, offset + out.len())` of the concatenation of
@@ -707,7 +834,7 @@ impl MemoryTable {
 
     /// Refuses a registration when the table is full.
     fn check_room(&self) -> Result<(), VerbsError> {
-        if self.regions.len() >= self.max_regions as usize {
+        if self.regions.len() + self.windows.len() >= self.max_regions as usize {
             return Err(VerbsError::new(
                 VERB_REG,
                 Errno::ENOMEM,
@@ -749,13 +876,20 @@ impl MemoryTable {
             access,
             pd,
         };
-        self.regions.insert(index, Region { info, mem });
+        self.regions.insert(
+            index,
+            Region {
+                info,
+                mem,
+                windows: 0,
+            },
+        );
         Ok(info)
     }
 
     /// The next free index, cycling through `1..=max_regions`.
     fn alloc_index(&mut self) -> Option<u32> {
-        if self.regions.len() >= self.max_regions as usize {
+        if self.regions.len() + self.windows.len() >= self.max_regions as usize {
             return None;
         }
         for _ in 0..self.max_regions {
@@ -765,7 +899,7 @@ impl MemoryTable {
             } else {
                 index + 1
             };
-            if !self.regions.contains_key(&index) {
+            if !self.regions.contains_key(&index) && !self.windows.contains_key(&index) {
                 return Some(index);
             }
         }
@@ -804,8 +938,236 @@ impl MemoryTable {
         Ok((region, off))
     }
 
-    fn atomic(&mut self, rkey: u32, pd: PdId, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
-        let (region, off) = self.resolve(rkey, pd, AccessFlags::REMOTE_ATOMIC, va, 8)?;
+    /// What a remote key names, checked for a remote access: a region
+    /// (key, PD, right, range), or a memory window (its current key, bound,
+    /// PD, type 2's QP, the window's rights and bounds), then the region
+    /// it is bound into (its range).
+    fn resolve_remote(
+        &self,
+        key: u32,
+        by: RemoteQp,
+        need: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Result<(&Region, usize), AccessError> {
+        let Some(w) = self.windows.get(&(key >> 8)) else {
+            return self.resolve(key, by.pd, need, va, len);
+        };
+        if w.rkey != key {
+            return Err(AccessError::BadKey);
+        }
+        let b = w.binding.as_ref().ok_or(AccessError::BadKey)?;
+        if w.pd != by.pd {
+            return Err(AccessError::WrongPd);
+        }
+        if w.kind == MwType::Type2 && b.qpn != by.qpn {
+            return Err(AccessError::WrongQp);
+        }
+        if !b.access.contains(need) {
+            return Err(AccessError::NoPermission);
+        }
+        let inside = va
+            .checked_sub(b.addr)
+            .and_then(|off| off.checked_add(len))
+            .is_some_and(|end| end <= b.length);
+        if !inside {
+            return Err(AccessError::OutOfRange);
+        }
+        let region = self.lookup(b.mr_key)?;
+        let off = region.check(region.info.pd, AccessFlags::NONE, va, len)?;
+        Ok((region, off))
+    }
+
+    /// `ibv_alloc_mw`: an unbound window of `kind` in `pd`. Returns its
+    /// key. `ENOMEM` when the table is full.
+    pub fn alloc_window(&mut self, pd: PdId, kind: MwType) -> Result<u32, VerbsError> {
+        let max = self.max_regions;
+        let full = || {
+            VerbsError::new(
+                "ibv_alloc_mw",
+                Errno::ENOMEM,
+                format!("too many memory regions and windows (limit {max})"),
+            )
+        };
+        let index = self.alloc_index().ok_or_else(full)?;
+        let slot = usize::try_from(index - 1).map_err(|_| full())?;
+        if self.generations.len() <= slot {
+            self.generations.resize(slot + 1, 0);
+        }
+        let generation = self.generations.get_mut(slot).ok_or_else(full)?;
+        *generation = generation.wrapping_add(1);
+        let rkey = (index << 8) | u32::from(*generation);
+        self.windows.insert(
+            index,
+            Window {
+                rkey,
+                pd,
+                kind,
+                binding: None,
+            },
+        );
+        Ok(rkey)
+    }
+
+    /// `ibv_dealloc_mw`: the window whose key (any key it had: the index
+    /// names it) is `key` goes, unbinding it first. `EINVAL` for no such
+    /// window.
+    pub fn dealloc_window(&mut self, key: u32) -> Result<(), VerbsError> {
+        let w = self.windows.remove(&(key >> 8)).ok_or_else(|| {
+            VerbsError::new(
+                "ibv_dealloc_mw",
+                Errno::EINVAL,
+                format!("no memory window with key {key:#x}"),
+            )
+        })?;
+        if let Some(b) = w.binding {
+            self.unbound_from(b.mr_key);
+        }
+        Ok(())
+    }
+
+    /// The window's type and current key.
+    pub fn window(&self, key: u32) -> Option<(MwType, u32)> {
+        self.windows.get(&(key >> 8)).map(|w| (w.kind, w.rkey))
+    }
+
+    fn unbound_from(&mut self, mr_key: u32) {
+        if let Some(r) = self.regions.get_mut(&(mr_key >> 8)) {
+            if r.info.lkey == mr_key {
+                r.windows = r.windows.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Execute a bind (a BIND_MW work request, or `ibv_bind_mw` for a
+    /// type 1 window) posted on QP `by`, with rxe's checks (`rxe_check_bind_mw`): the
+    /// window's key is current and the new key keeps its index; type 1 may
+    /// be rebound (a zero length unbinds it), type 2 must be unbound,
+    /// belong to the QP's PD and get a non-zero length; the region is live,
+    /// in the window's PD, grants `MW_BIND` (and `LOCAL_WRITE` when remote
+    /// write or atomic rights are asked), is not zero-based, and holds the
+    /// whole window. On success the window has the new key.
+    pub fn bind_window(&mut self, by: RemoteQp, bind: &MwBind) -> Result<(), WindowError> {
+        let index = bind.mw_rkey >> 8;
+        let w = self.windows.get(&index).ok_or(WindowError::BadKey)?;
+        if w.rkey != bind.mw_rkey {
+            return Err(WindowError::BadKey);
+        }
+        if bind.new_rkey >> 8 != index {
+            return Err(WindowError::KeyIndex);
+        }
+        let remote =
+            AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0;
+        if bind.access.0 & !remote != 0 {
+            return Err(if bind.access.contains(AccessFlags::ZERO_BASED) {
+                WindowError::ZeroBased
+            } else {
+                WindowError::Access
+            });
+        }
+        let (kind, pd) = (w.kind, w.pd);
+        match kind {
+            MwType::Type1 if bind.length == 0 => {
+                // Unbind.
+                let old = self.windows.get_mut(&index).and_then(|w| {
+                    w.rkey = bind.new_rkey;
+                    w.binding.take()
+                });
+                if let Some(b) = old {
+                    self.unbound_from(b.mr_key);
+                }
+                return Ok(());
+            }
+            MwType::Type1 => {}
+            MwType::Type2 => {
+                if w.binding.is_some() {
+                    return Err(WindowError::State);
+                }
+                if by.pd != pd {
+                    return Err(WindowError::WrongPd);
+                }
+                if bind.length == 0 {
+                    return Err(WindowError::OutOfRange);
+                }
+            }
+        }
+        let r = self.lookup(bind.mr_lkey).map_err(|_| WindowError::BadKey)?;
+        if r.info.pd != pd {
+            return Err(WindowError::WrongPd);
+        }
+        if r.info.access.contains(AccessFlags::ZERO_BASED) {
+            return Err(WindowError::ZeroBased);
+        }
+        if !r.info.access.contains(AccessFlags::MW_BIND) {
+            return Err(WindowError::Access);
+        }
+        let writes = AccessFlags(AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0);
+        if bind.access.0 & writes.0 != 0 && !r.info.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(WindowError::Access);
+        }
+        r.check(pd, AccessFlags::NONE, bind.addr, bind.length)
+            .map_err(|_| WindowError::OutOfRange)?;
+        let binding = Binding {
+            mr_key: bind.mr_lkey,
+            addr: bind.addr,
+            length: bind.length,
+            access: bind.access,
+            qpn: match kind {
+                MwType::Type1 => None,
+                MwType::Type2 => by.qpn,
+            },
+        };
+        if let Some(r) = self.regions.get_mut(&(bind.mr_lkey >> 8)) {
+            r.windows += 1;
+        }
+        let old = self.windows.get_mut(&index).and_then(|w| {
+            w.rkey = bind.new_rkey;
+            w.binding.replace(binding)
+        });
+        if let Some(b) = old {
+            self.unbound_from(b.mr_key);
+        }
+        Ok(())
+    }
+
+    /// Invalidate `key` for QP `by` (LOCAL_INV, or the IETH of a
+    /// SEND_WITH_INV): a type 2 window bound through that QP is unbound
+    /// and its key stops working. Type 1 windows cannot be invalidated,
+    /// and roxe's regions are not fast-registration regions, so neither
+    /// can they (as rxe's `rxe_invalidate_mr`).
+    pub fn invalidate(&mut self, key: u32, by: RemoteQp) -> Result<(), WindowError> {
+        let index = key >> 8;
+        let Some(w) = self.windows.get_mut(&index) else {
+            return Err(match self.lookup(key) {
+                Ok(_) => WindowError::State,
+                Err(_) => WindowError::BadKey,
+            });
+        };
+        if w.rkey != key {
+            return Err(WindowError::BadKey);
+        }
+        if w.kind != MwType::Type2 {
+            return Err(WindowError::State);
+        }
+        let Some(b) = w.binding else {
+            return Err(WindowError::State);
+        };
+        if b.qpn != by.qpn {
+            return Err(WindowError::WrongQp);
+        }
+        w.binding = None;
+        self.unbound_from(b.mr_key);
+        Ok(())
+    }
+
+    fn atomic(
+        &mut self,
+        rkey: u32,
+        by: RemoteQp,
+        va: u64,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
+        let (region, off) = self.resolve_remote(rkey, by, AccessFlags::REMOTE_ATOMIC, va, 8)?;
         if va & 7 != 0 {
             return Err(AccessError::Misaligned);
         }

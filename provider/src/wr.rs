@@ -22,6 +22,11 @@ pub enum SendOpcode {
     AtomicCmpAndSwp = 5,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
     AtomicFetchAndAdd = 6,
+    /// `IBV_WR_LOCAL_INV`: invalidate a type 2 memory window's key
+    /// (`SendWr::invalidate_rkey`); no packet.
+    LocalInv = 7,
+    /// `IBV_WR_BIND_MW`: bind a memory window (`SendWr::bind`); no packet.
+    BindMw = 8,
     /// `IBV_WR_SEND_WITH_INV`.
     SendWithInv = 9,
 }
@@ -35,7 +40,15 @@ impl SendOpcode {
             SendOpcode::RdmaRead => WcOpcode::RdmaRead,
             SendOpcode::AtomicCmpAndSwp => WcOpcode::CompSwap,
             SendOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            SendOpcode::LocalInv => WcOpcode::LocalInv,
+            SendOpcode::BindMw => WcOpcode::BindMw,
         }
+    }
+
+    /// Local operations: executed by the requester in send-queue order,
+    /// with no packet and no PSN.
+    pub const fn is_local(self) -> bool {
+        matches!(self, SendOpcode::LocalInv | SendOpcode::BindMw)
     }
 
     /// READ and atomics: they need a responder resource and a response.
@@ -121,6 +134,8 @@ pub struct SendWr {
     pub ud: Option<UdDest>,
     /// With `SendFlags::INLINE`: the data, copied by the caller at post time.
     pub inline_data: Option<Vec<u8>>,
+    /// `BindMw`: the window, its new key and what it is bound to.
+    pub bind: Option<crate::memory::MwBind>,
 }
 
 impl SendWr {
@@ -139,6 +154,7 @@ impl SendWr {
             invalidate_rkey: 0,
             ud: None,
             inline_data: None,
+            bind: None,
         }
     }
 }

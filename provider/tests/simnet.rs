@@ -2959,3 +2959,404 @@ mod cm_backlog {
         });
     }
 }
+
+/// Memory windows on the wire: binds, the rights and bounds a window's key
+/// carries, type 2's QP binding, local and remote invalidation, and the
+/// bind errors rxe reports (`rxe_check_bind_mw`).
+mod mw_tests {
+    use super::*;
+    use roxe_provider::memory::{MwBind, MwType};
+
+    /// An MR of `len` bytes on `s`'s engine that windows may be bound to.
+    fn bindable(net: &mut Net, s: Side, len: usize, access: AccessFlags) -> MrInfo {
+        net.engines[s.e]
+            .memory_mut()
+            .register_owned(s.pd, len, access | AccessFlags::MW_BIND)
+            .unwrap()
+    }
+
+    /// The key `ibv_inc_rkey` gives: the same index, the next key byte.
+    fn inc(key: u32) -> u32 {
+        (key & !0xff) | ((key + 1) & 0xff)
+    }
+
+    /// Bind window `mw` of `s` to `[addr, addr + len)` of `mr` with
+    /// `access`, as a BIND_MW WR on `s`'s QP; its completion.
+    #[allow(clippy::too_many_arguments)]
+    fn bind(
+        net: &mut Net,
+        s: Side,
+        mw: u32,
+        mr: MrInfo,
+        offset: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> (u32, WorkCompletion) {
+        let new_rkey = inc(mw);
+        let mut wr = SendWr::new(77, SendOpcode::BindMw, Vec::new());
+        wr.bind = Some(MwBind {
+            mw_rkey: mw,
+            new_rkey,
+            mr_lkey: mr.lkey,
+            addr: mr.addr + offset,
+            length: len,
+            access,
+        });
+        post(net, s, wr);
+        let wcs = wait_wcs(net, s, 1);
+        (new_rkey, wcs[0])
+    }
+
+    /// A signaled WR to `[mr.addr + offset, + len)` through `rkey`.
+    fn through(a: Side, op: SendOpcode, len: u32, mr: MrInfo, offset: u64, rkey: u32) -> SendWr {
+        let mut wr = local_wr(a, 5, op, 0, len);
+        wr.remote_addr = mr.addr + offset;
+        wr.rkey = rkey;
+        wr
+    }
+
+    fn status_of(net: &mut Net, a: Side, wr: SendWr) -> WcStatus {
+        post(net, a, wr);
+        wait_wcs(net, a, 1)[0].status
+    }
+
+    fn rw() -> AccessFlags {
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+    }
+
+    #[test]
+    fn a_type2_window_grants_its_rights_within_its_bounds_only() {
+        let mut net = Net::new(2, 40, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 8192, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, done) = bind(&mut net, b, mw, mr, 1024, 4096, rw());
+        assert_eq!(
+            (done.status, done.opcode, done.wr_id),
+            (WcStatus::Success, WcOpcode::BindMw, 77)
+        );
+        // A 3-packet WRITE inside the window lands, byte for byte.
+        let data = pattern(40, 3000);
+        fill(&mut net, a, 0, &data);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 3000, mr, 1024, key),
+        );
+        assert_eq!(st, WcStatus::Success);
+        let mut got = vec![0u8; 3000];
+        net.engines[b.e]
+            .memory()
+            .owned_read(mr.lkey, 1024, &mut got)
+            .unwrap();
+        assert_eq!(got, data);
+        // READ back through the window.
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaRead, 3000, mr, 1024, key),
+        );
+        assert_eq!(st, WcStatus::Success);
+        assert_eq!(read(&net, a, 0, 3000), data);
+        // The old key (before the bind) names nothing.
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 8, mr, 1024, mw),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+    }
+
+    #[test]
+    fn outside_its_bounds_or_rights_a_window_is_a_remote_access_error() {
+        let cases: [(u64, u32, SendOpcode); 4] = [
+            // Past the end, before the start, the whole MR, and an atomic
+            // the window does not grant.
+            (1024 + 4096 - 8, 16, SendOpcode::RdmaWrite),
+            (1016, 16, SendOpcode::RdmaRead),
+            (0, 8192, SendOpcode::RdmaWrite),
+            (1024, 8, SendOpcode::AtomicFetchAndAdd),
+        ];
+        for (i, (offset, len, op)) in cases.into_iter().enumerate() {
+            let mut net = Net::new(2, 41 + i as u64, Faults::default());
+            let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+            let mr = bindable(
+                &mut net,
+                b,
+                8192,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+            );
+            let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+            let (key, done) = bind(&mut net, b, mw, mr, 1024, 4096, rw());
+            assert_eq!(done.status, WcStatus::Success);
+            let st = status_of(&mut net, a, through(a, op, len, mr, offset, key));
+            assert_eq!(
+                st,
+                WcStatus::RemAccessErr,
+                "case {i}: {op:?} at {offset}+{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_type2_window_answers_only_the_qp_it_was_bound_through() {
+        let mut net = Net::new(2, 45, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        // A second connection between the same devices and PDs.
+        let a2 = add_qp(&mut net, a, |_| {});
+        let b2 = add_qp(&mut net, b, |_| {});
+        link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 8192, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, _) = bind(&mut net, b, mw, mr, 0, 8192, rw());
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::Success);
+        let st = status_of(
+            &mut net,
+            a2,
+            through(a2, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+    }
+
+    #[test]
+    fn local_invalidation_ends_a_type2_window() {
+        let mut net = Net::new(2, 46, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, _) = bind(&mut net, b, mw, mr, 0, 4096, rw());
+        let mut inv = SendWr::new(8, SendOpcode::LocalInv, Vec::new());
+        inv.invalidate_rkey = key;
+        post(&mut net, b, inv);
+        let w = wait_wcs(&mut net, b, 1)[0];
+        assert_eq!(
+            (w.status, w.opcode),
+            (WcStatus::Success, WcOpcode::LocalInv)
+        );
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+        // Invalidated, the window may be bound again, with a new key.
+        let mut net = Net::new(2, 47, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, _) = bind(&mut net, b, mw, mr, 0, 4096, rw());
+        let mut inv = SendWr::new(8, SendOpcode::LocalInv, Vec::new());
+        inv.invalidate_rkey = key;
+        post(&mut net, b, inv);
+        wait_wcs(&mut net, b, 1);
+        let (key2, done) = bind(&mut net, b, key, mr, 0, 4096, rw());
+        assert_eq!(done.status, WcStatus::Success);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key2),
+        );
+        assert_eq!(st, WcStatus::Success);
+    }
+
+    #[test]
+    fn invalidating_what_cannot_be_invalidated_fails_the_wr_and_the_qp() {
+        // An ordinary MR's key (not a fast-registration MR), as rxe.
+        let mut net = Net::new(2, 48, Faults::default());
+        let (_, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mut inv = SendWr::new(8, SendOpcode::LocalInv, Vec::new());
+        inv.invalidate_rkey = b.mr.rkey;
+        post(&mut net, b, inv);
+        let w = wait_wcs(&mut net, b, 1)[0];
+        assert_eq!(w.status, WcStatus::LocQpOpErr);
+        assert_eq!(qp_state(&net, b), QpState::Err);
+        // An unknown key; and a type 1 window.
+        let mut net = Net::new(2, 49, Faults::default());
+        let (_, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type1).unwrap();
+        let mut inv = SendWr::new(8, SendOpcode::LocalInv, Vec::new());
+        inv.invalidate_rkey = mw;
+        post(&mut net, b, inv);
+        assert_eq!(wait_wcs(&mut net, b, 1)[0].status, WcStatus::LocQpOpErr);
+    }
+
+    #[test]
+    fn send_with_invalidate_ends_the_window_and_says_so() {
+        let mut net = Net::new(2, 50, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, _) = bind(&mut net, b, mw, mr, 0, 4096, rw());
+        recv(&mut net, b, 3, 0, 2048);
+        // A 2-packet SEND: the IETH rides on the last packet.
+        let mut send = local_wr(a, 4, SendOpcode::SendWithInv, 0, 1500);
+        send.invalidate_rkey = key;
+        assert_eq!(status_of(&mut net, a, send), WcStatus::Success);
+        let rx = poll(&mut net, b);
+        assert_eq!(rx.len(), 1);
+        assert_eq!((rx[0].status, rx[0].byte_len), (WcStatus::Success, 1500));
+        assert_eq!(rx[0].wc_flags & wc_flags::WITH_INV, wc_flags::WITH_INV);
+        assert_eq!(rx[0].invalidated_rkey, key);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+    }
+
+    #[test]
+    fn bind_errors_complete_with_mw_bind_err() {
+        // (what is wrong, the MR's access, offset, length, window rights)
+        let cases: [(&str, AccessFlags, u64, u64, AccessFlags); 4] = [
+            ("beyond the MR", AccessFlags::LOCAL_WRITE, 2048, 4096, rw()),
+            (
+                "MR without LOCAL_WRITE, window writable",
+                AccessFlags::NONE,
+                0,
+                1024,
+                rw(),
+            ),
+            ("zero length (type 2)", AccessFlags::LOCAL_WRITE, 0, 0, rw()),
+            (
+                "a local right",
+                AccessFlags::LOCAL_WRITE,
+                0,
+                64,
+                AccessFlags::LOCAL_WRITE,
+            ),
+        ];
+        for (i, (what, mr_access, offset, len, access)) in cases.into_iter().enumerate() {
+            let mut net = Net::new(2, 51 + i as u64, Faults::default());
+            let (_, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+            let mr = bindable(&mut net, b, 4096, mr_access);
+            let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+            let (_, done) = bind(&mut net, b, mw, mr, offset, len, access);
+            assert_eq!(done.status, WcStatus::MwBindErr, "{what}");
+            assert_eq!(qp_state(&net, b), QpState::Err, "{what}");
+        }
+        // An MR without MW_BIND; a window of another PD.
+        let mut net = Net::new(2, 56, Faults::default());
+        let (_, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (_, done) = bind(&mut net, b, mw, b.mr, 0, 64, rw());
+        assert_eq!(done.status, WcStatus::MwBindErr, "MR without MW_BIND");
+        let mut net = Net::new(2, 57, Faults::default());
+        let (_, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let other = net.engines[b.e].alloc_pd();
+        let mw = net.engines[b.e].alloc_mw(other, MwType::Type2).unwrap();
+        let (_, done) = bind(&mut net, b, mw, mr, 0, 64, rw());
+        assert_eq!(done.status, WcStatus::MwBindErr, "window of another PD");
+    }
+
+    #[test]
+    fn a_type1_window_rebinds_unbinds_and_holds_its_mr() {
+        let mut net = Net::new(2, 58, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type1).unwrap();
+        let (key, done) = bind(&mut net, b, mw, mr, 0, 1024, rw());
+        assert_eq!(done.status, WcStatus::Success);
+        // Any QP of the PD may use a type 1 window.
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::Success);
+        // The MR cannot go while the window is bound into it.
+        let e = net.engines[b.e].memory_mut().deregister(mr.lkey);
+        assert_eq!(errno(e), Errno::EBUSY);
+        // Rebound elsewhere: the old key is gone, the new one works there.
+        let (key2, done) = bind(&mut net, b, key, mr, 2048, 1024, rw());
+        assert_eq!(done.status, WcStatus::Success);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 2048, key2),
+        );
+        assert_eq!(st, WcStatus::Success);
+        // A zero-length bind unbinds: the key stops working, the MR may go.
+        let (key3, done) = bind(&mut net, b, key2, mr, 0, 0, AccessFlags::NONE);
+        assert_eq!(done.status, WcStatus::Success);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 2048, key3),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+        net.engines[b.e].memory_mut().deregister(mr.lkey).unwrap();
+    }
+
+    #[test]
+    fn a_deallocated_window_answers_nothing() {
+        let mut net = Net::new(2, 59, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, b, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[b.e].alloc_mw(b.pd, MwType::Type2).unwrap();
+        let (key, _) = bind(&mut net, b, mw, mr, 0, 4096, rw());
+        net.engines[b.e].dealloc_mw(key).unwrap();
+        assert_eq!(errno(net.engines[b.e].dealloc_mw(key)), Errno::EINVAL);
+        let st = status_of(
+            &mut net,
+            a,
+            through(a, SendOpcode::RdmaWrite, 64, mr, 0, key),
+        );
+        assert_eq!(st, WcStatus::RemAccessErr);
+        // Deallocation unbound it: the MR may go.
+        net.engines[b.e].memory_mut().deregister(mr.lkey).unwrap();
+    }
+
+    #[test]
+    fn binds_complete_in_send_queue_order() {
+        // A bind posted behind a WRITE completes after it; a WRITE posted
+        // behind the bind may use the new key at once.
+        let mut net = Net::new(2, 60, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mr = bindable(&mut net, a, 4096, AccessFlags::LOCAL_WRITE);
+        let mw = net.engines[a.e].alloc_mw(a.pd, MwType::Type2).unwrap();
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 4000, b, 0),
+        );
+        let mut wr = SendWr::new(2, SendOpcode::BindMw, Vec::new());
+        wr.bind = Some(MwBind {
+            mw_rkey: mw,
+            new_rkey: inc(mw),
+            mr_lkey: mr.lkey,
+            addr: mr.addr,
+            length: 4096,
+            access: rw(),
+        });
+        post(&mut net, a, wr);
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 3, SendOpcode::RdmaWrite, 0, 100, b, 0),
+        );
+        let wcs = wait_wcs(&mut net, a, 3);
+        let order: Vec<(u64, WcOpcode, WcStatus)> =
+            wcs.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect();
+        assert_eq!(
+            order,
+            [
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::BindMw, WcStatus::Success),
+                (3, WcOpcode::RdmaWrite, WcStatus::Success)
+            ]
+        );
+        let st = status_of(
+            &mut net,
+            b,
+            through(b, SendOpcode::RdmaRead, 64, mr, 0, inc(mw)),
+        );
+        assert_eq!(st, WcStatus::Success);
+    }
+}

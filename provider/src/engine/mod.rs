@@ -22,7 +22,7 @@ pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr};
 pub use drops::{DropCounts, DropReason};
 
 use crate::cq::CompletionQueue;
-use crate::memory::MemoryTable;
+use crate::memory::{MemoryTable, MwType};
 use crate::qp_attr::{AttrMask, QpAttr, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
@@ -315,6 +315,20 @@ impl Engine {
         }
         self.pds.remove(&pd.0);
         Ok(())
+    }
+
+    /// `ibv_alloc_mw`: an unbound memory window of `kind` in `pd`; its
+    /// key. `EINVAL` for no such PD.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> VerbsResult<u32> {
+        if !self.pds.contains_key(&pd.0) {
+            return Err(err("ibv_alloc_mw", Errno::EINVAL, "no such PD"));
+        }
+        self.memory.alloc_window(pd, kind)
+    }
+
+    /// `ibv_dealloc_mw`: the window goes; its keys stop working at once.
+    pub fn dealloc_mw(&mut self, key: u32) -> VerbsResult<()> {
+        self.memory.dealloc_window(key)
     }
 
     /// `ibv_create_cq`.

@@ -14,7 +14,7 @@ use super::{
     Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
 };
 use crate::cq::CompletionQueue;
-use crate::memory::{MemoryTable, Sge};
+use crate::memory::{MemoryTable, RemoteQp, Sge};
 use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
@@ -212,6 +212,14 @@ impl Qp {
         }
     }
 
+    /// This QP as the memory table sees a remote access through it.
+    pub fn remote_qp(&self) -> RemoteQp {
+        RemoteQp {
+            pd: self.init.pd,
+            qpn: Some(self.qpn),
+        }
+    }
+
     /// Count a received packet this QP dropped for `reason`.
     pub fn drop_packet(&mut self, cx: &mut QpCtx, reason: DropReason) {
         self.drops.add(reason);
@@ -328,6 +336,8 @@ impl Qp {
                     | SendOpcode::SendWithImm
                     | SendOpcode::RdmaWrite
                     | SendOpcode::RdmaWriteWithImm
+                    | SendOpcode::LocalInv
+                    | SendOpcode::BindMw
             ),
             QpType::Ud => matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm),
         };
@@ -346,8 +356,11 @@ impl Qp {
         if wr.sg_list.len() > cap.max_send_sge as usize {
             return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
         }
+        if wr.opcode == SendOpcode::BindMw && wr.bind.is_none() {
+            return Err(err(VERB, Errno::EINVAL, "BIND_MW without a window"));
+        }
         let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
-        if inline && wr.opcode.is_read_or_atomic() {
+        if inline && (wr.opcode.is_read_or_atomic() || wr.opcode.is_local()) {
             // rxe's validate_send_wr: the opcode has no WR_INLINE_MASK.
             return Err(err(
                 VERB,

@@ -6,6 +6,7 @@
 
 use super::qp::{Qp, QpCtx};
 use super::{Nanos, Transmit};
+use crate::memory::RemoteQp;
 use crate::qp_attr::{QpAttr, QpState, QpType};
 use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, SendWr};
@@ -204,11 +205,13 @@ impl Requester {
     pub(super) fn ack_upto(&mut self, p: Psn) -> Option<Psn> {
         let mut implied = None;
         for w in self.sq.iter_mut() {
-            if !w.started {
-                break;
-            }
+            // Finished first: a local operation (bind, invalidate) is done
+            // without ever being started.
             if w.done.is_some() {
                 continue;
+            }
+            if !w.started {
+                break;
             }
             if w.last_psn().is_after(p) {
                 break;
@@ -285,6 +288,7 @@ fn data_opcode(qp_type: QpType, op: SendOpcode, i: u32, n: u32) -> Option<Opcode
         SendOpcode::RdmaRead => (Operation::ReadRequest, false, false),
         SendOpcode::AtomicCmpAndSwp => (Operation::CompareSwap, false, false),
         SendOpcode::AtomicFetchAndAdd => (Operation::FetchAdd, false, false),
+        SendOpcode::LocalInv | SendOpcode::BindMw => return None,
     };
     let last = i + 1 >= n;
     let class = match (op.is_read_or_atomic(), i == 0, last) {
@@ -302,6 +306,65 @@ fn packets_for(len: u32, pmtu: usize) -> u32 {
 }
 
 impl Qp {
+    /// Execute the local operations (bind, invalidate) the cursor has
+    /// reached, in send-queue order: they take effect now, send nothing,
+    /// and complete in order with the rest (rxe's `rxe_do_local_ops`).
+    /// False when one failed: its WR completes with MW_BIND_ERR (bind) or
+    /// LOC_QP_OP_ERR (invalidate) and the QP goes to ERR.
+    fn run_local_ops(&mut self, cx: &mut QpCtx) -> bool {
+        loop {
+            let r = &mut self.req;
+            while r.sq.get(r.cursor).is_some_and(|w| w.done.is_some()) {
+                r.cursor += 1;
+                r.cursor_pkt = 0;
+            }
+            let Some(w) = r.sq.get(r.cursor) else {
+                return true;
+            };
+            if !w.wr.opcode.is_local() {
+                return true;
+            }
+            let by = RemoteQp {
+                pd: self.init.pd,
+                qpn: Some(self.qpn),
+            };
+            let (status, outcome) = match (w.wr.opcode, w.wr.bind) {
+                (SendOpcode::BindMw, Some(bind)) => (
+                    WcStatus::MwBindErr,
+                    cx.memory.bind_window(by, &bind).map_err(|e| e.to_string()),
+                ),
+                (SendOpcode::LocalInv, _) => (
+                    WcStatus::LocQpOpErr,
+                    cx.memory
+                        .invalidate(w.wr.invalidate_rkey, by)
+                        .map_err(|e| e.to_string()),
+                ),
+                _ => (WcStatus::MwBindErr, Err("a bind without its window".into())),
+            };
+            let cursor = r.cursor;
+            match outcome {
+                Ok(()) => {
+                    r.sq[cursor].done = Some(WcStatus::Success);
+                    r.cursor += 1;
+                    r.cursor_pkt = 0;
+                    self.retire(cx);
+                }
+                Err(why) => {
+                    tracing::debug!(
+                        qpn = format_args!("{:#x}", self.qpn),
+                        op = ?r.sq[cursor].wr.opcode,
+                        %why,
+                        "local operation failed: the QP goes to ERR"
+                    );
+                    r.sq[cursor].done = Some(status);
+                    self.retire(cx);
+                    self.fail(cx);
+                    return false;
+                }
+            }
+        }
+    }
+
     /// The next request packet of this QP, if it may send one now.
     pub(super) fn request_transmit(
         &mut self,
@@ -314,6 +377,9 @@ impl Qp {
         let state = self.state();
         let draining = state == QpState::Sqd;
         if !(state == QpState::Rts || draining) || self.req.rnr_wait.is_some() {
+            return None;
+        }
+        if !draining && !self.run_local_ops(cx) {
             return None;
         }
         let qpn = self.qpn;

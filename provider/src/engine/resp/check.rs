@@ -4,8 +4,8 @@
 //! state it needs, returning the NAK its failure implies.
 
 use super::InMsg;
-use crate::memory::MemoryTable;
-use crate::types::{AccessFlags, PdId};
+use crate::memory::{MemoryTable, RemoteQp};
+use crate::types::AccessFlags;
 use roxe_wire::aeth::NakCode;
 use roxe_wire::{Opcode, Operation, Packet, PacketClass, RethRepr};
 
@@ -73,7 +73,7 @@ pub(super) fn length(pkt: &Packet<&[u8]>, pmtu: usize) -> Result<(), NakCode> {
 pub(super) fn rkey(
     memory: &MemoryTable,
     pkt: &Packet<&[u8]>,
-    pd: PdId,
+    by: RemoteQp,
     need: AccessFlags,
 ) -> Result<RethRepr, NakCode> {
     let reth = pkt.reth().ok_or(NakCode::InvalidRequest)?;
@@ -81,7 +81,7 @@ pub(super) fn rkey(
         return Err(NakCode::InvalidRequest);
     }
     memory
-        .check_remote(reth.rkey, pd, reth.va, u64::from(reth.dma_len), need)
+        .check_remote(reth.rkey, by, reth.va, u64::from(reth.dma_len), need)
         .map_err(|_| NakCode::RemoteAccessError)?;
     Ok(reth)
 }

@@ -74,7 +74,7 @@ impl Qp {
     }
 
     fn execute_read(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
-        let reth = check::rkey(cx.memory, pkt, self.init.pd, AccessFlags::REMOTE_READ)?;
+        let reth = check::rkey(cx.memory, pkt, self.remote_qp(), AccessFlags::REMOTE_READ)?;
         let p = pkt.bth().psn();
         let n = (reth.dma_len as usize).div_ceil(self.pmtu()).max(1) as u32;
         let msn = self.next_msn();
@@ -104,12 +104,12 @@ impl Qp {
 
     fn execute_atomic(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
         let a = pkt.atomic_eth().ok_or(NakCode::InvalidRequest)?;
-        let pd = self.init.pd;
+        let by = self.remote_qp();
         let res = if pkt.opcode() == Opcode::RcCompareSwap {
             cx.memory
-                .atomic_cmp_swap(a.rkey, pd, a.va, a.compare, a.swap_add)
+                .atomic_cmp_swap(a.rkey, by, a.va, a.compare, a.swap_add)
         } else {
-            cx.memory.atomic_fetch_add(a.rkey, pd, a.va, a.swap_add)
+            cx.memory.atomic_fetch_add(a.rkey, by, a.va, a.swap_add)
         };
         let orig = match res {
             Ok(v) => v,
@@ -128,9 +128,9 @@ impl Qp {
 
     fn execute_write(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
         let op = pkt.opcode();
-        let pd = self.init.pd;
+        let by = self.remote_qp();
         if op.starts_message() {
-            let reth = check::rkey(cx.memory, pkt, pd, AccessFlags::REMOTE_WRITE)?;
+            let reth = check::rkey(cx.memory, pkt, by, AccessFlags::REMOTE_WRITE)?;
             self.resp.msg = Some(InMsg::Write {
                 va: reth.va,
                 rkey: reth.rkey,
@@ -157,7 +157,7 @@ impl Qp {
         if n > 0
             && cx
                 .memory
-                .remote_write(rkey, pd, va.wrapping_add(written), payload)
+                .remote_write(rkey, by, va.wrapping_add(written), payload)
                 .is_err()
         {
             return Err(NakCode::RemoteAccessError);
@@ -245,22 +245,33 @@ impl Qp {
             return Outcome::Fail(Some((recv_cq, wc)));
         }
         let ends = op.ends_message();
-        if ends && pkt.ieth().is_some() {
-            // SEND_WITH_INV: only a memory window or a fast-registration MR
-            // can be invalidated remotely, and roxe has neither, so the
-            // invalidation fails, as rxe's does for an ordinary MR
-            // (rxe_invalidate_mr: not IB_MR_TYPE_MEM_REG). rxe's class J:
-            // the receive completes with REM_INV_REQ_ERR and the QP goes to
-            // ERR, never reporting IBV_WC_WITH_INV for a key that still
-            // works. The requester is NAKed invalid request (rxe's class J
-            // path leaves its ACK syndrome alone and ACKs the message, so
-            // its sender sees success and only later a retry error).
-            if reliable {
-                self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
-            }
-            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, qpn);
-            return Outcome::Fail(Some((recv_cq, wc)));
-        }
+        // SEND_WITH_INV: the key is invalidated when the message completes
+        // (only a type 2 window bound through this QP can be; an ordinary
+        // region cannot, as with rxe's `rxe_invalidate_mr`). On failure,
+        // rxe's class J: the receive completes with REM_INV_REQ_ERR and the
+        // QP goes to ERR, never reporting IBV_WC_WITH_INV for a key that
+        // still works; the requester is NAKed invalid request (rxe ACKs and
+        // leaves its sender to time out; hardware NAKs).
+        let invalidated = match pkt.ieth() {
+            Some(rkey) if ends => match cx.memory.invalidate(rkey, self.remote_qp()) {
+                Ok(()) => Some(rkey),
+                Err(e) => {
+                    tracing::debug!(
+                        qpn = format_args!("{qpn:#x}"),
+                        rkey = format_args!("{rkey:#x}"),
+                        error = %e,
+                        "SEND_WITH_INV could not invalidate"
+                    );
+                    if reliable {
+                        self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
+                    }
+                    let wc =
+                        WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, qpn);
+                    return Outcome::Fail(Some((recv_cq, wc)));
+                }
+            },
+            _ => None,
+        };
         self.resp.epsn = p + 1;
         if !ends {
             self.resp.msg = Some(InMsg::Send {
@@ -275,6 +286,10 @@ impl Qp {
         if let Some(imm) = pkt.imm_dt() {
             wc.imm_data = imm;
             wc.wc_flags |= wc_flags::WITH_IMM;
+        }
+        if let Some(rkey) = invalidated {
+            wc.invalidated_rkey = rkey;
+            wc.wc_flags |= wc_flags::WITH_INV;
         }
         Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
     }

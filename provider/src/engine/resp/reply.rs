@@ -28,7 +28,7 @@ impl Qp {
         };
         let dest_qp = self.attr.dest_qp_num;
         let pmtu = self.pmtu();
-        let pd = self.init.pd;
+        let by = self.remote_qp();
         let src_port = self.src_port();
         let in_error = self.state() == QpState::Err;
         let r = &mut self.resp;
@@ -102,7 +102,7 @@ impl Qp {
                 if payload_len > 0
                     && cx
                         .memory
-                        .remote_read(rkey, pd, va, &mut buf[h..h + payload_len])
+                        .remote_read(rkey, by, va, &mut buf[h..h + payload_len])
                         .is_err()
                 {
                     // The region went away between packets: NAK and fail.
