@@ -556,6 +556,30 @@ impl MemoryTable {
         }
     }
 
+    /// How many memory windows are bound into the region `lkey` names (0
+    /// for no such region).
+    pub fn bound_windows(&self, lkey: u32) -> u32 {
+        self.lookup(lkey).map_or(0, |r| r.windows)
+    }
+
+    /// Deregister the region `lkey` names even with windows bound into it:
+    /// they are unbound first (their keys stop working), so no remote
+    /// access reaches the memory afterwards. For an owner that cannot
+    /// report failure (a `Drop`); the verb is [`deregister`](Self::deregister).
+    pub fn deregister_unbinding(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        if self.bound_windows(lkey) > 0 {
+            for w in self.windows.values_mut() {
+                if w.binding.is_some_and(|b| b.mr_key == lkey) {
+                    w.binding = None;
+                }
+            }
+            if let Some(r) = self.regions.get_mut(&(lkey >> 8)) {
+                r.windows = 0;
+            }
+        }
+        self.deregister(lkey)
+    }
+
     /// `ibv_rereg_mr`: move the region `lkey` names to another PD, give it
     /// other access rights, and/or (unsafe, see
     /// [`reregister_translation`](Self::reregister_translation)) other
@@ -1056,15 +1080,17 @@ impl MemoryTable {
         if bind.new_rkey >> 8 != index {
             return Err(WindowError::KeyIndex);
         }
+        if bind.access.contains(AccessFlags::ZERO_BASED) {
+            return Err(WindowError::ZeroBased);
+        }
+        // Only the remote rights mean anything for a window; others (the
+        // LOCAL_WRITE pyverbs passes, say) are ignored, as rxe does.
         let remote =
             AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0;
-        if bind.access.0 & !remote != 0 {
-            return Err(if bind.access.contains(AccessFlags::ZERO_BASED) {
-                WindowError::ZeroBased
-            } else {
-                WindowError::Access
-            });
-        }
+        let bind = &MwBind {
+            access: AccessFlags(bind.access.0 & remote),
+            ..*bind
+        };
         let (kind, pd) = (w.kind, w.pd);
         match kind {
             MwType::Type1 if bind.length == 0 => {

@@ -3224,11 +3224,11 @@ mod mw_tests {
             ),
             ("zero length (type 2)", AccessFlags::LOCAL_WRITE, 0, 0, rw()),
             (
-                "a local right",
+                "a zero-based window",
                 AccessFlags::LOCAL_WRITE,
                 0,
                 64,
-                AccessFlags::LOCAL_WRITE,
+                AccessFlags::ZERO_BASED,
             ),
         ];
         for (i, (what, mr_access, offset, len, access)) in cases.into_iter().enumerate() {

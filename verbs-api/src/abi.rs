@@ -28,6 +28,10 @@ pub type QueryDeviceExFn =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
 
 pub const IBV_SYSFS_NAME_MAX: usize = 64;
+/// `IBV_DEVICE_MEM_WINDOW` in `device_cap_flags`.
+pub const IBV_DEVICE_MEM_WINDOW: c_uint = 1 << 17;
+/// `IBV_DEVICE_MEM_WINDOW_TYPE_2B` in `device_cap_flags`.
+pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: c_uint = 1 << 24;
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
 
 #[repr(C)]
@@ -41,15 +45,22 @@ pub struct ibv_device {
     pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
 }
 
-/// `struct ibv_context_ops`: 32 slots; the five the inline data-path
-/// wrappers call are typed, the rest stay NULL (`_compat_*`, memory
-/// windows: `ibv_alloc_mw` then fails with EOPNOTSUPP).
+/// `ibv_alloc_mw`'s op (verbs.h's inline wrapper calls it).
+pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+/// `ibv_bind_mw`'s op.
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+/// `ibv_dealloc_mw`'s op.
+pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
+
+/// `struct ibv_context_ops`: 32 slots; the ones verbs.h's inline wrappers
+/// call (data path, memory windows) are typed, the rest stay NULL
+/// (`_compat_*`).
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_slots0: [*const c_void; 7],
-    pub alloc_mw: *const c_void,
-    pub bind_mw: *const c_void,
-    pub dealloc_mw: *const c_void,
+    pub alloc_mw: Option<AllocMwFn>,
+    pub bind_mw: Option<BindMwFn>,
+    pub dealloc_mw: Option<DeallocMwFn>,
     pub _compat_create_cq: *const c_void,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyCqFn>,
@@ -102,6 +113,44 @@ pub struct verbs_context {
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`: 1 or 2.
+    pub type_: u32,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`'s argument).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`'s second union (IBV_WR_BIND_MW).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]
@@ -493,9 +542,24 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// `bind_mw` / `tso` (not supported).
+    /// `bind_mw` ([`ibv_send_wr::bind_mw`]) / `tso` (not supported).
     pub _bind_mw_or_tso: [u64; 6],
 }
+
+impl ibv_send_wr {
+    /// The union's `bind_mw` member (meaningful for IBV_WR_BIND_MW).
+    pub fn bind_mw(&self) -> ibv_send_wr_bind_mw {
+        // SAFETY: the union is 48 bytes, 8-aligned, and bind_mw is one of
+        // its members (asserted below); any bit pattern is a valid
+        // ibv_send_wr_bind_mw (pointers and integers).
+        unsafe { std::ptr::read(self._bind_mw_or_tso.as_ptr().cast::<ibv_send_wr_bind_mw>()) }
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<ibv_send_wr_bind_mw>() == 48);
+const _: () = assert!(std::mem::align_of::<ibv_send_wr_bind_mw>() <= 8);
+const _: () = assert!(std::mem::size_of::<ibv_mw>() == 32);
+const _: () = assert!(std::mem::size_of::<ibv_mw_bind>() == 48);
 
 #[repr(C)]
 pub struct ibv_recv_wr {

@@ -483,6 +483,10 @@ fn device_attr(c: &RoxeContext) -> ibv_device_attr {
     d.max_cq = clamp(a.max_cq);
     d.max_cqe = clamp(a.max_cqe);
     d.max_mr = clamp(a.max_mr);
+    // Memory windows (type 1 and 2B, as rxe): they share the key space
+    // with memory regions.
+    d.max_mw = clamp(a.max_mr);
+    d.device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     d.max_pd = clamp(a.max_pd);
     d.max_qp_rd_atom = clamp(a.max_qp_rd_atom);
     d.max_res_rd_atom = clamp(a.max_qp_rd_atom.saturating_mul(a.max_qp.min(1024)));

@@ -13,8 +13,8 @@ use crate::device::context;
 use crate::{guard, set_errno};
 use parking_lot::Mutex;
 use roxe_verbs::{
-    AccessFlags, AttrMask, CompChannel, Cq, Mr, Pd, Qp, QpInit, QpState, QpType, RecvWr, SendFlags,
-    SendOpcode, SendWr, Sge, Srq, WorkCompletion,
+    AccessFlags, AttrMask, CompChannel, Cq, Mr, Mw, MwBind, MwType, Pd, Qp, QpInit, QpState,
+    QpType, RecvWr, SendFlags, SendOpcode, SendWr, Sge, Srq, WorkCompletion,
 };
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -30,6 +30,9 @@ pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
     ops.post_send = Some(post_send);
     ops.post_recv = Some(post_recv);
     ops.post_srq_recv = Some(post_srq_recv);
+    ops.alloc_mw = Some(alloc_mw);
+    ops.bind_mw = Some(bind_mw);
+    ops.dealloc_mw = Some(dealloc_mw);
 }
 
 /// Hand a container to C: its address is the public struct's.
@@ -366,6 +369,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return libc::EINVAL;
         }
+        // SAFETY: mr is from ibv_reg_mr (the C contract).
+        if unsafe { obj::<RoxeMr, _>(mr) }.is_some_and(|m| m.mr.bound_windows() > 0) {
+            // As the kernel: not while memory windows are bound into it.
+            return libc::EBUSY;
+        }
         // SAFETY: mr came from leak(RoxeMr) and is destroyed once; its PD
         // outlives it (dealloc_pd refuses while users > 0).
         let m = unsafe { Box::from_raw(mr.cast::<RoxeMr>()) };
@@ -376,6 +384,124 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: see above, the PD is still alive.
         unsafe { (*pd).users.fetch_sub(1, Ordering::AcqRel) };
         0
+    })
+}
+
+// ------------------------------------------------------- memory windows
+
+#[repr(C)]
+struct RoxeMw {
+    c: ibv_mw,
+    mw: Mw,
+    pd: *const RoxePd,
+}
+
+/// `ibv_alloc_mw` (the op verbs.h's inline wrapper calls): EINVAL for a
+/// type other than 1 and 2, as rxe.
+unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
+    guard(null_mut(), || {
+        // SAFETY: pd is NULL or from ibv_alloc_pd (the C contract).
+        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+            return fail_null(libc::EINVAL);
+        };
+        let kind = match mw_type {
+            1 => MwType::Type1,
+            2 => MwType::Type2,
+            _ => return fail_null(libc::EINVAL),
+        };
+        match p.pd.alloc_mw(kind) {
+            Ok(mw) => {
+                p.users.fetch_add(1, Ordering::AcqRel);
+                leak(RoxeMw {
+                    c: ibv_mw {
+                        context: p.c.context,
+                        pd,
+                        rkey: mw.rkey(),
+                        handle: 0,
+                        type_: mw_type,
+                    },
+                    mw,
+                    pd: p,
+                })
+                .cast()
+            }
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    guard(libc::EIO, || {
+        if mw.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: mw came from leak(RoxeMw) and is destroyed once; its PD
+        // outlives it (dealloc_pd refuses while users > 0).
+        let m = unsafe { Box::from_raw(mw.cast::<RoxeMw>()) };
+        let pd = m.pd;
+        // Dropping the Mw deallocates it: its keys stop working now.
+        drop(m);
+        // SAFETY: see above, the PD is still alive.
+        unsafe { (*pd).users.fetch_sub(1, Ordering::AcqRel) };
+        0
+    })
+}
+
+/// The MR a bind names: NULL, or one of this library's on the same
+/// context (EINVAL otherwise: a real device's MR cannot hold a soft
+/// device's window).
+///
+/// # Safety
+/// `mr` is NULL or an MR from `ibv_reg_mr*`.
+unsafe fn bind_mr<'a>(mr: *mut ibv_mr, ctx: *mut ibv_context) -> Result<Option<&'a Mr>, c_int> {
+    if mr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: per the contract; the context member is first in ibv_mr.
+    if unsafe { (*mr).context } != ctx {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: an MR of this library's context is a RoxeMr.
+    Ok(unsafe { obj::<RoxeMr, _>(mr) }.map(|m| &m.mr))
+}
+
+/// `ibv_bind_mw` (type 1, through the op): posts the bind; on success the
+/// window's `rkey` is the new key (which works once the bind executes).
+unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp, mw and bind are the caller's (the C contract).
+        let (Some(q), Some(m), Some(b)) =
+            (unsafe { (obj::<RoxeQp, _>(qp), obj::<RoxeMw, _>(mw), bind.as_ref()) })
+        else {
+            return libc::EINVAL;
+        };
+        if m.c.context != q.c.qp_base.context {
+            return libc::EINVAL;
+        }
+        let info = b.bind_info;
+        // SAFETY: info.mr is NULL or from ibv_reg_mr (the C contract).
+        let mr = match unsafe { bind_mr(info.mr, m.c.context) } {
+            Ok(mr) => mr,
+            Err(e) => return e,
+        };
+        let r = q.qp.bind_mw(
+            &m.mw,
+            mr,
+            info.addr,
+            info.length,
+            AccessFlags(info.mw_access_flags),
+            b.wr_id,
+            SendFlags(b.send_flags),
+        );
+        match r {
+            Ok(key) => {
+                // SAFETY: mw is a live RoxeMw (checked above); the shared
+                // borrow `m` is not used past this point.
+                unsafe { ptr::addr_of_mut!((*mw).rkey).write(key) };
+                0
+            }
+            Err(e) => e.errno(),
+        }
     })
 }
 
@@ -1485,7 +1611,11 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// # Safety
 /// `w` is a node of the caller's WR list; its SGEs, inline data and AH
 /// are valid as `ibv_post_send` requires.
-pub(crate) unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
+pub(crate) unsafe fn send_wr_from_c(
+    w: &ibv_send_wr,
+    qp_type: u32,
+    ctx: *mut ibv_context,
+) -> Result<SendWr, c_int> {
     let opcode = match w.opcode {
         0 => SendOpcode::RdmaWrite,
         1 => SendOpcode::RdmaWriteWithImm,
@@ -1494,8 +1624,10 @@ pub(crate) unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<Sen
         4 => SendOpcode::RdmaRead,
         5 => SendOpcode::AtomicCmpAndSwp,
         6 => SendOpcode::AtomicFetchAndAdd,
+        7 => SendOpcode::LocalInv,
+        8 => SendOpcode::BindMw,
         9 => SendOpcode::SendWithInv,
-        // LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, driver opcodes.
+        // TSO, ATOMIC_WRITE, FLUSH, driver opcodes.
         _ => return Err(libc::EINVAL),
     };
     // SAFETY: per the contract.
@@ -1507,7 +1639,30 @@ pub(crate) unsafe fn send_wr_from_c(w: &ibv_send_wr, qp_type: u32) -> Result<Sen
         SendOpcode::SendWithImm | SendOpcode::RdmaWriteWithImm => {
             wr.imm_data = u32::from_be(w.imm_data)
         }
-        SendOpcode::SendWithInv => wr.invalidate_rkey = w.imm_data,
+        SendOpcode::SendWithInv | SendOpcode::LocalInv => wr.invalidate_rkey = w.imm_data,
+        SendOpcode::BindMw => {
+            let b = w.bind_mw();
+            if b.mw.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: b.mw is a window from ibv_alloc_mw (the C contract);
+            // only this library's windows are on its contexts.
+            if unsafe { (*b.mw).context } != ctx {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: as above.
+            let m = unsafe { obj::<RoxeMw, _>(b.mw) }.ok_or(libc::EINVAL)?;
+            // SAFETY: bind_info.mr is NULL or from ibv_reg_mr.
+            let mr = unsafe { bind_mr(b.bind_info.mr, ctx) }?;
+            wr.bind = Some(MwBind {
+                mw_rkey: m.mw.rkey(),
+                new_rkey: b.rkey,
+                mr_lkey: mr.map_or(0, Mr::lkey),
+                addr: b.bind_info.addr,
+                length: b.bind_info.length,
+                access: AccessFlags(b.bind_info.mw_access_flags),
+            });
+        }
         _ => {}
     }
     if qp_type == IBV_QPT_UD {
@@ -1565,7 +1720,7 @@ unsafe extern "C" fn post_send(
             // SAFETY: wr is a node of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: per post_send's contract.
-            let r = unsafe { send_wr_from_c(w, q.c.qp_base.qp_type) }
+            let r = unsafe { send_wr_from_c(w, q.c.qp_base.qp_type, q.c.qp_base.context) }
                 .and_then(|sw| q.qp.post_send(sw).map_err(|e| e.errno()));
             if let Err(e) = r {
                 if !bad_wr.is_null() {

@@ -867,6 +867,13 @@ impl HwQp {
     /// this device); inline data is handed over as one SGE, which the
     /// provider copies before returning.
     pub(crate) fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
+        if wr.opcode.is_local() {
+            return Err(err(
+                "ibv_post_send",
+                libc::EOPNOTSUPP,
+                "memory window binds and local invalidation through the Rust API on a hardware device",
+            ));
+        }
         let f = self
             .ctx
             .ops()
