@@ -16,6 +16,17 @@
  *   3. RDMA READ the peer's buffer back (the bytes this side wrote) and
  *      check every byte.
  *
+ * With -w 1 or -w 2 the peer's buffer is reached through a memory window
+ * of that type instead of the MR's rkey: each side binds one over its RDMA
+ * target (type 1 with ibv_bind_mw, type 2 with an IBV_WR_BIND_MW work
+ * request) after RTS and sends the window's key over TCP. Then
+ *
+ *   4. each side ends its window: type 2 by the peer's SEND_WITH_INV, whose
+ *      receive completion must carry IBV_WC_WITH_INV and the key; type 1 by
+ *      a zero-length bind;
+ *   5. the client's RDMA WRITE through the server's ended key must fail
+ *      with IBV_WC_REM_ACCESS_ERR (which leaves both QPs in ERR).
+ *
  * Every completion wait is bounded (-t, default 10 s). On success each side
  * prints "server: OK: ..." or "client: OK: ..." and exits 0; on any failure
  * it prints what failed on stderr and exits 1.
@@ -47,6 +58,10 @@ enum {
 	WRID_SEND = 2,
 	WRID_WRITE = 3,
 	WRID_READ = 4,
+	WRID_BIND = 5,
+	WRID_RECV_INV = 6,
+	WRID_SEND_INV = 7,
+	WRID_STALE = 8,
 };
 
 /* What each side tells the other over TCP. */
@@ -103,7 +118,9 @@ static void usage(void)
 		"  -p PORT   TCP port (default 19875)\n"
 		"  -s SIZE   message and buffer size in bytes (default 4096)\n"
 		"  -m MTU    path MTU 256..4096 (default: the port's active MTU)\n"
-		"  -t SECS   longest wait for a completion or the peer (default 10)\n",
+		"  -t SECS   longest wait for a completion or the peer (default 10)\n"
+		"  -w TYPE   reach the peer's buffer through a memory window of\n"
+		"            type 1 or 2, then end it and check the key is dead\n",
 		prog, prog);
 	exit(1);
 }
@@ -319,6 +336,7 @@ static const char *opcode_str(enum ibv_wc_opcode op)
 	case IBV_WC_COMP_SWAP: return "COMP_SWAP";
 	case IBV_WC_FETCH_ADD: return "FETCH_ADD";
 	case IBV_WC_BIND_MW: return "BIND_MW";
+	case IBV_WC_LOCAL_INV: return "LOCAL_INV";
 	case IBV_WC_RECV: return "RECV";
 	case IBV_WC_RECV_RDMA_WITH_IMM: return "RECV_RDMA_WITH_IMM";
 	default: return "unknown opcode";
@@ -366,9 +384,10 @@ static uint32_t wait_completions(struct ibv_cq *cq, unsigned int want,
 				die("%s: unexpected completion, wr_id %" PRIu64 " (%s)",
 				    step, wc[i].wr_id, opcode_str(wc[i].opcode));
 			switch (wc[i].wr_id) {
-			case WRID_RECV: expect = IBV_WC_RECV; break;
-			case WRID_SEND: expect = IBV_WC_SEND; break;
+			case WRID_RECV: case WRID_RECV_INV: expect = IBV_WC_RECV; break;
+			case WRID_SEND: case WRID_SEND_INV: expect = IBV_WC_SEND; break;
 			case WRID_WRITE: expect = IBV_WC_RDMA_WRITE; break;
+			case WRID_BIND: expect = IBV_WC_BIND_MW; break;
 			default: expect = IBV_WC_RDMA_READ; break;
 			}
 			if (wc[i].opcode != expect)
@@ -380,6 +399,12 @@ static uint32_t wait_completions(struct ibv_cq *cq, unsigned int want,
 				    step, wc[i].wr_id, wc[i].qp_num, qpn);
 			if (wc[i].wr_id == WRID_RECV)
 				recv_len = wc[i].byte_len;
+			if (wc[i].wr_id == WRID_RECV_INV) {
+				if (!(wc[i].wc_flags & IBV_WC_WITH_INV))
+					die("%s: the receive does not report IBV_WC_WITH_INV (wc_flags 0x%x)",
+					    step, wc[i].wc_flags);
+				recv_len = wc[i].invalidated_rkey;
+			}
 			want &= ~(1u << wc[i].wr_id);
 		}
 	}
@@ -416,6 +441,45 @@ static void check(const unsigned char *buf, size_t len, int server, int purpose,
 }
 
 enum { P_SEND = 0, P_WRITE = 1 };
+
+/* Wait for the one completion of `wr_id` and check it failed with `want`. */
+static void wait_failure(struct ibv_cq *cq, uint64_t wr_id, enum ibv_wc_status want,
+			 const char *step)
+{
+	double deadline = now() + timeout_s;
+	struct ibv_wc wc;
+	int n;
+
+	for (;;) {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			die("%s: ibv_poll_cq returned %d", step, n);
+		if (n == 1)
+			break;
+		if (now() > deadline)
+			die("%s: no completion within %.0f s", step, timeout_s);
+		usleep(20);
+	}
+	if (wc.wr_id != wr_id)
+		die("%s: unexpected completion, wr_id %" PRIu64, step, wc.wr_id);
+	if (wc.status != want)
+		die("%s: completed with %s (%d), expected %s", step,
+		    ibv_wc_status_str(wc.status), wc.status, ibv_wc_status_str(want));
+}
+
+/* Exchange one 32-bit key over TCP. */
+static uint32_t exchange_key(int fd, uint32_t mine)
+{
+	char msg[9], got[9];
+	unsigned int key;
+
+	snprintf(msg, sizeof(msg), "%08x", mine);
+	write_full(fd, msg, sizeof(msg), "the window key");
+	read_full(fd, got, sizeof(got), "the window key");
+	if (got[8] != '\0' || sscanf(got, "%x", &key) != 1)
+		die("malformed window key from the peer");
+	return key;
+}
 
 static void print_gid(const char *label, const struct peer_info *p)
 {
@@ -458,13 +522,15 @@ int main(int argc, char **argv)
 	const char *dev_name = NULL, *host = NULL;
 	unsigned char *buf, *send_buf, *recv_buf, *rdma_buf, *read_buf;
 	size_t size = 4096;
-	int gid_idx = -1, tcp_port = 19875, ib_port = 1, mtu = 0;
+	int gid_idx = -1, tcp_port = 19875, ib_port = 1, mtu = 0, mw_type = 0;
+	struct ibv_mw *mw = NULL;
+	uint32_t mw_key = 0;
 	int num_devices, i, ret, fd, opt;
 	enum ibv_mtu path_mtu;
 	uint32_t got_len;
 	double t0;
 
-	while ((opt = getopt(argc, argv, "d:g:i:p:s:m:t:h")) != -1) {
+	while ((opt = getopt(argc, argv, "d:g:i:p:s:m:t:w:h")) != -1) {
 		char *end;
 		long v;
 
@@ -487,6 +553,7 @@ int main(int argc, char **argv)
 		case 's': size = (size_t)v; break;
 		case 'm': mtu = (int)v; break;
 		case 't': timeout_s = (double)v; break;
+		case 'w': mw_type = (int)v; break;
 		}
 	}
 	if (optind == argc - 1)
@@ -502,6 +569,8 @@ int main(int argc, char **argv)
 		die("bad MTU %d (256, 512, 1024, 2048 or 4096)", mtu);
 	if (timeout_s < 1)
 		timeout_s = 1;
+	if (mw_type != 0 && mw_type != 1 && mw_type != 2)
+		die("bad memory window type %d (1 or 2)", mw_type);
 	srand48(getpid() * 1000003L ^ time(NULL));
 
 	/* 1. Find the device. */
@@ -576,7 +645,7 @@ int main(int argc, char **argv)
 	memset(read_buf, 0, size);
 	mr = ibv_reg_mr(pd, buf, 4 * size,
 			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-			IBV_ACCESS_REMOTE_READ);
+			IBV_ACCESS_REMOTE_READ | (mw_type ? IBV_ACCESS_MW_BIND : 0));
 	if (!mr)
 		die("ibv_reg_mr(%zu bytes): %s", 4 * size, strerror(errno));
 
@@ -586,8 +655,8 @@ int main(int argc, char **argv)
 	init_attr.recv_cq = cq;
 	init_attr.qp_type = IBV_QPT_RC;
 	init_attr.sq_sig_all = 1;
-	init_attr.cap.max_send_wr = 4;
-	init_attr.cap.max_recv_wr = 4;
+	init_attr.cap.max_send_wr = 8;
+	init_attr.cap.max_recv_wr = 8;
 	init_attr.cap.max_send_sge = 1;
 	init_attr.cap.max_recv_sge = 1;
 	qp = ibv_create_qp(pd, &init_attr);
@@ -683,6 +752,52 @@ int main(int argc, char **argv)
 	if (qp->state != IBV_QPS_RTS)
 		die("QP state is %d after the move to RTS", qp->state);
 
+	/* 7b. With -w: a window over the RDMA target, its key to the peer. */
+	if (mw_type) {
+		mw = ibv_alloc_mw(pd, mw_type == 1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2);
+		if (!mw)
+			die("ibv_alloc_mw(type %d): %s", mw_type, strerror(errno));
+		if (mw_type == 1) {
+			struct ibv_mw_bind bind = {
+				.wr_id = WRID_BIND,
+				.send_flags = IBV_SEND_SIGNALED,
+				.bind_info = {
+					.mr = mr,
+					.addr = (uintptr_t)rdma_buf,
+					.length = size,
+					.mw_access_flags = IBV_ACCESS_REMOTE_WRITE |
+							   IBV_ACCESS_REMOTE_READ,
+				},
+			};
+
+			ret = ibv_bind_mw(qp, mw, &bind);
+			if (ret)
+				die("ibv_bind_mw: %s", strerror(ret));
+			mw_key = mw->rkey;
+		} else {
+			memset(&swr, 0, sizeof(swr));
+			swr.wr_id = WRID_BIND;
+			swr.opcode = IBV_WR_BIND_MW;
+			swr.send_flags = IBV_SEND_SIGNALED;
+			swr.bind_mw.mw = mw;
+			swr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+			swr.bind_mw.bind_info.mr = mr;
+			swr.bind_mw.bind_info.addr = (uintptr_t)rdma_buf;
+			swr.bind_mw.bind_info.length = size;
+			swr.bind_mw.bind_info.mw_access_flags =
+				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+			ret = ibv_post_send(qp, &swr, &bad_swr);
+			if (ret)
+				die("ibv_post_send(BIND_MW): %s", strerror(ret));
+			mw_key = swr.bind_mw.rkey;
+		}
+		wait_completions(cq, 1u << WRID_BIND, "BIND_MW", qp->qp_num);
+		peer.rkey = exchange_key(fd, mw_key);
+		printf("  window: type %d, local key 0x%08x, remote key 0x%08x\n",
+		       mw_type, mw_key, peer.rkey);
+		fflush(stdout);
+	}
+
 	/* Both QPs are ready to receive before anybody sends. */
 	barrier(fd, 'R');
 	t0 = now();
@@ -743,6 +858,81 @@ int main(int argc, char **argv)
 
 	/* The peer may still be reading our buffer: tear down only after it. */
 	barrier(fd, 'D');
+
+	/* 10b. With -w: end the windows, then check their keys are dead. */
+	if (mw_type == 2) {
+		uint32_t inv;
+
+		sge.addr = (uintptr_t)recv_buf;
+		sge.length = (uint32_t)size;
+		memset(&rwr, 0, sizeof(rwr));
+		rwr.wr_id = WRID_RECV_INV;
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		ret = ibv_post_recv(qp, &rwr, &bad_rwr);
+		if (ret)
+			die("ibv_post_recv: %s", strerror(ret));
+		barrier(fd, 'V');
+		sge.addr = (uintptr_t)send_buf;
+		sge.length = 16;
+		memset(&swr, 0, sizeof(swr));
+		swr.wr_id = WRID_SEND_INV;
+		swr.sg_list = &sge;
+		swr.num_sge = 1;
+		swr.opcode = IBV_WR_SEND_WITH_INV;
+		swr.send_flags = IBV_SEND_SIGNALED;
+		swr.invalidate_rkey = peer.rkey;
+		ret = ibv_post_send(qp, &swr, &bad_swr);
+		if (ret)
+			die("ibv_post_send(SEND_WITH_INV): %s", strerror(ret));
+		inv = wait_completions(cq, 1u << WRID_SEND_INV | 1u << WRID_RECV_INV,
+				       "SEND_WITH_INV", qp->qp_num);
+		if (inv != mw_key)
+			die("the receive invalidated key 0x%08x, not our window's 0x%08x",
+			    inv, mw_key);
+	} else if (mw_type == 1) {
+		struct ibv_mw_bind unbind = {
+			.wr_id = WRID_BIND,
+			.send_flags = IBV_SEND_SIGNALED,
+		};
+
+		ret = ibv_bind_mw(qp, mw, &unbind);
+		if (ret)
+			die("ibv_bind_mw(unbind): %s", strerror(ret));
+		wait_completions(cq, 1u << WRID_BIND, "BIND_MW (unbind)", qp->qp_num);
+	}
+	if (mw_type && role_server) {
+		/* The client checks the server's ended key (a remote access error
+		 * moves both QPs to ERR, so one check per connection). */
+		barrier(fd, 'I');
+		barrier(fd, 'E');
+		printf("server: OK: window type %d ended (%s)\n", mw_type,
+		       mw_type == 2 ? "SEND_WITH_INV reported" : "zero-length bind");
+		fflush(stdout);
+	} else if (mw_type) {
+		barrier(fd, 'I');
+		sge.addr = (uintptr_t)send_buf;
+		sge.length = 64;
+		memset(&swr, 0, sizeof(swr));
+		swr.wr_id = WRID_STALE;
+		swr.sg_list = &sge;
+		swr.num_sge = 1;
+		swr.opcode = IBV_WR_RDMA_WRITE;
+		swr.send_flags = IBV_SEND_SIGNALED;
+		swr.wr.rdma.remote_addr = peer.addr;
+		swr.wr.rdma.rkey = peer.rkey;
+		ret = ibv_post_send(qp, &swr, &bad_swr);
+		if (ret)
+			die("ibv_post_send(RDMA_WRITE through the ended window): %s",
+			    strerror(ret));
+		wait_failure(cq, WRID_STALE, IBV_WC_REM_ACCESS_ERR,
+			     "RDMA WRITE through the ended window");
+		/* Neither side tears down while the other's check runs. */
+		barrier(fd, 'E');
+		printf("client: OK: window type %d ended (%s), its key refused\n", mw_type,
+		       mw_type == 2 ? "SEND_WITH_INV reported" : "zero-length bind");
+		fflush(stdout);
+	}
 	printf("%s: OK: SEND/RECV %zu bytes each way, RDMA WRITE %zu bytes, RDMA READ %zu bytes, all verified in %.3f ms\n",
 	       role_server ? "server" : "client", size, size, size,
 	       (now() - t0) * 1e3);
@@ -754,6 +944,11 @@ int main(int argc, char **argv)
 	ret = ibv_destroy_qp(qp);
 	if (ret)
 		die("ibv_destroy_qp: %s", strerror(ret));
+	if (mw) {
+		ret = ibv_dealloc_mw(mw);
+		if (ret)
+			die("ibv_dealloc_mw: %s", strerror(ret));
+	}
 	ret = ibv_dereg_mr(mr);
 	if (ret)
 		die("ibv_dereg_mr: %s", strerror(ret));

@@ -1021,3 +1021,65 @@ fn stat_shows_the_qps_of_a_running_ib_write_bw() {
         }
     }
 }
+
+/// The tutorial through memory windows (`-w 1`, `-w 2`), two processes over
+/// the drop-in: the peer's buffer reached through a window's key, the window
+/// ended (type 2 by the peer's SEND_WITH_INV, reported in the receive
+/// completion; type 1 by a zero-length bind) and its key refused with
+/// REM_ACCESS_ERR; every packet captured and passed through roce-check.
+#[test]
+fn tutorial_memory_windows() {
+    if !common::programs_installed("tutorial_memory_windows") {
+        return;
+    }
+    let Some(bin) = tutorial() else {
+        return;
+    };
+    let bin = bin.to_str().expect("UTF-8 path").to_string();
+    let net = Net(44);
+    let dir = scratch("tutorial_mw");
+    let mut files = Vec::new();
+    for (i, kind) in [(0u16, "1"), (1, "2")] {
+        let (p, f) = captured(&dir, &format!("mw{kind}"), |pcap| {
+            let port = net.port(i).to_string();
+            let args = [
+                "-d", "roxe0", "-p", &port, "-g", "0", "-s", "8192", "-m", "1024", "-w", kind,
+            ];
+            let server = pcap(Side::new(&bin, &net.server(i), &args), "server");
+            let client = pcap(
+                Side::new(&bin, &net.client(i), &args).arg(net.server(i)),
+                "client",
+            );
+            run_pair(&server, &client, net.port(i))
+        });
+        check_tutorial(&p, 8192);
+        let ended = if kind == "2" {
+            "SEND_WITH_INV reported"
+        } else {
+            "zero-length bind"
+        };
+        assert!(
+            p.client.stdout.contains(&format!(
+                "client: OK: window type {kind} ended ({ended}), its key refused"
+            )),
+            "{p:?}"
+        );
+        assert!(
+            p.server
+                .stdout
+                .contains(&format!("server: OK: window type {kind} ended ({ended})")),
+            "{p:?}"
+        );
+        files.extend(f);
+    }
+    match roce_check() {
+        Some(tool) => {
+            let problems = check_captures(&tool, &files);
+            assert!(problems.is_empty(), "{problems:?}");
+        }
+        None => assert!(
+            std::env::var_os("CI").is_none(),
+            "roce-check not found (set ROXE_ROCE_CHECK)"
+        ),
+    }
+}
