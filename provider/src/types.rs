@@ -48,11 +48,15 @@ pub struct VerbsError {
 impl VerbsError {
     /// A new error.
     pub fn new(verb: &'static str, errno: Errno, detail: impl Into<String>) -> Self {
-        VerbsError {
+        let e = VerbsError {
             verb,
             errno,
             detail: detail.into(),
-        }
+        };
+        // Every refused verb of the Rust API, the drop-in and the hardware
+        // backend is made here: one place shows them all (ROXE_LOG=debug).
+        tracing::debug!(verb, errno = errno.0, detail = %e.detail, "verb failed");
+        e
     }
 }
 

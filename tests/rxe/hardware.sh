@@ -32,6 +32,13 @@
 #               rxe0, and `ibv_rc_pingpong -d rxe0` (the real device, passed
 #               through) against `ibv_rc_pingpong -d roxe0` over the drop-in
 #               on the host, both roles
+#   mw          memory windows on the wire: tests/c/tutorial.c -w 1 and -w 2
+#               on rxe0 in the guest (the system libibverbs) against the same
+#               program over the drop-in on the host (roxe0), both roles: the
+#               peer's buffer written and read through a window's key, the
+#               window ended (type 2: the peer's SEND_WITH_INV, reported in
+#               the receive completion; type 1: ibv_dealloc_mw) and the
+#               ended key refused with REM_ACCESS_ERR
 # Every host-guest run's packets are captured on the tap and must pass
 # roce-check. Prints one PASS/FAIL line per check and a summary; exit 0 only
 # if every check passed.
@@ -50,7 +57,7 @@ repo=$(cd "$here/../.." && pwd)
 : "${ROCE_CHECK:=$repo/../shared/tools/roce-check}"
 : "${RXEPEER_NETNS:=roxehw}"
 : "${WAIT:=90}"
-: "${CHECKS:=devices devinfo pingpong perf gso example overhead dropin}"
+: "${CHECKS:=devices devinfo pingpong perf gso example overhead dropin mw}"
 HOST_LIBDIR=$repo/target/release/ibverbs
 export RXEPEER_NETNS
 OUT=${OUT:-$(mktemp -d /tmp/roxe-rxe-hw.XXXXXX)}
@@ -294,6 +301,33 @@ if want dropin; then
       record "$tag" FAIL "see $OUT/$tag.*"
     fi
   done
+fi
+
+if want mw; then
+  if gcc -Wall -O2 -o "$OUT/tutorial" "$repo/tests/c/tutorial.c" -libverbs >"$OUT/mw-build.txt" 2>&1 &&
+    "$RXE_PEER/push" 1 "$OUT/tutorial" /usr/local/bin/tutorial >>"$OUT/harness.log" 2>&1; then
+    for kind in 1 2; do
+      for role in server client; do
+        port=$((19870 + kind * 2 + ${#role} % 2)); tag=mw$kind-rxe-$role
+        g="timeout $WAIT tutorial -d rxe0 -g $GIDX -w $kind -s 8192 -m 1024 -p $port"
+        h="LD_LIBRARY_PATH=$HOST_LIBDIR timeout $WAIT $OUT/tutorial -d roxe0 -g 0 -w $kind -s 8192 -m 1024 -p $port"
+        if [ $role = server ]; then
+          args=("$tag" G "$g" H "$h $GUEST_IP")
+        else
+          args=("$tag" H "$h" G "$g $HOST_IP")
+        fi
+        if captured "$tag" pair "${args[@]}" &&
+          grep -q "OK: window type $kind ended" "$OUT/$tag.client.txt" &&
+          grep -q "OK: window type $kind ended" "$OUT/$tag.server.txt"; then
+          record "$tag" PASS "$(grep -h 'client: OK: window' "$OUT/$tag.client.txt" "$OUT/$tag.server.txt" | head -1)"
+        else
+          record "$tag" FAIL "see $OUT/$tag.*"
+        fi
+      done
+    done
+  else
+    record mw FAIL "building or pushing tests/c/tutorial.c failed (see $OUT/mw-build.txt)"
+  fi
 fi
 
 printf '%s\n' "${results[@]}" >"$OUT/summary.txt"

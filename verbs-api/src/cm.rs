@@ -341,6 +341,12 @@ impl EventChannel {
         // Events of ids dropped since they were queued are skipped.
         while let Some(q) = self.inner.pop() {
             if let Some(ev) = process(q)? {
+                tracing::debug!(
+                    event = ?ev.kind,
+                    status = ev.status,
+                    qpn = ev.param.qp_num,
+                    "rdma_cm event"
+                );
                 return Ok(Some(ev));
             }
         }

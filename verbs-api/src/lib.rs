@@ -173,6 +173,7 @@ impl DeviceInfo {
                 .as_ref()
                 .map_err(|e| verbs("ibv_open_device", Errno(19), e.clone()))?;
             let h = Arc::new(hw::HwContext::open(sys, &self.name)?);
+            tracing::debug!(device = %self.name, "hardware device opened through the system libibverbs");
             return Ok(Context {
                 inner: Arc::new(ContextInner {
                     name: self.name.clone(),
@@ -592,6 +593,11 @@ impl Context {
         tx.set_nonblocking(true)
             .map_err(io("ibv_get_async_event"))?;
         let sink: Arc<soft::EventSink> = Arc::new(move |ev: QpEvent| {
+            tracing::debug!(
+                qpn = format_args!("{:#x}", ev.qpn),
+                event_type = ev.event_type,
+                "asynchronous event"
+            );
             let mut b = [0u8; 8];
             b[..4].copy_from_slice(&ev.qpn.to_le_bytes());
             b[4..].copy_from_slice(&ev.event_type.to_le_bytes());

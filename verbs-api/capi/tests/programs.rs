@@ -1025,7 +1025,7 @@ fn stat_shows_the_qps_of_a_running_ib_write_bw() {
 /// The tutorial through memory windows (`-w 1`, `-w 2`), two processes over
 /// the drop-in: the peer's buffer reached through a window's key, the window
 /// ended (type 2 by the peer's SEND_WITH_INV, reported in the receive
-/// completion; type 1 by a zero-length bind) and its key refused with
+/// completion; type 1 by deallocation) and its key refused with
 /// REM_ACCESS_ERR; every packet captured and passed through roce-check.
 #[test]
 fn tutorial_memory_windows() {
@@ -1056,7 +1056,7 @@ fn tutorial_memory_windows() {
         let ended = if kind == "2" {
             "SEND_WITH_INV reported"
         } else {
-            "zero-length bind"
+            "deallocated"
         };
         assert!(
             p.client.stdout.contains(&format!(
