@@ -112,6 +112,10 @@ pub enum AccessError {
     /// A type 2 memory window bound to another QP.
     #[error("memory window bound to another QP")]
     WrongQp,
+    /// An on-demand-paging region's page is not mapped (or not writable)
+    /// in the process now.
+    #[error("page not mapped")]
+    Unmapped,
 }
 
 /// Who makes a remote access: the protection domain of the QP a request
@@ -245,6 +249,63 @@ struct Mem {
     /// `Some(words)` when `ptr` came from `Box::into_raw` of a
     /// `Box<[u64]>` of `words` words that this `Mem` owns.
     owned_words: Option<usize>,
+    /// On-demand paging: the region starts at this address of the process
+    /// and `ptr` is not used. Its pages may be unmapped or remapped at any
+    /// time, so they are only reached through `process_vm_readv`/`writev`,
+    /// which report such a page instead of faulting.
+    odp_base: Option<usize>,
+}
+
+/// Copy `out.len()` bytes at address `addr` of this process into `out`
+/// with `process_vm_readv`: an unmapped page is an error, never a fault.
+fn vm_read(addr: usize, out: &mut [u8]) -> Result<(), AccessError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: out.len(),
+    };
+    // SAFETY: `local` describes `out`, valid for `out.len()` bytes of
+    // writes; the kernel reads `remote` with this process's page tables and
+    // permissions and reports an unmapped or unreadable page as an error
+    // (no Rust reference to that memory exists).
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if usize::try_from(n) == Ok(out.len()) {
+        Ok(())
+    } else {
+        Err(AccessError::Unmapped)
+    }
+}
+
+/// Copy `data` to address `addr` of this process with
+/// `process_vm_writev`: an unmapped or read-only page is an error.
+fn vm_write(addr: usize, data: &[u8]) -> Result<(), AccessError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: `local` describes `data`, only read; the kernel writes
+    // `remote` with this process's page tables and permissions and reports
+    // an unmapped or read-only page as an error. The registrant of an
+    // on-demand region allowed remote writes to it (like any registration).
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if usize::try_from(n) == Ok(data.len()) {
+        Ok(())
+    } else {
+        Err(AccessError::Unmapped)
+    }
 }
 
 // SAFETY: an owned `Mem` uniquely owns its allocation, like the
@@ -271,6 +332,7 @@ impl Mem {
             ptr: NonNull::new(raw.cast::<u8>())?,
             len,
             owned_words: Some(words),
+            odp_base: None,
         })
     }
 
@@ -285,6 +347,9 @@ impl Mem {
     /// Copies bytes `[off, off + out.len())` of the memory into `out`.
     fn read(&self, off: usize, out: &mut [u8]) -> Result<(), AccessError> {
         self.check(off, out.len())?;
+        if let Some(base) = self.odp_base {
+            return vm_read(base.wrapping_add(off), out);
+        }
         // SAFETY: `off + out.len() <= self.len` (checked just above), and
         // `ptr..ptr + len` is valid for reads: owned memory is our live
         // allocation, raw memory is valid until deregistration by
@@ -303,6 +368,9 @@ impl Mem {
     /// `self`; the table only calls it from `&mut self` methods.
     fn write(&self, off: usize, data: &[u8]) -> Result<(), AccessError> {
         self.check(off, data.len())?;
+        if let Some(base) = self.odp_base {
+            return vm_write(base.wrapping_add(off), data);
+        }
         // SAFETY: `off + data.len() <= self.len` (checked just above), and
         // `ptr..ptr + len` is valid for writes: owned memory is our live
         // allocation (reached only through this table, which is not
@@ -319,6 +387,24 @@ impl Mem {
     /// original value.
     fn atomic(&self, off: usize, op: AtomicOp) -> Result<u64, AccessError> {
         self.check(off, 8)?;
+        if let Some(base) = self.odp_base {
+            // Atomic among the device's own atomics (IBV_ATOMIC_HCA): every
+            // remote atomic runs on the engine's one thread.
+            let addr = base.wrapping_add(off);
+            if addr % 8 != 0 {
+                return Err(AccessError::Misaligned);
+            }
+            let mut b = [0u8; 8];
+            vm_read(addr, &mut b)?;
+            let old = u64::from_ne_bytes(b);
+            let new = match op {
+                AtomicOp::CmpSwap { compare, swap } if old == compare => swap,
+                AtomicOp::CmpSwap { .. } => old,
+                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            };
+            vm_write(addr, &new.to_ne_bytes())?;
+            return Ok(old);
+        }
         let target = self.ptr.as_ptr().wrapping_add(off).cast::<u64>();
         if !target.is_aligned() {
             return Err(AccessError::Misaligned);
@@ -525,7 +611,64 @@ impl MemoryTable {
             ptr,
             len,
             owned_words: None,
+            odp_base: None,
         };
+        self.insert(pd, mem, iova, access)
+    }
+
+    /// Register `addr..addr + len` of this process with on-demand paging
+    /// (`IBV_ACCESS_ON_DEMAND`), named `iova` on the wire. Nothing about
+    /// the memory is promised: its pages may be unmapped, remapped or not
+    /// yet touched, and every access goes through `process_vm_readv` /
+    /// `writev`, so a page that is not there is a remote access error (a
+    /// local protection error for local work requests), never a fault.
+    /// `addr` 0 and `len` `usize::MAX` is an implicit ODP region: the whole
+    /// address space. Atomics are atomic among the device's own
+    /// (`IBV_ATOMIC_HCA`).
+    ///
+    /// Errors: as [`register_raw`](Self::register_raw); `EOPNOTSUPP` where
+    /// the kernel refuses `process_vm_readv` on this process (a seccomp
+    /// profile).
+    pub fn register_odp(
+        &mut self,
+        pd: PdId,
+        addr: usize,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo, VerbsError> {
+        let access = check_access(AccessFlags(access.0 & !AccessFlags::ON_DEMAND.0))?;
+        if addr.checked_add(len).is_none() || iova.checked_add(addr_u64(len)?).is_none() {
+            return Err(VerbsError::new(
+                VERB_REG,
+                Errno::EINVAL,
+                "address range wraps",
+            ));
+        }
+        if access.contains(AccessFlags::ZERO_BASED) && iova != 0 {
+            return Err(VerbsError::new(
+                VERB_REG,
+                Errno::EINVAL,
+                "ZERO_BASED needs iova 0",
+            ));
+        }
+        let probe = 0u8;
+        let mut got = [0u8; 1];
+        if vm_read(std::ptr::addr_of!(probe) as usize, &mut got).is_err() {
+            return Err(VerbsError::new(
+                VERB_REG,
+                Errno::EOPNOTSUPP,
+                "on-demand paging needs process_vm_readv on this process, which the kernel refuses",
+            ));
+        }
+        self.check_room()?;
+        let mem = Mem {
+            ptr: NonNull::dangling(),
+            len,
+            owned_words: None,
+            odp_base: Some(addr),
+        };
+        let access = AccessFlags(access.0 | AccessFlags::ON_DEMAND.0);
         self.insert(pd, mem, iova, access)
     }
 
@@ -646,10 +789,13 @@ impl MemoryTable {
             ));
         }
         let region = self.region_mut(lkey)?;
+        // An on-demand region stays one, at the new address.
+        let odp = old.access.contains(AccessFlags::ON_DEMAND);
         region.mem = Mem {
             ptr,
             len,
             owned_words: None,
+            odp_base: odp.then_some(ptr.as_ptr() as usize),
         };
         region.info.addr = iova;
         region.info.length = len64;
@@ -1794,6 +1940,96 @@ mod tests {
             )
         };
         assert_eq!(errno(r), Errno::EINVAL);
+    }
+
+    #[test]
+    fn on_demand_regions_follow_the_mapping_and_never_fault() {
+        let mut t = MemoryTable::new();
+        let pd = PdId(1);
+        let rw = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        // An explicit region over a buffer of ours.
+        let buf = vec![0u64; 64];
+        let addr = buf.as_ptr() as usize;
+        let mr = t
+            .register_odp(pd, addr, 512, addr as u64, rw | AccessFlags::ON_DEMAND)
+            .unwrap();
+        assert!(mr.access.contains(AccessFlags::ON_DEMAND));
+        t.remote_write(mr.rkey, pd, mr.addr + 8, &[1, 2, 3, 4, 5, 6, 7, 8])
+            .unwrap();
+        let mut back = [0u8; 8];
+        t.remote_read(mr.rkey, pd, mr.addr + 8, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(t.atomic_fetch_add(mr.rkey, pd, mr.addr + 16, 5), Ok(0));
+        assert_eq!(t.atomic_cmp_swap(mr.rkey, pd, mr.addr + 16, 5, 9), Ok(5));
+        assert_eq!(t.atomic_fetch_add(mr.rkey, pd, mr.addr + 16, 0), Ok(9));
+        assert_eq!(
+            t.atomic_fetch_add(mr.rkey, pd, mr.addr + 12, 1),
+            Err(AccessError::Misaligned)
+        );
+        // Bounds still hold.
+        assert_eq!(
+            t.remote_write(mr.rkey, pd, mr.addr + 510, &[0; 4]),
+            Err(AccessError::OutOfRange)
+        );
+        drop(buf);
+        t.deregister(mr.lkey).unwrap();
+
+        // An implicit region: the whole address space. A page that is not
+        // mapped, and one that is read-only, are errors, never a fault.
+        let implicit = t
+            .register_odp(pd, 0, usize::MAX, 0, rw | AccessFlags::ON_DEMAND)
+            .unwrap();
+        let mut local = [0u8; 16];
+        let at = local.as_mut_ptr() as u64;
+        t.remote_write(implicit.rkey, pd, at, &[7; 16]).unwrap();
+        assert_eq!(local, [7; 16]);
+        // SAFETY: a fresh anonymous mapping of two pages, owned by this
+        // test; the first is unmapped below, the second made read-only.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let p = page as u64;
+        // SAFETY: both pages are this test's mapping.
+        unsafe {
+            assert_eq!(libc::munmap(page, 4096), 0);
+            assert_eq!(
+                libc::mprotect(page.cast::<u8>().add(4096).cast(), 4096, libc::PROT_READ),
+                0
+            );
+        }
+        assert_eq!(
+            t.remote_write(implicit.rkey, pd, p, &[1; 8]),
+            Err(AccessError::Unmapped)
+        );
+        let mut out = [0u8; 8];
+        assert_eq!(
+            t.remote_read(implicit.rkey, pd, p, &mut out),
+            Err(AccessError::Unmapped)
+        );
+        assert_eq!(
+            t.remote_write(implicit.rkey, pd, p + 4096, &[1; 8]),
+            Err(AccessError::Unmapped)
+        );
+        t.remote_read(implicit.rkey, pd, p + 4096, &mut out)
+            .unwrap();
+        assert_eq!(out, [0; 8]);
+        assert_eq!(
+            t.atomic_fetch_add(implicit.rkey, pd, p, 1),
+            Err(AccessError::Unmapped)
+        );
+        // SAFETY: the second page of the test's mapping.
+        unsafe { libc::munmap(page.cast::<u8>().add(4096).cast(), 4096) };
     }
 
     #[test]

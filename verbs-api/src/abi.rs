@@ -22,12 +22,28 @@ pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_advise_mr`'s op (`verbs_context`).
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 pub type QueryDeviceExFn =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
 
 pub const IBV_SYSFS_NAME_MAX: usize = 64;
+/// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
+pub const IBV_ODP_SUPPORT: u32 = 1;
+pub const IBV_ODP_SUPPORT_IMPLICIT: u32 = 1 << 1;
+pub const IBV_ODP_SUPPORT_SEND: u32 = 1;
+pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
+pub const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
+pub const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
+pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+pub const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
+/// `enum ibv_advise_mr_advice` and `IBV_ADVISE_MR_FLAG_FLUSH`.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: u32 = 0;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: u32 = 1;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: u32 = 2;
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
 /// `IBV_DEVICE_MEM_WINDOW` in `device_cap_flags`.
 pub const IBV_DEVICE_MEM_WINDOW: c_uint = 1 << 17;
 /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B` in `device_cap_flags`.
@@ -88,8 +104,9 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    /// advise_mr .. query_rt_values: not supported (NULL: EOPNOTSUPP).
-    pub _unsupported0: [*const c_void; 13],
+    pub advise_mr: Option<AdviseMrFn>,
+    /// alloc_null_mr .. alloc_parent_domain: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0: [*const c_void; 12],
     pub alloc_parent_domain: Option<AllocParentDomainFn>,
     /// dealloc_td .. query_rt_values: not supported (NULL: EOPNOTSUPP).
     pub _unsupported0b: [*const c_void; 10],

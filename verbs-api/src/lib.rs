@@ -945,6 +945,85 @@ impl Pd {
         })
     }
 
+    /// `ibv_reg_mr` with `IBV_ACCESS_ON_DEMAND` (on-demand paging) of
+    /// `addr..addr + len` of this process, named `iova` on the wire; `addr`
+    /// 0 with `len` `usize::MAX` is an implicit region (the whole address
+    /// space). Safe: the memory need not stay mapped. A soft device reaches
+    /// it only through `process_vm_readv`/`writev`, so a page that is not
+    /// mapped when a request arrives is a remote access error, not a fault;
+    /// a real device pages it in through the kernel's ODP.
+    pub fn reg_mr_odp(
+        &self,
+        addr: usize,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        let access = AccessFlags(access.0 | AccessFlags::ON_DEMAND.0);
+        let imp = match self.half() {
+            Half::Soft(d, id) => MrImp::Soft {
+                info: d
+                    .engine()
+                    .memory_mut()
+                    .register_odp(id, addr, len, iova, access)?,
+                dev: d.clone(),
+                len,
+            },
+            // SAFETY: an on-demand registration pins nothing and promises
+            // nothing about the memory: the kernel resolves each page when
+            // the device touches it.
+            Half::Hw(h) => MrImp::Hw(unsafe { h.reg_raw(addr as *mut u8, len, iova, access.0)? }),
+        };
+        Ok(Mr {
+            imp,
+            pd: self.clone(),
+        })
+    }
+
+    /// `ibv_advise_mr`: prefetch advice for on-demand regions. Each SGE
+    /// must name an on-demand region of this PD and lie inside it (EINVAL
+    /// otherwise). A soft device resolves every page when it is accessed,
+    /// so a valid prefetch has nothing left to do.
+    pub fn advise_mr(&self, sges: &[Sge]) -> Result<()> {
+        const VERB: &str = "ibv_advise_mr";
+        let Half::Soft(d, pd) = self.half() else {
+            return Err(verbs(
+                VERB,
+                Errno::EOPNOTSUPP,
+                "through the Rust API on a hardware device",
+            ));
+        };
+        if sges.is_empty() {
+            return Err(verbs(VERB, Errno::EINVAL, "no SGE"));
+        }
+        let e = d.engine();
+        for s in sges {
+            let Some(info) = e.memory().query(s.lkey) else {
+                return Err(verbs(
+                    VERB,
+                    Errno::EINVAL,
+                    format!("no region with lkey {:#x}", s.lkey),
+                ));
+            };
+            let inside = s
+                .addr
+                .checked_sub(info.addr)
+                .and_then(|o| o.checked_add(u64::from(s.length)))
+                .is_some_and(|end| end <= info.length);
+            if info.pd != pd || !info.access.contains(AccessFlags::ON_DEMAND) || !inside {
+                return Err(verbs(
+                    VERB,
+                    Errno::EINVAL,
+                    format!(
+                        "lkey {:#x} is not an on-demand region of this PD holding the range",
+                        s.lkey
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// `ibv_create_qp`. The CQs and SRQ must be of this PD's device.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
         let mismatch = || {

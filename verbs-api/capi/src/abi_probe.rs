@@ -133,7 +133,8 @@ fn layouts() -> Vec<Layout> {
         ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
         verbs_context {
             query_port,
-            _unsupported0: starts_at "advise_mr",
+            advise_mr,
+            _unsupported0: starts_at "alloc_null_mr",
             alloc_parent_domain,
             _unsupported0b: starts_at "dealloc_td",
             create_cq_ex,

@@ -268,6 +268,7 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.create_qp_ex = Some(crate::verbs::create_qp_ex);
         vctx.create_cq_ex = Some(crate::verbs::create_cq_ex);
         vctx.alloc_parent_domain = Some(crate::verbs::alloc_parent_domain);
+        vctx.advise_mr = Some(crate::verbs::advise_mr);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         let c = &mut vctx.context;
         c.device = device;
@@ -546,6 +547,23 @@ unsafe extern "C" fn query_device_ex(
         let mut ex: ibv_device_attr_ex = unsafe { zeroed() };
         ex.orig_attr = device_attr(c);
         ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
+        if c.ctx.backend() == roxe_verbs::Backend::Soft {
+            // On-demand paging (`odp_caps`, 8-aligned after comp_mask):
+            // every region of a soft device is reached without pinning, so
+            // every operation of RC, UC and UD works on ODP regions, and an
+            // implicit region may cover the whole address space.
+            let general = u64::from(IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT);
+            ex._ext[1] = general as u32;
+            ex._ext[2] = (general >> 32) as u32;
+            ex._ext[3] = IBV_ODP_SUPPORT_SEND
+                | IBV_ODP_SUPPORT_RECV
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC
+                | IBV_ODP_SUPPORT_SRQ_RECV;
+            ex._ext[4] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
+            ex._ext[5] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+        }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; zero all of
         // them, then copy what we know (a newer, larger struct keeps zeros).

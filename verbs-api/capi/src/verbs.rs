@@ -230,15 +230,22 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
             return fail_null(libc::EINVAL);
         };
-        if addr.is_null() && length > 0 {
-            return fail_null(libc::EINVAL);
-        }
         // Optional access bits a provider may ignore (verbs.h).
         let access = AccessFlags(access & !IBV_ACCESS_OPTIONAL_RANGE);
-        // SAFETY: the C contract of ibv_reg_mr: the memory stays allocated
-        // until ibv_dereg_mr, and the program only reads what completions
-        // announce, which is register_raw's contract.
-        let r = unsafe { p.pd.reg_mr_raw(addr.cast(), length, iova, access) };
+        let odp = access.contains(AccessFlags::ON_DEMAND);
+        // NULL with SIZE_MAX: an implicit on-demand region.
+        let implicit = odp && addr.is_null() && length == usize::MAX;
+        if addr.is_null() && length > 0 && !implicit {
+            return fail_null(libc::EINVAL);
+        }
+        let r = if odp {
+            p.pd.reg_mr_odp(addr as usize, length, iova, access)
+        } else {
+            // SAFETY: the C contract of ibv_reg_mr: the memory stays
+            // allocated until ibv_dereg_mr, and the program only reads what
+            // completions announce, which is register_raw's contract.
+            unsafe { p.pd.reg_mr_raw(addr.cast(), length, iova, access) }
+        };
         match r {
             Ok(mr) => {
                 p.users.fetch_add(1, Ordering::AcqRel);
@@ -384,6 +391,40 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: see above, the PD is still alive.
         unsafe { (*pd).users.fetch_sub(1, Ordering::AcqRel) };
         0
+    })
+}
+
+/// `ibv_advise_mr` (the `verbs_context` op): EINVAL for an unknown advice
+/// or flag, an empty SGE list, or an SGE that is not inside an on-demand
+/// region of the PD; a valid prefetch has nothing to do (every page is
+/// resolved when it is accessed).
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: pd is NULL or from ibv_alloc_pd (the C contract).
+        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+            return libc::EINVAL;
+        };
+        if advice > IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT || flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0
+        {
+            return libc::EINVAL;
+        }
+        let Ok(n) = c_int::try_from(num_sge) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: sg_list holds num_sge SGEs (the C contract).
+        let Some(list) = (unsafe { sges(sg_list, n) }) else {
+            return libc::EINVAL;
+        };
+        match p.pd.advise_mr(&list) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
     })
 }
 
