@@ -243,22 +243,32 @@ fi
 
 if want overhead; then
   # Both ends on rxe0 in the guest (rxe loops packets to itself); the same
-  # size and count for both programs, one after the other. write: perftest
-  # polls the buffer's last byte, roxe perf takes the WRITE_WITH_IMM's
-  # receive completion; send: both are SEND/RECV ping-pongs.
+  # size and count for both programs, alternated OVERHEAD_RUNS times (the
+  # emulated guest's timing swings by 2x between single runs): medians of
+  # perftest's t_typical and roxe perf's p50 (perftest's inline sizes, as
+  # roxe perf's defaults). write: perftest polls the buffer's last byte,
+  # roxe perf takes the WRITE_WITH_IMM's receive completion; send: both are
+  # SEND/RECV ping-pongs.
   detail=""
   k=0
+  median() { python3 -c 'import statistics,sys; v=[float(x) for x in sys.argv[1:]]; print(round(statistics.median(v),2) if v else "")' "$@"; }
   for op in write send; do
     k=$((k + 1))
-    G "timeout 120 sh -c 'ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) >/dev/null 2>&1 & sleep 1; ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) 127.0.0.1; wait'" >"$OUT/overhead-ib-$op.txt" 2>&1
-    G "timeout 120 sh -c 'roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --timeout 100 >/dev/null 2>&1 & sleep 1; roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --json --timeout 100 client 127.0.0.1; wait'" >"$OUT/overhead-roxe-$op.txt" 2>&1
-    ib=$(awk '$1 == 64 && $2 == 5000 {print $5; exit}' "$OUT/overhead-ib-$op.txt")
-    rx=$(python3 -c 'import json,sys
+    ibs=() rxs=()
+    for run in $(seq 1 "${OVERHEAD_RUNS:-5}"); do
+      G "timeout 120 sh -c 'ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) >/dev/null 2>&1 & sleep 1; ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) 127.0.0.1; wait'" >"$OUT/overhead-ib-$op-$run.txt" 2>&1
+      G "timeout 120 sh -c 'roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --timeout 100 >/dev/null 2>&1 & sleep 1; roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --json --timeout 100 client 127.0.0.1; wait'" >"$OUT/overhead-roxe-$op-$run.txt" 2>&1
+      ib=$(awk '$1 == 64 && $2 == 5000 {print $5; exit}' "$OUT/overhead-ib-$op-$run.txt")
+      rx=$(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     l = l.strip()
-    if l.startswith("{"): print(json.loads(l)["lat_us"]["p50"]); break' "$OUT/overhead-roxe-$op.txt" 2>/dev/null)
+    if l.startswith("{"): print(json.loads(l)["lat_us"]["p50"]); break' "$OUT/overhead-roxe-$op-$run.txt" 2>/dev/null)
+      [ -n "$ib" ] && ibs+=("$ib")
+      [ -n "$rx" ] && rxs+=("$rx")
+    done
+    ib=$(median "${ibs[@]}") rx=$(median "${rxs[@]}")
     if [ -n "$ib" ] && [ -n "$rx" ]; then
-      detail+="$op: ib_${op}_lat t_typical ${ib} us, roxe perf p50 ${rx} us, ratio $(python3 -c "print(round($rx/$ib,3))"); "
+      detail+="$op: ib_${op}_lat t_typical median ${ib} us (${ibs[*]}), roxe perf p50 median ${rx} us (${rxs[*]}), ratio $(python3 -c "print(round($rx/$ib,3))"); "
     else
       detail+="$op: no figures; "
       k=99

@@ -146,6 +146,11 @@ pub struct Args {
     /// Receives posted per QP (send, and latency ping-pongs).
     #[arg(short = 'r', long, default_value_t = 512)]
     pub rx_depth: u32,
+    /// Send payloads of up to SIZE bytes inline (perftest's -I; by
+    /// default perftest's choice: 220 for write and 236 for send latency
+    /// runs, 0 otherwise).
+    #[arg(short = 'I', long, value_name = "SIZE")]
+    pub inline_size: Option<u32>,
     /// Path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(short = 'm', long, default_value_t = 4096)]
     pub mtu: u32,
@@ -189,9 +194,23 @@ struct Params {
     cq_mod: u32,
     rx_depth: u32,
     mtu: u32,
+    /// Payloads up to this size go inline (`IBV_SEND_INLINE`).
+    #[serde(default)]
+    inline_size: u32,
+    /// Write latency as ib_write_lat measures it: plain WRITEs, each side
+    /// polling the last byte of its buffer for the peer's (the client's
+    /// choice: on a hardware device, where the device writes host memory
+    /// and a poll costs one load).
+    #[serde(default)]
+    poll_buffer: bool,
 }
 
 impl Params {
+    /// Whether a WR of this run carries its payload inline (not READ).
+    fn inline(&self) -> bool {
+        self.op != Op::Read && self.size <= self.inline_size
+    }
+
     fn mode(&self) -> &'static str {
         if self.lat {
             "lat"
@@ -347,6 +366,13 @@ fn params_of(args: &Args) -> Res<Params> {
         cq_mod: args.cq_mod.min(args.tx_depth),
         rx_depth: args.rx_depth,
         mtu: args.mtu,
+        // perftest's defaults (DEF_INLINE_WRITE, DEF_INLINE_SEND_RC_UC).
+        inline_size: args.inline_size.unwrap_or(match (args.lat, args.op) {
+            (true, Op::Write) => 220,
+            (true, Op::Send) => 236,
+            _ => 0,
+        }),
+        poll_buffer: false,
     };
     validate(&p)?;
     Ok(p)
@@ -584,7 +610,10 @@ fn setup(p: &Params, event: bool, args: &Args) -> Res<Setup> {
     let cq = dev
         .create_cq(cqe, channel.as_ref())
         .map_err(|e| e.to_string())?;
-    let mr_len = p.size as usize * p.qps as usize;
+    // Write latency by buffer polling: the peer writes the first SIZE bytes,
+    // this side sends from the next SIZE.
+    let halves = if p.lat && p.op == Op::Write { 2 } else { 1 };
+    let mr_len = p.size as usize * p.qps.max(halves) as usize;
     let mr = pd.reg_mr(mr_len, ACCESS).map_err(|e| e.to_string())?;
     let seed = seed();
     let mut qps = Vec::new();
@@ -595,7 +624,7 @@ fn setup(p: &Params, event: bool, args: &Args) -> Res<Setup> {
         init.cap.max_recv_wr = p.rx_depth;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
-        init.cap.max_inline_data = 0;
+        init.cap.max_inline_data = if p.inline() { p.inline_size } else { 0 };
         qps.push(pd.create_qp(&init).map_err(|e| e.to_string())?);
         psns.push(mix(seed ^ u64::from(i)) as u32 & 0xFF_FFFF);
     }
@@ -840,6 +869,10 @@ fn client(args: &Args, addr: &str) -> ExitCode {
 fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Res<Report> {
     let (json, event) = (args.json, args.event);
     let s = setup(p, event, args)?;
+    let p = &Params {
+        poll_buffer: p.lat && p.op == Op::Write && s.hardware,
+        ..*p
+    };
     ctrl.send(&Msg::Hello {
         params: *p,
         eps: s.eps(),
@@ -878,6 +911,7 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
     let report = if p.lat {
         match p.op {
             Op::Read => read_lat(p, &s, ctrl, rmr, deadline)?,
+            Op::Write if p.poll_buffer => write_lat_polling(p, &s, ctrl, rmr, deadline, true)?,
             Op::Write | Op::Send => {
                 let posted = prepost_pingpong(p, &s)?;
                 pingpong(p, &s, ctrl, rmr, deadline, true, posted)?
@@ -908,6 +942,7 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
         Op::Send => SendOpcode::Send,
     };
     let size = p.size as usize;
+    let payload = inline_payload(p, s)?;
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "send completions");
     let start = Instant::now();
@@ -928,6 +963,10 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
                 if opcode != SendOpcode::Send {
                     wr.remote_addr = rmr.addr + (i * size) as u64;
                     wr.rkey = rmr.rkey;
+                }
+                if let Some(data) = &payload {
+                    wr.flags = SendFlags(wr.flags.0 | SendFlags::INLINE.0);
+                    wr.inline_data = Some(data.clone());
                 }
                 s.qps[i].post_send(wr).map_err(|e| e.to_string())?;
                 posted[i] = n;
@@ -972,6 +1011,115 @@ fn read_lat(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant
     Ok(report(p, elapsed, Some(lat_stats(&mut samples, 1.0))))
 }
 
+/// Write latency as ib_write_lat measures it (`Params::poll_buffer`):
+/// the initiator WRITEs SIZE bytes whose last byte is the message number
+/// (mod 256) into the peer's buffer and polls the last byte of its own
+/// buffer for the answer; the peer polls first, then answers. Sends are
+/// signaled every `cq_mod`-th, and their completions reaped then. The
+/// one-way latency is half of each round trip.
+fn write_lat_polling(
+    p: &Params,
+    s: &Setup,
+    ctrl: &Ctrl,
+    rmr: RemoteMr,
+    deadline: Instant,
+    initiator: bool,
+) -> Res<Report> {
+    let size = p.size as usize;
+    let last = size - 1;
+    let qp = &s.qps[0];
+    let cq_mod = u64::from(p.cq_mod);
+    let mut payload = inline_payload(p, s)?;
+    let mut wcs = blank_wcs();
+    let mut poller = Poller::new(s, ctrl, deadline, "the send completion");
+    let mut samples = Vec::with_capacity(if initiator { p.iters as usize } else { 0 });
+    let start = Instant::now();
+    let mut progress = Progress::new(start, p, Some(0.5));
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut t0 = start;
+    while sent < p.iters || received < p.iters {
+        let my_turn = if initiator {
+            sent == received
+        } else {
+            sent < received
+        };
+        if !my_turn && received < p.iters {
+            let want = (received + 1) as u8;
+            let mut polls = 0u32;
+            loop {
+                if s.mr.watch_byte(last).map_err(|e| e.to_string())? == want {
+                    break;
+                }
+                polls = polls.wrapping_add(1);
+                if !s.hardware {
+                    // A soft device reads its memory under the device lock,
+                    // which its progress thread needs to place the WRITE.
+                    std::thread::yield_now();
+                }
+                if polls.is_multiple_of(1 << 16) && Instant::now() > deadline {
+                    return Err(format!("no WRITE {} from the peer in time", received + 1));
+                }
+            }
+            received += 1;
+            if initiator {
+                samples.push(t0.elapsed());
+                if received & 63 == 0 {
+                    progress.tick(received);
+                }
+            }
+            continue;
+        }
+        if sent < p.iters {
+            let n = sent + 1;
+            let mut wr = match &mut payload {
+                Some(data) => {
+                    data[last] = n as u8;
+                    let mut wr = SendWr::new(n, SendOpcode::RdmaWrite, Vec::new());
+                    wr.flags = SendFlags(SendFlags::SIGNALED.0 | SendFlags::INLINE.0);
+                    wr.inline_data = Some(data.clone());
+                    wr
+                }
+                None => {
+                    s.mr.write(size + last, &[n as u8])
+                        .map_err(|e| e.to_string())?;
+                    SendWr::new(n, SendOpcode::RdmaWrite, vec![s.mr.sge(size, p.size)])
+                }
+            };
+            wr.remote_addr = rmr.addr;
+            wr.rkey = rmr.rkey;
+            let signaled = n.is_multiple_of(cq_mod) || n == p.iters;
+            if !signaled {
+                wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
+            }
+            if initiator {
+                t0 = Instant::now();
+            }
+            qp.post_send(wr).map_err(|e| e.to_string())?;
+            sent = n;
+            if signaled {
+                let got = poller.poll(&mut wcs)?;
+                if got.len() != 1 || got[0].wr_id != n {
+                    return Err(format!("unexpected completions {got:?}"));
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let lat = initiator.then(|| lat_stats(&mut samples, 0.5));
+    Ok(report(p, elapsed, lat))
+}
+
+/// The bytes an inline WR of this run carries (the first SIZE bytes of the
+/// region, as its SGE would), or `None` when payloads are not inline.
+fn inline_payload(p: &Params, s: &Setup) -> Res<Option<Vec<u8>>> {
+    if !p.inline() {
+        return Ok(None);
+    }
+    let mut data = vec![0u8; p.size as usize];
+    s.mr.read(0, &mut data).map_err(|e| e.to_string())?;
+    Ok(Some(data))
+}
+
 /// A ping-pong's receives, posted before the peer may send: as many as
 /// the receive queue holds, at most one per message. Returns the count.
 fn prepost_pingpong(p: &Params, s: &Setup) -> Res<u64> {
@@ -1006,6 +1154,7 @@ fn pingpong(
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "the peer's message");
     let mut samples = Vec::with_capacity(if initiator { iters as usize } else { 0 });
+    let payload = inline_payload(p, s)?;
     let send_wr = |n: u64| -> SendWr {
         let sg = vec![s.mr.sge(0, p.size)];
         let mut wr = if write {
@@ -1019,6 +1168,10 @@ fn pingpong(
         wr.imm_data = n as u32;
         if !n.is_multiple_of(cq_mod) && n != iters {
             wr.flags = SendFlags::default();
+        }
+        if let Some(data) = &payload {
+            wr.flags = SendFlags(wr.flags.0 | SendFlags::INLINE.0);
+            wr.inline_data = Some(data.clone());
         }
         wr
     };
@@ -1256,7 +1409,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
     s.connect(&p, &ceps)?;
     // Receives go up before `ready`: the client starts sending on it.
     let mut recv_posted = vec![0u64; s.qps.len()];
-    let pingpong_mode = p.lat && p.op != Op::Read;
+    let pingpong_mode = p.lat && p.op != Op::Read && !p.poll_buffer;
     if pingpong_mode {
         recv_posted[0] = prepost_pingpong(&p, &s)?;
     } else if p.op == Op::Send {
@@ -1283,7 +1436,9 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             p.iters
         );
     }
-    if pingpong_mode {
+    if p.poll_buffer {
+        write_lat_polling(&p, &s, ctrl, cmr, deadline, false)?;
+    } else if pingpong_mode {
         pingpong(&p, &s, ctrl, cmr, deadline, false, recv_posted[0])?;
     } else if p.op == Op::Send {
         send_bw_server(&p, &s, ctrl, deadline, &mut recv_posted)?;

@@ -1311,6 +1311,21 @@ impl Mr {
         unsafe { self.rereg_with(pd, access, Some((ptr, len, iova))) }
     }
 
+    /// The byte at `offset` of a region roxe owns, read anew on every call:
+    /// what a latency loop polls for the peer's WRITE, as ib_write_lat polls
+    /// its buffer. On a soft device this takes the device lock, like
+    /// [`read`](Self::read).
+    pub fn watch_byte(&self, offset: usize) -> Result<u8> {
+        match &self.imp {
+            MrImp::Hw(h) => h.watch_byte(offset),
+            MrImp::Soft { .. } => {
+                let mut b = [0u8; 1];
+                self.read(offset, &mut b)?;
+                Ok(b[0])
+            }
+        }
+    }
+
     /// Both re-registrations.
     ///
     /// # Safety

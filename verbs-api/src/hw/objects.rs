@@ -514,6 +514,16 @@ impl HwMr {
         Ok(())
     }
 
+    /// The byte at `offset` of an owned region, read anew each call (a
+    /// volatile load): what a program polls for a peer's WRITE.
+    pub(crate) fn watch_byte(&self, offset: usize) -> Result<u8, Error> {
+        let (p, _) = self.owned_range("mr.watch_byte", offset, 1)?;
+        // SAFETY: in bounds of the owned allocation; the device writes it
+        // by DMA, outside the program's memory model, so a volatile load
+        // sees each new value (as a C program's volatile poll does).
+        Ok(unsafe { std::ptr::read_volatile(p) })
+    }
+
     /// Copy `data` into an owned region at `offset`.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
         let (p, _) = self.owned_range("mr.write", offset, data.len())?;
