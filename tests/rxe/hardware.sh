@@ -256,8 +256,11 @@ if want overhead; then
     k=$((k + 1))
     ibs=() rxs=()
     for run in $(seq 1 "${OVERHEAD_RUNS:-5}"); do
-      G "timeout 120 sh -c 'ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) >/dev/null 2>&1 & sleep 1; ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) 127.0.0.1; wait'" >"$OUT/overhead-ib-$op-$run.txt" 2>&1
-      G "timeout 120 sh -c 'roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --timeout 100 >/dev/null 2>&1 & sleep 1; roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --json --timeout 100 client 127.0.0.1; wait'" >"$OUT/overhead-roxe-$op-$run.txt" 2>&1
+      # Server on vCPU 0, client on vCPU 1 for both programs: where the
+      # scheduler puts them otherwise moves the emulated guest's figures
+      # by 2x between runs.
+      G "timeout 120 sh -c 'taskset -c 0 ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) >/dev/null 2>&1 & sleep 1; taskset -c 1 ib_${op}_lat -d rxe0 -x $GIDX -s 64 -n 5000 -p $((18800 + k)) 127.0.0.1; wait'" >"$OUT/overhead-ib-$op-$run.txt" 2>&1
+      G "timeout 120 sh -c 'taskset -c 0 roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --timeout 100 >/dev/null 2>&1 & sleep 1; taskset -c 1 roxe perf $op -d rxe0 --lat -s 64 -n 5000 -p $((18810 + k)) --json --timeout 100 client 127.0.0.1; wait'" >"$OUT/overhead-roxe-$op-$run.txt" 2>&1
       ib=$(awk '$1 == 64 && $2 == 5000 {print $5; exit}' "$OUT/overhead-ib-$op-$run.txt")
       rx=$(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
