@@ -450,6 +450,36 @@ struct Region {
     /// Memory windows bound into it: it cannot be deregistered until they
     /// are unbound, invalidated or deallocated.
     windows: u32,
+    /// A region over device memory: the handle of the buffer it lies in.
+    dm: Option<u32>,
+}
+
+/// Device memory (`ibv_alloc_dm`) a soft device can give: per buffer and
+/// in all, per device.
+pub const MAX_DM_SIZE: usize = 256 * 1024;
+
+/// A device memory buffer: zeroed, aligned as asked, owned by the table.
+#[derive(Debug)]
+struct DmBuf {
+    ptr: NonNull<u8>,
+    layout: std::alloc::Layout,
+    len: usize,
+    /// Regions registered over it: it cannot be freed before them.
+    regions: u32,
+}
+
+// SAFETY: a `DmBuf` uniquely owns its allocation (like a `Box`), reached
+// only through the table, which is `Send` and not `Sync`.
+unsafe impl Send for DmBuf {}
+
+impl Drop for DmBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed
+        // once; no region points into it any more (`free_dm` refuses
+        // while `regions > 0`, and a table dropped whole drops its regions,
+        // which do not free DM memory).
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
 }
 
 impl Region {
@@ -481,6 +511,9 @@ pub struct MemoryTable {
     regions: HashMap<u32, Region>,
     /// Live memory windows by key index (the same index space).
     windows: HashMap<u32, Window>,
+    /// Device memory buffers by handle.
+    dms: HashMap<u32, DmBuf>,
+    next_dm: u32,
     /// Key byte last used by each index (`generations[index - 1]`).
     generations: Vec<u8>,
     /// Next index to try (cyclic in `1..=max_regions`).
@@ -507,6 +540,8 @@ impl MemoryTable {
         MemoryTable {
             regions: HashMap::new(),
             windows: HashMap::new(),
+            dms: HashMap::new(),
+            next_dm: 1,
             generations: Vec::new(),
             next_index: 1,
             max_regions: max.clamp(1, MAX_KEY_INDEX),
@@ -688,7 +723,11 @@ impl MemoryTable {
                 format!("{} memory windows are bound to it", region.windows),
             )),
             Some(region) if region.info.lkey == lkey => {
-                self.regions.remove(&index);
+                if let Some(r) = self.regions.remove(&index) {
+                    if let Some(d) = r.dm.and_then(|h| self.dms.get_mut(&h)) {
+                        d.regions = d.regions.saturating_sub(1);
+                    }
+                }
                 Ok(())
             }
             _ => Err(VerbsError::new(
@@ -697,6 +736,168 @@ impl MemoryTable {
                 format!("no memory region with lkey {lkey:#x}"),
             )),
         }
+    }
+
+    /// `ibv_alloc_dm`: `len` zeroed bytes of device memory aligned to
+    /// `2^log_align` (at most 4096). Returns its handle. `EINVAL` for a
+    /// zero length, a length over [`MAX_DM_SIZE`] or an alignment over
+    /// 4096; `ENOMEM` when the device's device memory is used up.
+    pub fn alloc_dm(&mut self, len: usize, log_align: u32) -> Result<u32, VerbsError> {
+        const VERB: &str = "ibv_alloc_dm";
+        if len == 0 || len > MAX_DM_SIZE || log_align > 12 {
+            return Err(VerbsError::new(
+                VERB,
+                Errno::EINVAL,
+                format!("{len} bytes aligned to 2^{log_align} (at most {MAX_DM_SIZE}, 2^12)"),
+            ));
+        }
+        let used: usize = self.dms.values().map(|d| d.len).sum();
+        if used + len > MAX_DM_SIZE {
+            return Err(VerbsError::new(
+                VERB,
+                Errno::ENOMEM,
+                format!("{used} of {MAX_DM_SIZE} bytes of device memory in use"),
+            ));
+        }
+        let layout = std::alloc::Layout::from_size_align(len, (1usize << log_align).max(8))
+            .map_err(|e| VerbsError::new(VERB, Errno::EINVAL, e.to_string()))?;
+        // SAFETY: `layout` has a non-zero size (len > 0).
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| VerbsError::new(VERB, Errno::ENOMEM, "allocation failed"))?;
+        let handle = self.next_dm;
+        self.next_dm = self.next_dm.wrapping_add(1).max(1);
+        self.dms.insert(
+            handle,
+            DmBuf {
+                ptr,
+                layout,
+                len,
+                regions: 0,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// `ibv_free_dm`: `EBUSY` while regions are registered over it,
+    /// `EINVAL` for no such buffer.
+    pub fn free_dm(&mut self, handle: u32) -> Result<(), VerbsError> {
+        match self.dms.get(&handle) {
+            None => Err(VerbsError::new(
+                "ibv_free_dm",
+                Errno::EINVAL,
+                "no such device memory",
+            )),
+            Some(d) if d.regions > 0 => Err(VerbsError::new(
+                "ibv_free_dm",
+                Errno::EBUSY,
+                format!("{} memory regions registered over it", d.regions),
+            )),
+            Some(_) => {
+                self.dms.remove(&handle);
+                Ok(())
+            }
+        }
+    }
+
+    /// The checked byte range `[offset, offset + len)` of device memory
+    /// `handle`: offset and length must be multiples of 4 (as mlx5's).
+    fn dm_range(
+        &self,
+        verb: &'static str,
+        handle: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<*mut u8, VerbsError> {
+        let d = self
+            .dms
+            .get(&handle)
+            .ok_or_else(|| VerbsError::new(verb, Errno::EINVAL, "no such device memory"))?;
+        let off = usize::try_from(offset)
+            .ok()
+            .filter(|o| o.is_multiple_of(4) && len.is_multiple_of(4));
+        match off.and_then(|o| o.checked_add(len).map(|end| (o, end))) {
+            Some((o, end)) if end <= d.len => Ok(d.ptr.as_ptr().wrapping_add(o)),
+            _ => Err(VerbsError::new(
+                verb,
+                Errno::EINVAL,
+                format!(
+                    "{len} bytes at {offset}: not 4-byte aligned or past the {} bytes",
+                    d.len
+                ),
+            )),
+        }
+    }
+
+    /// `ibv_memcpy_to_dm`.
+    pub fn dm_write(&mut self, handle: u32, offset: u64, data: &[u8]) -> Result<(), VerbsError> {
+        let p = self.dm_range("ibv_memcpy_to_dm", handle, offset, data.len())?;
+        // SAFETY: `p..p + data.len()` lies in the live buffer (checked by
+        // dm_range); the table is not `Sync` and this takes `&mut self`, so
+        // nothing else touches it now; `data` is the caller's, not DM.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    /// `ibv_memcpy_from_dm`.
+    pub fn dm_read(&self, handle: u32, offset: u64, out: &mut [u8]) -> Result<(), VerbsError> {
+        let p = self.dm_range("ibv_memcpy_from_dm", handle, offset, out.len())?;
+        // SAFETY: as dm_write; reads only, and no writer runs at the same
+        // time (writes take `&mut self`).
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// `ibv_reg_dm_mr`: bytes `[offset, offset + len)` of device memory
+    /// `handle` as a zero-based region (`ZERO_BASED` is required, as
+    /// libibverbs requires it). `EINVAL` beyond the buffer.
+    pub fn register_dm(
+        &mut self,
+        pd: PdId,
+        handle: u32,
+        offset: u64,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MrInfo, VerbsError> {
+        const VERB: &str = "ibv_reg_dm_mr";
+        let access = check_access(access)?;
+        if !access.contains(AccessFlags::ZERO_BASED) {
+            return Err(VerbsError::new(
+                VERB,
+                Errno::EINVAL,
+                "device memory regions are zero-based",
+            ));
+        }
+        let d = self
+            .dms
+            .get(&handle)
+            .ok_or_else(|| VerbsError::new(VERB, Errno::EINVAL, "no such device memory"))?;
+        let start = usize::try_from(offset)
+            .ok()
+            .filter(|o| o.checked_add(len).is_some_and(|end| end <= d.len))
+            .ok_or_else(|| {
+                VerbsError::new(
+                    VERB,
+                    Errno::EINVAL,
+                    format!("{len} bytes at {offset}: past the {} bytes", d.len),
+                )
+            })?;
+        self.check_room()?;
+        let mem = Mem {
+            // In the buffer (checked above); dangling only for an empty
+            // region at the end, which is never dereferenced.
+            ptr: NonNull::new(d.ptr.as_ptr().wrapping_add(start)).unwrap_or(NonNull::dangling()),
+            len,
+            owned_words: None,
+            odp_base: None,
+        };
+        let info = self.insert(pd, mem, 0, access)?;
+        if let Some(r) = self.regions.get_mut(&(info.lkey >> 8)) {
+            r.dm = Some(handle);
+        }
+        if let Some(d) = self.dms.get_mut(&handle) {
+            d.regions += 1;
+        }
+        Ok(info)
     }
 
     /// How many memory windows are bound into the region `lkey` names (0
@@ -1052,6 +1253,7 @@ impl MemoryTable {
                 info,
                 mem,
                 windows: 0,
+                dm: None,
             },
         );
         Ok(info)

@@ -22,6 +22,40 @@ pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_reg_dm_mr`'s op.
+pub type RegDmMrFn =
+    unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
+/// `ibv_alloc_dm`'s op.
+pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
+/// `ibv_free_dm`'s op.
+pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
+/// `ibv_dm.memcpy_to_dm`.
+pub type MemcpyToDmFn = unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int;
+/// `ibv_dm.memcpy_from_dm`.
+pub type MemcpyFromDmFn = unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int;
+
+/// `struct ibv_dm`: the copy functions are called by verbs.h's inline
+/// `ibv_memcpy_to_dm`/`from_dm` through these pointers.
+#[repr(C)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<MemcpyToDmFn>,
+    pub memcpy_from_dm: Option<MemcpyFromDmFn>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct ibv_alloc_dm_attr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<ibv_dm>() == 32);
+const _: () = assert!(std::mem::size_of::<ibv_alloc_dm_attr>() == 16);
+
 /// `ibv_advise_mr`'s op (`verbs_context`).
 pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryPortFn =
@@ -105,8 +139,13 @@ pub struct ibv_context {
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
     pub advise_mr: Option<AdviseMrFn>,
-    /// alloc_null_mr .. alloc_parent_domain: not supported (NULL: EOPNOTSUPP).
-    pub _unsupported0: [*const c_void; 12],
+    /// alloc_null_mr .. destroy_counters: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0a: [*const c_void; 5],
+    pub reg_dm_mr: Option<RegDmMrFn>,
+    pub alloc_dm: Option<AllocDmFn>,
+    pub free_dm: Option<FreeDmFn>,
+    /// modify_flow_action_esp .. modify_qp_rate_limit: not supported.
+    pub _unsupported0: [*const c_void; 4],
     pub alloc_parent_domain: Option<AllocParentDomainFn>,
     /// dealloc_td .. query_rt_values: not supported (NULL: EOPNOTSUPP).
     pub _unsupported0b: [*const c_void; 10],

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 pub use roxe_provider::driver::{DeviceConfig, DeviceStats, FaultSpec, IcrcMode};
 pub use roxe_provider::engine::CqId;
-pub use roxe_provider::memory::{MwBind, MwType, Sge};
+pub use roxe_provider::memory::{MwBind, MwType, Sge, MAX_DM_SIZE};
 pub use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 pub use roxe_provider::wr::{
     wc_flags, RecvWr, SendFlags, SendOpcode, SendWr, UdDest, WorkCompletion,
@@ -905,6 +905,7 @@ impl Pd {
         Ok(Mr {
             imp,
             pd: self.clone(),
+            _dm: None,
         })
     }
 
@@ -942,6 +943,7 @@ impl Pd {
         Ok(Mr {
             imp,
             pd: self.clone(),
+            _dm: None,
         })
     }
 
@@ -977,6 +979,7 @@ impl Pd {
         Ok(Mr {
             imp,
             pd: self.clone(),
+            _dm: None,
         })
     }
 
@@ -1161,6 +1164,124 @@ impl Pd {
     }
 }
 
+impl Context {
+    /// `ibv_alloc_dm`: `len` zeroed bytes of device memory aligned to
+    /// `2^log_align`, on a soft device a buffer the device owns (at most
+    /// `roxe_provider::memory::MAX_DM_SIZE` per device). Copy in and out
+    /// with [`Dm::write`] / [`Dm::read`]; register with [`Pd::reg_dm_mr`].
+    pub fn alloc_dm(&self, len: usize, log_align: u32) -> Result<Dm> {
+        let ContextImp::Soft(d) = &self.inner.imp else {
+            return Err(verbs(
+                "ibv_alloc_dm",
+                Errno::EOPNOTSUPP,
+                "device memory through the Rust API on a hardware device",
+            ));
+        };
+        let handle = d.engine().memory_mut().alloc_dm(len, log_align)?;
+        Ok(Dm {
+            inner: Arc::new(DmInner {
+                dev: Arc::clone(d),
+                handle,
+                len,
+                _ctx: self.clone(),
+            }),
+        })
+    }
+}
+
+struct DmInner {
+    dev: Arc<Device>,
+    handle: u32,
+    len: usize,
+    _ctx: Context,
+}
+
+impl Drop for DmInner {
+    fn drop(&mut self) {
+        // Every region over it (each holds a Dm) is gone by now.
+        let _ = self.dev.engine().memory_mut().free_dm(self.handle);
+    }
+}
+
+/// Device memory (`struct ibv_dm`). Freed when the last handle and the
+/// last region over it are dropped.
+#[derive(Clone)]
+pub struct Dm {
+    inner: Arc<DmInner>,
+}
+
+impl Dm {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// True for an empty buffer (never: `alloc_dm` refuses length 0).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// `ibv_memcpy_to_dm`: offset and length multiples of 4, inside it.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let i = &self.inner;
+        Ok(i.dev
+            .engine()
+            .memory_mut()
+            .dm_write(i.handle, offset, data)?)
+    }
+
+    /// `ibv_memcpy_from_dm`: offset and length multiples of 4, inside it.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let i = &self.inner;
+        Ok(i.dev.engine().memory().dm_read(i.handle, offset, out)?)
+    }
+
+    /// Regions are registered over it (`ibv_free_dm` refuses then).
+    pub fn has_regions(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
+    }
+}
+
+impl std::fmt::Debug for Dm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dm").field("len", &self.inner.len).finish()
+    }
+}
+
+impl Pd {
+    /// `ibv_reg_dm_mr`: bytes `[offset, offset + len)` of `dm` as a
+    /// zero-based memory region (`ZERO_BASED` is required).
+    pub fn reg_dm_mr(&self, dm: &Dm, offset: u64, len: usize, access: AccessFlags) -> Result<Mr> {
+        let Half::Soft(d, pd) = self.half() else {
+            return Err(verbs(
+                "ibv_reg_dm_mr",
+                Errno::EOPNOTSUPP,
+                "on a hardware device",
+            ));
+        };
+        if !Arc::ptr_eq(d, &dm.inner.dev) {
+            return Err(verbs(
+                "ibv_reg_dm_mr",
+                Errno::EINVAL,
+                "device memory of another device",
+            ));
+        }
+        let info = d
+            .engine()
+            .memory_mut()
+            .register_dm(pd, dm.inner.handle, offset, len, access)?;
+        Ok(Mr {
+            imp: MrImp::Soft {
+                dev: d.clone(),
+                info,
+                len,
+            },
+            pd: self.clone(),
+            _dm: Some(dm.clone()),
+        })
+    }
+}
+
 /// A memory window (`struct ibv_mw`): a remote key for part of a memory
 /// region, with rights of its own, bound and unbound without
 /// re-registering. Deallocated on drop: its key stops working at once.
@@ -1230,9 +1351,11 @@ impl std::fmt::Debug for Mw {
 
 /// A memory region (`struct ibv_mr`).
 pub struct Mr {
-    /// Dropped first: deregistered before its PD.
+    /// Dropped first: deregistered before its PD (and its device memory).
     imp: MrImp,
     pd: Pd,
+    /// A region over device memory keeps the memory alive.
+    _dm: Option<Dm>,
 }
 
 enum MrImp {

@@ -134,7 +134,11 @@ fn layouts() -> Vec<Layout> {
         verbs_context {
             query_port,
             advise_mr,
-            _unsupported0: starts_at "alloc_null_mr",
+            _unsupported0a: starts_at "alloc_null_mr",
+            reg_dm_mr,
+            alloc_dm,
+            free_dm,
+            _unsupported0: starts_at "modify_flow_action_esp",
             alloc_parent_domain,
             _unsupported0b: starts_at "dealloc_td",
             create_cq_ex,
@@ -150,6 +154,14 @@ fn layouts() -> Vec<Layout> {
         }
         ibv_pd { context, handle }
         ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+        ibv_mw { context, pd, rkey, handle, type_: member "type" }
+        ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        ibv_mw_bind { wr_id, send_flags, bind_info }
+        ibv_send_wr_bind_mw = "__typeof__(((struct ibv_send_wr *)0)->bind_mw)" {
+            mw, rkey, bind_info,
+        }
+        ibv_dm { context, memcpy_to_dm, memcpy_from_dm, comp_mask, handle }
+        ibv_alloc_dm_attr { length, log_align_req, comp_mask }
         ibv_comp_channel { context, fd, refcnt }
         ibv_cq {
             context, channel, cq_context, handle, cqe, mutex, cond,
@@ -300,6 +312,20 @@ macro_rules! consts {
 /// The `IBV_*` constants of `abi.rs` that `verbs.h` defines.
 fn constants() -> Vec<(&'static str, i64)> {
     consts![
+        IBV_ODP_SUPPORT,
+        IBV_ODP_SUPPORT_IMPLICIT,
+        IBV_ODP_SUPPORT_SEND,
+        IBV_ODP_SUPPORT_RECV,
+        IBV_ODP_SUPPORT_WRITE,
+        IBV_ODP_SUPPORT_READ,
+        IBV_ODP_SUPPORT_ATOMIC,
+        IBV_ODP_SUPPORT_SRQ_RECV,
+        IBV_ADVISE_MR_ADVICE_PREFETCH,
+        IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+        IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+        IBV_ADVISE_MR_FLAG_FLUSH,
+        IBV_DEVICE_MEM_WINDOW,
+        IBV_DEVICE_MEM_WINDOW_TYPE_2B,
         IBV_SYSFS_NAME_MAX,
         IBV_SYSFS_PATH_MAX,
         IBV_NODE_CA,

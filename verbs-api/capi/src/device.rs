@@ -269,6 +269,9 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.create_cq_ex = Some(crate::verbs::create_cq_ex);
         vctx.alloc_parent_domain = Some(crate::verbs::alloc_parent_domain);
         vctx.advise_mr = Some(crate::verbs::advise_mr);
+        vctx.alloc_dm = Some(crate::verbs::alloc_dm);
+        vctx.free_dm = Some(crate::verbs::free_dm);
+        vctx.reg_dm_mr = Some(crate::verbs::reg_dm_mr);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         let c = &mut vctx.context;
         c.device = device;
@@ -563,6 +566,10 @@ unsafe extern "C" fn query_device_ex(
                 | IBV_ODP_SUPPORT_SRQ_RECV;
             ex._ext[4] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
             ex._ext[5] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+            // max_dm_size (u64 at offset 376).
+            let dm = roxe_provider::memory::MAX_DM_SIZE as u64;
+            ex._ext[35] = dm as u32;
+            ex._ext[36] = (dm >> 32) as u32;
         }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; zero all of

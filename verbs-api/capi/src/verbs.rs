@@ -428,6 +428,160 @@ pub(crate) unsafe extern "C" fn advise_mr(
     })
 }
 
+// -------------------------------------------------------- device memory
+
+#[repr(C)]
+struct RoxeDm {
+    c: ibv_dm,
+    dm: roxe_verbs::Dm,
+}
+
+/// `ibv_alloc_dm` (the `verbs_context` op): EINVAL for an unknown
+/// `comp_mask`, a zero or too large length or alignment.
+pub(crate) unsafe extern "C" fn alloc_dm(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_alloc_dm_attr,
+) -> *mut ibv_dm {
+    guard(null_mut(), || {
+        // SAFETY: ctx is an open context, attr NULL or the caller's.
+        let (Some(c), Some(a)) = (unsafe { context(ctx) }, unsafe { attr.as_ref() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if a.comp_mask != 0 {
+            return fail_null(libc::EINVAL);
+        }
+        match c.ctx.alloc_dm(a.length, a.log_align_req) {
+            Ok(dm) => leak(RoxeDm {
+                c: ibv_dm {
+                    context: ctx,
+                    memcpy_to_dm: Some(memcpy_to_dm),
+                    memcpy_from_dm: Some(memcpy_from_dm),
+                    comp_mask: 0,
+                    handle: 0,
+                },
+                dm,
+            })
+            .cast(),
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
+/// `ibv_free_dm`: EBUSY while memory regions are registered over it.
+pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is NULL or from alloc_dm (the C contract).
+        let Some(d) = (unsafe { obj::<RoxeDm, _>(dm) }) else {
+            return libc::EINVAL;
+        };
+        if d.dm.has_regions() {
+            return libc::EBUSY;
+        }
+        // SAFETY: dm came from leak(RoxeDm) and is freed once.
+        drop(unsafe { Box::from_raw(dm.cast::<RoxeDm>()) });
+        0
+    })
+}
+
+unsafe extern "C" fn memcpy_to_dm(
+    dm: *mut ibv_dm,
+    offset: u64,
+    host: *const c_void,
+    len: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is from alloc_dm; host holds len readable bytes (the
+        // C contract of ibv_memcpy_to_dm).
+        let Some(d) = (unsafe { obj::<RoxeDm, _>(dm) }) else {
+            return libc::EINVAL;
+        };
+        if host.is_null() && len > 0 {
+            return libc::EINVAL;
+        }
+        let data = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts(host.cast::<u8>(), len) }
+        };
+        match d.dm.write(offset, data) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+unsafe extern "C" fn memcpy_from_dm(
+    host: *mut c_void,
+    dm: *mut ibv_dm,
+    offset: u64,
+    len: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is from alloc_dm; host holds len writable bytes (the
+        // C contract of ibv_memcpy_from_dm).
+        let Some(d) = (unsafe { obj::<RoxeDm, _>(dm) }) else {
+            return libc::EINVAL;
+        };
+        if host.is_null() && len > 0 {
+            return libc::EINVAL;
+        }
+        let out = if len == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts_mut(host.cast::<u8>(), len) }
+        };
+        match d.dm.read(offset, out) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+/// `ibv_reg_dm_mr`: a zero-based region over device memory.
+pub(crate) unsafe extern "C" fn reg_dm_mr(
+    pd: *mut ibv_pd,
+    dm: *mut ibv_dm,
+    offset: u64,
+    length: usize,
+    access: c_uint,
+) -> *mut ibv_mr {
+    guard(null_mut(), || {
+        // SAFETY: pd and dm are NULL or this library's (the C contract).
+        let (Some(p), Some(d)) = (unsafe { obj::<RoxePd, _>(pd) }, unsafe {
+            obj::<RoxeDm, _>(dm)
+        }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if d.c.context != p.c.context {
+            return fail_null(libc::EINVAL);
+        }
+        let access = AccessFlags(access & !IBV_ACCESS_OPTIONAL_RANGE);
+        match p.pd.reg_dm_mr(&d.dm, offset, length, access) {
+            Ok(mr) => {
+                p.users.fetch_add(1, Ordering::AcqRel);
+                leak(RoxeMr {
+                    c: ibv_mr {
+                        context: p.c.context,
+                        pd,
+                        // Zero-based: the region's addresses start at 0.
+                        addr: null_mut(),
+                        length,
+                        handle: mr.lkey(),
+                        lkey: mr.lkey(),
+                        rkey: mr.rkey(),
+                    },
+                    mr,
+                    pd: p,
+                })
+                .cast()
+            }
+            Err(e) => fail_null(e.errno()),
+        }
+    })
+}
+
 // ------------------------------------------------------- memory windows
 
 #[repr(C)]
