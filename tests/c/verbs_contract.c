@@ -800,13 +800,29 @@ int main(int argc, char **argv)
 	{
 		struct ibv_mw *mw;
 
-		/* The inline ibv_alloc_mw sets EOPNOTSUPP itself when the
-		 * provider leaves ops.alloc_mw NULL. */
+		/* Types 1 and 2 exist (as on rxe); any other type is EINVAL. */
 		errno = 0;
-		mw = ibv_alloc_mw(c.pd, IBV_MW_TYPE_1);
-		check(!mw && errno == EOPNOTSUPP, "errno.alloc_mw",
-		      "returned %p errno %d (%s), expected NULL EOPNOTSUPP", (void *)mw, errno,
+		mw = ibv_alloc_mw(c.pd, (enum ibv_mw_type)3);
+		check(!mw && errno == EINVAL, "errno.alloc_mw_bad_type",
+		      "returned %p errno %d (%s), expected NULL EINVAL", (void *)mw, errno,
 		      strerror(errno));
+		mw = ibv_alloc_mw(c.pd, IBV_MW_TYPE_1);
+		check(mw && mw->type == IBV_MW_TYPE_1 && mw->pd == c.pd && mw->rkey != 0,
+		      "errno.alloc_mw", "returned %p errno %d (%s)", (void *)mw, errno,
+		      strerror(errno));
+		if (mw) {
+			/* libibverbs' own check: a type 2 window cannot be bound
+			 * with ibv_bind_mw. */
+			struct ibv_mw *mw2 = ibv_alloc_mw(c.pd, IBV_MW_TYPE_2);
+			struct ibv_mw_bind bind = { .wr_id = 1 };
+
+			check(mw2 && ibv_bind_mw(qa, mw2, &bind) == EINVAL,
+			      "errno.bind_mw_type2", "type 2 window bound with ibv_bind_mw");
+			check(!ibv_dealloc_mw(mw), "errno.dealloc_mw", "ibv_dealloc_mw failed");
+			if (mw2)
+				check(!ibv_dealloc_mw(mw2), "errno.dealloc_mw2",
+				      "ibv_dealloc_mw failed");
+		}
 	}
 
 	/* ------------------------------------------ RDMA WRITE with IMM */
