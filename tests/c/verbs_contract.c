@@ -895,7 +895,8 @@ int main(int argc, char **argv)
 			.qp_type = IBV_QPT_RC,
 			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 			.pd = c.pd,
-			.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE,
+			.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
+					  IBV_QP_EX_WITH_LOCAL_INV,
 		};
 		struct ibv_qp *qx, *qd;
 		struct ibv_qp_ex *x;
@@ -949,6 +950,20 @@ int main(int argc, char **argv)
 			check(diff_at(want, bd.p + 2048, sizeof(want)) < 0,
 			      "qp_ex.inline_send_data", "byte %ld differs",
 			      diff_at(want, bd.p + 2048, sizeof(want)));
+		}
+		/* LOCAL_INV through the new API: of an ordinary MR's key it
+		 * fails (only type 2 windows can be invalidated, as rxe's
+		 * rxe_invalidate_mr refuses MRs that are not fast-registered). */
+		ibv_wr_start(x);
+		x->wr_id = 83;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_local_inv(x, bd.mr->rkey);
+		rc = ibv_wr_complete(x);
+		if (check(rc == 0, "qp_ex.wr_local_inv", "returned %d (%s)", rc, strerror(rc))) {
+			n = poll_n(cq2, wc, 1);
+			check(n == 1 && wc[0].wr_id == 83 && wc[0].status == IBV_WC_LOC_QP_OP_ERR,
+			      "qp_ex.wc_local_inv_refused", "%d completions, status %d", n,
+			      n ? (int)wc[0].status : -1);
 		}
 		rc = ibv_destroy_qp(qx);
 		rc |= ibv_destroy_qp(qd);

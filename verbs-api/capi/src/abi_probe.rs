@@ -373,6 +373,8 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
         IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
         IBV_QP_EX_WITH_SEND_WITH_INV,
+        IBV_QP_EX_WITH_LOCAL_INV,
+        IBV_QP_EX_WITH_BIND_MW,
         IBV_SRQ_INIT_ATTR_TYPE,
         IBV_SRQ_INIT_ATTR_PD,
         IBV_SRQ_INIT_ATTR_CQ,

@@ -8,8 +8,8 @@
 
 use crate::abi::*;
 use crate::guard;
-use crate::verbs::{obj, RoxeAh, RoxeQp};
-use roxe_verbs::{SendFlags, SendOpcode, SendWr, Sge};
+use crate::verbs::{bind_mr, obj, RoxeAh, RoxeMw, RoxeQp};
+use roxe_verbs::{AccessFlags, Mr, MwBind, SendFlags, SendOpcode, SendWr, Sge};
 use std::ffi::{c_int, c_void};
 
 /// Point every `wr_*` slot roxe implements at its function.
@@ -22,6 +22,8 @@ pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_send = Some(wr_send);
     q.wr_send_imm = Some(wr_send_imm);
     q.wr_send_inv = Some(wr_send_inv);
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_local_inv);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
@@ -116,6 +118,57 @@ unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm_data: u32) {
 unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
     start(qpx, SendOpcode::SendWithInv, |w| {
         w.invalidate_rkey = invalidate_rkey
+    });
+}
+
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    start(qpx, SendOpcode::LocalInv, |w| {
+        w.invalidate_rkey = invalidate_rkey
+    });
+}
+
+/// `ibv_wr_bind_mw`: bind `mw` (a window of this QP's context) with key
+/// `rkey` to `bind_info`; EINVAL (at `wr_complete`) for a foreign window
+/// or MR, or no bind information.
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    bind_info: *const ibv_mw_bind_info,
+) {
+    with_batch(qpx, |q, wrs, err| {
+        let ctx = q.c.qp_base.context;
+        let bind = (|| {
+            // SAFETY: bind_info is NULL or the caller's (the C contract).
+            let info = unsafe { bind_info.as_ref() }?;
+            // SAFETY: mw is NULL or a window from ibv_alloc_mw, whose first
+            // member is its context.
+            if mw.is_null() || unsafe { (*mw).context } != ctx {
+                return None;
+            }
+            // SAFETY: a window on this library's context is a RoxeMw.
+            let m = unsafe { obj::<RoxeMw, _>(mw) }?;
+            // SAFETY: info.mr is NULL or from ibv_reg_mr.
+            let mr = unsafe { bind_mr(info.mr, ctx) }.ok()?;
+            Some(MwBind {
+                mw_rkey: m.mw.rkey(),
+                new_rkey: rkey,
+                mr_lkey: mr.map_or(0, Mr::lkey),
+                addr: info.addr,
+                length: info.length,
+                access: AccessFlags(info.mw_access_flags),
+            })
+        })();
+        let Some(bind) = bind else {
+            if *err == 0 {
+                *err = libc::EINVAL;
+            }
+            return;
+        };
+        let mut wr = SendWr::new(q.c.wr_id, SendOpcode::BindMw, Vec::new());
+        wr.flags = SendFlags(q.c.wr_flags);
+        wr.bind = Some(bind);
+        wrs.push(wr);
     });
 }
 

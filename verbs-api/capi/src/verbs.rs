@@ -585,9 +585,9 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
 // ------------------------------------------------------- memory windows
 
 #[repr(C)]
-struct RoxeMw {
-    c: ibv_mw,
-    mw: Mw,
+pub(crate) struct RoxeMw {
+    pub(crate) c: ibv_mw,
+    pub(crate) mw: Mw,
     pd: *const RoxePd,
 }
 
@@ -648,7 +648,10 @@ unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
 ///
 /// # Safety
 /// `mr` is NULL or an MR from `ibv_reg_mr*`.
-unsafe fn bind_mr<'a>(mr: *mut ibv_mr, ctx: *mut ibv_context) -> Result<Option<&'a Mr>, c_int> {
+pub(crate) unsafe fn bind_mr<'a>(
+    mr: *mut ibv_mr,
+    ctx: *mut ibv_context,
+) -> Result<Option<&'a Mr>, c_int> {
     if mr.is_null() {
         return Ok(None);
     }
@@ -1576,7 +1579,9 @@ const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW;
 
 unsafe fn create_qp(
     pd: *mut ibv_pd,
