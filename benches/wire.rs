@@ -3,8 +3,9 @@
 //!
 //! Run: `cargo bench --bench wire` (figures go to docs/PERFORMANCE.md).
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use roxe_wire::{icrc, BthRepr, ExtHeaders, Opcode, Packet, PacketRepr, Psn, RethRepr};
+use std::hint::black_box;
 use std::net::Ipv4Addr;
 
 const SRC: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
