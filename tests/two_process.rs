@@ -12,7 +12,7 @@
 #[path = "peer/proto.rs"]
 mod proto;
 
-use proto::{ClientHello, Cmd, Ep, Hello, Reply, Rq, Wait, Wc, PEER_MR_LEN, QKEY};
+use proto::{ClientHello, Cmd, Hello, Reply, Rq, Wait, Wc, PEER_MR_LEN, QKEY};
 use roxe_verbs::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
@@ -341,18 +341,7 @@ impl Setup {
             .pairs
             .iter()
             .zip(&rc)
-            .map(|(&pi, q)| {
-                let e = q.endpoint(CLIENT_PSN);
-                (
-                    pi,
-                    Ep {
-                        lid: e.lid,
-                        qpn: e.qpn,
-                        psn: e.psn,
-                        gid: e.gid,
-                    },
-                )
-            })
+            .map(|(&pi, q)| (pi, q.endpoint(CLIENT_PSN)))
             .collect();
         peer.send(&ClientHello {
             connect,

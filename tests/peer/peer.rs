@@ -13,7 +13,7 @@
 
 mod proto;
 
-use proto::{ClientHello, Cmd, Ep, Hello, Reply, Rq, Wait, Wc};
+use proto::{ClientHello, Cmd, Hello, Reply, Rq, Wait, Wc};
 use roxe_verbs::*;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -134,15 +134,7 @@ impl Peer {
             rc: self
                 .rc
                 .iter()
-                .map(|q| {
-                    let e = q.endpoint(proto::PEER_PSN);
-                    Ep {
-                        lid: e.lid,
-                        qpn: e.qpn,
-                        psn: e.psn,
-                        gid: e.gid,
-                    }
-                })
+                .map(|q| q.endpoint(proto::PEER_PSN))
                 .collect(),
             ud_qpn: self.ud.qp_num(),
             mr_addr: self.mr.addr(),

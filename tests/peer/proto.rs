@@ -19,14 +19,9 @@ pub const PEER_RC_QPS: usize = 3;
 /// The initial PSN of the peer's QPs (the client's are its own choice).
 pub const PEER_PSN: u32 = 0x00a0_0000;
 
-/// An RC endpoint (`roxe_verbs::Endpoint`, serialisable).
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ep {
-    pub lid: u16,
-    pub qpn: u32,
-    pub psn: u32,
-    pub gid: [u8; 16],
-}
+/// An RC endpoint (`roxe_verbs::Endpoint`, serialisable with its `serde`
+/// feature).
+pub type Ep = roxe_verbs::Endpoint;
 
 /// What the peer announces when it is ready to be connected.
 #[derive(Serialize, Deserialize, Debug, Clone)]

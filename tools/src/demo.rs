@@ -49,7 +49,7 @@ pub struct Args {
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
 struct Hello {
-    rc: (u16, u32, u32, [u8; 16]),
+    rc: Endpoint,
     ud_qpn: u32,
     mr_addr: u64,
     rkey: u32,
@@ -190,9 +190,8 @@ impl Side {
     }
 
     fn hello(&self, psn: u32) -> Hello {
-        let e = self.rc.endpoint(psn);
         Hello {
-            rc: (e.lid, e.qpn, e.psn, e.gid),
+            rc: self.rc.endpoint(psn),
             ud_qpn: self.ud.qp_num(),
             mr_addr: self.mr.addr(),
             rkey: self.mr.rkey(),
@@ -200,14 +199,7 @@ impl Side {
     }
 
     fn connect(&self, psn: u32, peer: &Hello) -> Result<()> {
-        let (lid, qpn, rpsn, gid) = peer.rc;
-        let remote = Endpoint {
-            lid,
-            qpn,
-            psn: rpsn,
-            gid,
-        };
-        self.rc.connect(psn, &remote, Mtu::Mtu4096, access(), 14)
+        self.rc.connect(psn, &peer.rc, Mtu::Mtu4096, access(), 14)
     }
 }
 
@@ -341,7 +333,7 @@ fn wait_one(cq: &Cq, timeout: Duration) -> DynResult<Option<WorkCompletion>> {
 /// The server's half of the UD echo: send the received bytes back.
 fn ud_echo(side: &Side, peer: &Hello, size: u32) -> DynResult<()> {
     let ah = side.pd.create_ah(&AddressVector {
-        dgid: peer.rc.3,
+        dgid: peer.rc.gid,
         sgid_index: side.pd.context().default_gid_index(),
         is_global: true,
         hop_limit: 64,
@@ -672,7 +664,7 @@ fn client(addr: &str, iters: u32, dev: Option<&str>) -> DynResult<Vec<Row>> {
                 sg_list: vec![c.side.mr.sge(6 << 20, 40 + size as u32)],
             })?;
             let ah = c.side.pd.create_ah(&AddressVector {
-                dgid: c.peer.rc.3,
+                dgid: c.peer.rc.gid,
                 sgid_index: c.side.pd.context().default_gid_index(),
                 is_global: true,
                 hop_limit: 64,

@@ -226,36 +226,6 @@ impl Params {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct Ep {
-    lid: u16,
-    qpn: u32,
-    psn: u32,
-    gid: [u8; 16],
-}
-
-impl From<Endpoint> for Ep {
-    fn from(e: Endpoint) -> Self {
-        Ep {
-            lid: e.lid,
-            qpn: e.qpn,
-            psn: e.psn,
-            gid: e.gid,
-        }
-    }
-}
-
-impl From<Ep> for Endpoint {
-    fn from(e: Ep) -> Self {
-        Endpoint {
-            lid: e.lid,
-            qpn: e.qpn,
-            psn: e.psn,
-            gid: e.gid,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct RemoteMr {
     addr: u64,
     rkey: u32,
@@ -267,11 +237,11 @@ struct RemoteMr {
 enum Msg {
     Hello {
         params: Params,
-        eps: Vec<Ep>,
+        eps: Vec<Endpoint>,
         mr: RemoteMr,
     },
     Ready {
-        eps: Vec<Ep>,
+        eps: Vec<Endpoint>,
         mr: RemoteMr,
     },
     Done {
@@ -657,11 +627,11 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl Setup {
-    fn eps(&self) -> Vec<Ep> {
+    fn eps(&self) -> Vec<Endpoint> {
         self.qps
             .iter()
             .zip(&self.psns)
-            .map(|(q, &psn)| q.endpoint(psn).into())
+            .map(|(q, &psn)| q.endpoint(psn))
             .collect()
     }
     fn remote_mr(&self) -> RemoteMr {
@@ -671,7 +641,7 @@ impl Setup {
             len: self.mr.len() as u64,
         }
     }
-    fn connect(&self, p: &Params, remote: &[Ep]) -> Res<()> {
+    fn connect(&self, p: &Params, remote: &[Endpoint]) -> Res<()> {
         if remote.len() != self.qps.len() {
             return Err(format!(
                 "the peer sent {} endpoints for {} QPs",
@@ -681,7 +651,7 @@ impl Setup {
         }
         let mtu = mtu_of(p.mtu)?;
         for ((q, &psn), r) in self.qps.iter().zip(&self.psns).zip(remote) {
-            q.connect(psn, &Endpoint::from(*r), mtu, ACCESS, 14)
+            q.connect(psn, r, mtu, ACCESS, 14)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())

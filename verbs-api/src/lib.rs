@@ -1899,8 +1899,10 @@ impl Qp {
     }
 }
 
-/// What two sides exchange out of band to connect an RC/UC QP pair.
+/// What two sides exchange out of band to connect an RC/UC QP pair
+/// (serialisable with the `serde` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Endpoint {
     /// LID (loopback devices).
     pub lid: u16,
