@@ -116,24 +116,43 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
     }
 }
 
-#[test]
-fn retry_exhaustion_is_logged_with_its_qp() {
+/// Runs `f` with a subscriber at `level` as this thread's default and returns
+/// what its second run logged. tracing caches each callsite's interest
+/// globally, and while only one dispatcher exists a callsite first hit by
+/// another test's thread (no subscriber there) is cached as "never". So these
+/// tests take turns; the first run registers every callsite `f` reaches, the
+/// rebuild then asks our dispatcher about each, and the second run is logged.
+fn with_captured_log<T>(level: tracing::Level, mut f: impl FnMut() -> T) -> (T, String) {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let log = Captured::default();
     let sub = tracing_subscriber::fmt()
         .with_writer(log.clone())
-        .with_max_level(tracing::Level::DEBUG)
+        .with_max_level(level)
         .with_ansi(false)
         .finish();
-    let (mut e, qpn) = engine_with_a_write_in_flight();
-    tracing::subscriber::with_default(sub, || {
+    let out = tracing::subscriber::with_default(sub, || {
+        f();
+        tracing::callsite::rebuild_interest_cache();
+        log.0.lock().unwrap().clear();
+        f()
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
+#[test]
+fn retry_exhaustion_is_logged_with_its_qp() {
+    let (qpn, text) = with_captured_log(tracing::Level::DEBUG, || {
+        let (mut e, qpn) = engine_with_a_write_in_flight();
         let mut buf = vec![0u8; 8192];
         for _ in 0..10 {
             let Some(d) = e.poll_timeout() else { break };
             e.handle_timeout(d);
             while e.poll_transmit(d, &mut buf).is_some() {}
         }
+        qpn
     });
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     let q = format!("qpn={qpn:#x}");
     assert!(
         text.lines()
@@ -194,17 +213,7 @@ fn a_lost_timer_is_found_counted_and_rearmed() {
 
 #[test]
 fn packets_are_traced_at_trace_level_only() {
-    let capture = |level| {
-        let log = Captured::default();
-        let sub = tracing_subscriber::fmt()
-            .with_writer(log.clone())
-            .with_max_level(level)
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(sub, engine_with_a_write_in_flight);
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        text
-    };
+    let capture = |level| with_captured_log(level, engine_with_a_write_in_flight).1;
     let trace = capture(tracing::Level::TRACE);
     assert!(
         trace.lines().any(|l| l.contains("packet sent")
