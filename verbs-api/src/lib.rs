@@ -1610,8 +1610,12 @@ impl Cq {
             } => (id, waiting, empty_polls, dev),
             CqImp::Hw(h) => return h.poll(out),
         };
-        if waiting.load(Ordering::Acquire) == 0 {
-            // Nothing waiting: do not take the engine lock.
+        // Nothing waiting: receive in this thread (no wake-up of the
+        // progress thread for the completion), and without anything
+        // received do not take the engine lock.
+        if waiting.load(Ordering::Acquire) == 0
+            && !(d.progress_here() && waiting.load(Ordering::Acquire) > 0)
+        {
             let n = empty_polls.fetch_add(1, Ordering::Relaxed);
             if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
                 std::thread::yield_now();

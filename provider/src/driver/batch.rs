@@ -494,8 +494,7 @@ type Got = (usize, Option<SocketAddr>, usize);
 /// with UDP GRO, which delivers runs of equal datagrams as one), and the
 /// `recvmmsg` headers pointing into it, built once.
 ///
-/// Not `Send` (raw pointers): it lives on the progress thread. The
-/// pointers in `hdrs` and `iovs` point into `pool`, `iovs`, `names` and
+/// The pointers in `hdrs` and `iovs` point into `pool`, `iovs`, `names` and
 /// `cmsgs`, heap allocations owned by the struct that never move or shrink.
 pub(crate) struct RxBatch {
     pool: Box<[u8]>,
@@ -507,6 +506,12 @@ pub(crate) struct RxBatch {
     got: [Got; MAX_BATCH],
     n: usize,
 }
+
+// SAFETY: the raw pointers in `hdrs` and `iovs` point only into the
+// struct's own boxed buffers, whose heap memory stays where it is when the
+// struct moves to another thread; nothing else refers to those buffers, and
+// every use goes through `&mut self` (the device keeps it in a mutex).
+unsafe impl Send for RxBatch {}
 
 impl RxBatch {
     /// A pool; `gro`: the socket has `UDP_GRO` on.

@@ -164,6 +164,10 @@ pub struct DeviceConfig {
     /// segments are wire-exact, see `batch.rs`; the first refusal by the
     /// kernel turns GSO off for the device).
     pub gso: bool,
+    /// A `poll_cq` that finds nothing receives and handles what waits on
+    /// the socket itself, in the caller's thread, so a completion needs no
+    /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
+    pub caller_progress: bool,
 }
 
 impl Default for DeviceConfig {
@@ -175,6 +179,7 @@ impl Default for DeviceConfig {
             fault: None,
             busy_poll: false,
             gso: true,
+            caller_progress: true,
         }
     }
 }
@@ -197,7 +202,8 @@ impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
-    /// `ROXE_GSO=on|off` (switches: [`parse_switch`]).
+    /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off` (switches:
+    /// [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
     }
@@ -219,6 +225,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("ROXE_GSO") {
             base.gso = parse_switch("ROXE_GSO", &v)?;
+        }
+        if let Some(v) = var("ROXE_CALLER_PROGRESS") {
+            base.caller_progress = parse_switch("ROXE_CALLER_PROGRESS", &v)?;
         }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);

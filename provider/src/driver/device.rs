@@ -38,6 +38,11 @@ pub const ROCEV2_PORT: u16 = roxe_wire::ROCEV2_PORT;
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// How often the progress thread runs the engine's liveness watchdog.
 const AUDIT_EVERY: Nanos = 100_000_000;
+/// After a caller's thread received (see [`Device::progress_here`]), the
+/// progress thread leaves the socket to callers for this long: it sleeps
+/// on timers and its eventfd only, so a packet wakes no second thread.
+/// Also the longest a packet can wait if the callers stop polling at once.
+const CALLER_WINDOW: Nanos = 200_000;
 /// A timer fired later than this after its deadline counts as late
 /// (`DriverStats::timers_late`): more than one longest sleep plus
 /// scheduling noise, so the progress thread missed a wake-up.
@@ -63,6 +68,9 @@ pub struct DriverStats {
     pub tx_gso_refused: u64,
     /// `recvmmsg` calls that returned datagrams.
     pub rx_batches: u64,
+    /// Those made in a caller's thread by a `poll_cq` that found nothing
+    /// ([`Device::progress_here`]), not by the progress thread.
+    pub rx_caller_batches: u64,
     /// `ROXE_ICRC=raw`: packets from the raw socket dropped before the
     /// engine because they are not a whole IPv4 UDP datagram to the device
     /// (a fragment, a bad IPv4 header checksum, inconsistent lengths). The
@@ -183,10 +191,15 @@ struct Shared {
     /// engine.
     cm_sinks: Mutex<Vec<Weak<CmEventSink>>>,
     busy_poll: bool,
-    /// UDP GRO is on for the socket (with `ROXE_GSO=on`; see `batch.rs`:
-    /// segments the kernel builds get IPv4 identifications 1, 2, ..., so
-    /// their ICRCs fail at receivers that see the real header).
-    gro: bool,
+    /// The receive pool. Whoever receives holds it from `recvmmsg` until
+    /// the burst is handled, so packets reach the engine in the order the
+    /// socket gave them even when a caller's thread and the progress
+    /// thread take turns.
+    rx: Mutex<RxBatch>,
+    /// Callers of `poll_cq` receive themselves ([`Device::progress_here`]).
+    caller_progress: bool,
+    /// When a caller's thread last tried to receive ([`Shared::now`]).
+    caller_polled_at: AtomicU64,
     /// `roxe stat`'s socket (None where it could not be made).
     stat: Option<super::stat::StatServer>,
 }
@@ -415,6 +428,9 @@ impl Device {
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )?;
+        // Raw receive (beside rxe, or ROXE_ICRC=raw) and busy polling stay
+        // with the progress thread.
+        let caller_progress = config.caller_progress && raw.is_none() && !config.busy_poll;
         let shared = Arc::new(Shared {
             addr,
             socket,
@@ -443,7 +459,9 @@ impl Device {
             has_deferred: AtomicBool::new(false),
             cm_sinks: Mutex::new(Vec::new()),
             busy_poll: config.busy_poll,
-            gro,
+            rx: Mutex::new(RxBatch::new(gro)),
+            caller_progress,
+            caller_polled_at: AtomicU64::new(0),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -461,6 +479,36 @@ impl Device {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// Progress in the caller's thread, for a `poll_cq` that found nothing:
+    /// receive one burst from the socket and handle it (completions, ACKs,
+    /// replies), unless another thread is receiving. True if packets were
+    /// handled. While callers keep doing this, the progress thread leaves
+    /// the socket to them (for [`CALLER_WINDOW`]), so a packet costs no
+    /// thread wake-up. Does nothing where the progress thread must receive
+    /// (raw receive, `busy_poll`) or with `caller_progress` off.
+    pub fn progress_here(&self) -> bool {
+        let s = &*self.shared;
+        if !s.caller_progress {
+            return false;
+        }
+        s.caller_polled_at.store(s.now().max(1), Ordering::Relaxed);
+        let Some(mut rx) = s.rx.try_lock() else {
+            return false;
+        };
+        let mut guard = None;
+        s.receive_udp(&mut rx, &mut guard);
+        drop(rx);
+        match guard {
+            Some(mut core) => {
+                core.stats.rx_caller_batches += 1;
+                s.after_work(&mut core);
+                MutexGuard::unlock_fair(core);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The device's address.
@@ -911,17 +959,19 @@ impl Shared {
     }
 
     fn progress(self: Arc<Self>) {
-        let mut rx = RxBatch::new(self.gro);
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
         let mut next_audit: Nanos = 0;
         let mut stat_pending = false;
         while !self.stop.load(Ordering::Acquire) {
             let mut guard: Option<MutexGuard<'_, Core>> = None;
             loop {
+                // Held from receive to hand-over (see `Shared::rx`).
+                let mut rx = self.rx.lock();
                 let full = match raw_rx.as_mut() {
                     None => self.receive_udp(&mut rx, &mut guard),
                     Some((fd, rb)) => self.receive_raw(fd, rb, &mut rx, &mut guard),
                 };
+                drop(rx);
                 if !full {
                     // Drained for now: timers, sends and sleep below.
                     break;
@@ -978,14 +1028,31 @@ impl Shared {
                 .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP);
+            // Callers receiving for themselves: leave them the socket (a
+            // packet would otherwise wake this thread too), and look again
+            // when their window closes.
+            let since_caller = self
+                .now()
+                .saturating_sub(self.caller_polled_at.load(Ordering::Relaxed));
+            let callers_receive = self.caller_progress && since_caller < CALLER_WINDOW;
+            let timeout = if callers_receive {
+                timeout.min(Duration::from_nanos(CALLER_WINDOW - since_caller))
+            } else {
+                timeout
+            };
             let ts = rustix::time::Timespec {
                 tv_sec: timeout.as_secs() as _,
                 tv_nsec: timeout.subsec_nanos() as _,
             };
             let stat_fd = self.stat.as_ref().map(|s| s.fd());
             let stat_or_wake = stat_fd.unwrap_or(self.wake.as_fd());
+            let socket_or_wake = if callers_receive {
+                self.wake.as_fd()
+            } else {
+                self.socket.as_fd()
+            };
             let mut fds = [
-                PollFd::new(&self.socket, PollFlags::IN),
+                PollFd::new(&socket_or_wake, PollFlags::IN),
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(self.raw.as_ref().unwrap_or(&self.wake), PollFlags::IN),
                 PollFd::new(&stat_or_wake, PollFlags::IN),
