@@ -737,7 +737,7 @@ int main(int argc, char **argv)
 		int ns = (int)cap_a.max_send_sge + 1;
 		struct ibv_sge *sges = calloc(ns, sizeof(*sges));
 		struct ibv_sge one = { .addr = (uintptr_t)ba.p, .length = 16, .lkey = ba.mr->lkey };
-		struct ibv_send_wr wr2, wr1;
+		struct ibv_send_wr wr3, wr2, wr1;
 		struct ibv_send_wr *bad = NULL;
 
 		if (!sges)
@@ -745,11 +745,15 @@ int main(int argc, char **argv)
 		for (int i = 0; i < ns; i++)
 			sges[i] = (struct ibv_sge){ .addr = (uintptr_t)(ba.p + 8 * i), .length = 8,
 						    .lkey = ba.mr->lkey };
-		memset(&wr1, 0, sizeof(wr1));
-		memset(&wr2, 0, sizeof(wr2));
-		wr2 = (struct ibv_send_wr){ .wr_id = 61, .sg_list = sges, .num_sge = ns,
+		/* A good WR after the bad one: never posted. */
+		wr3 = (struct ibv_send_wr){ .wr_id = 62, .sg_list = &one, .num_sge = 1,
 					    .opcode = IBV_WR_RDMA_WRITE,
 					    .send_flags = IBV_SEND_SIGNALED };
+		wr3.wr.rdma.remote_addr = (uintptr_t)bb.p + 2048;
+		wr3.wr.rdma.rkey = bb.mr->rkey;
+		wr2 = (struct ibv_send_wr){ .wr_id = 61, .sg_list = sges, .num_sge = ns,
+					    .opcode = IBV_WR_RDMA_WRITE,
+					    .send_flags = IBV_SEND_SIGNALED, .next = &wr3 };
 		wr2.wr.rdma.remote_addr = (uintptr_t)bb.p;
 		wr2.wr.rdma.rkey = bb.mr->rkey;
 		wr1 = (struct ibv_send_wr){ .wr_id = 60, .sg_list = &one, .num_sge = 1,
@@ -777,6 +781,44 @@ int main(int argc, char **argv)
 		      n, n > 0 ? wc[0].wr_id : 0, n > 0 ? wc[0].status : -1,
 		      n > 0 ? wc[0].opcode : -1);
 		free(sges);
+	}
+	{
+		/* A post list of 24 WRITEs of 64 bytes, each its own slice:
+		 * all posted, all complete in order, all data lands. */
+		enum { LIST = 24 };
+		struct ibv_sge sges[LIST];
+		struct ibv_send_wr wrs[LIST];
+		struct ibv_send_wr *bad = NULL;
+		int got = 0, in_order = 1;
+
+		fill(ba.p, 64 * LIST, 77);
+		memset(bb.p, 0, 64 * LIST);
+		for (int i = 0; i < LIST; i++) {
+			sges[i] = (struct ibv_sge){ .addr = (uintptr_t)(ba.p + 64 * i), .length = 64,
+						    .lkey = ba.mr->lkey };
+			wrs[i] = (struct ibv_send_wr){ .wr_id = 100 + i, .sg_list = &sges[i],
+						       .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+						       .send_flags = IBV_SEND_SIGNALED,
+						       .next = i + 1 < LIST ? &wrs[i + 1] : NULL };
+			wrs[i].wr.rdma.remote_addr = (uintptr_t)(bb.p + 64 * i);
+			wrs[i].wr.rdma.rkey = bb.mr->rkey;
+		}
+		rc = ibv_post_send(qa, wrs, &bad);
+		check(rc == 0 && bad == NULL, "post_list.posted", "returned %d (%s) bad_wr %p", rc,
+		      strerror(rc), (void *)bad);
+		while (got < LIST) {
+			int k = poll_n(cq, wc, 1);
+
+			if (k != 1)
+				break;
+			in_order &= wc[0].wr_id == (uint64_t)(100 + got) &&
+				    wc[0].status == IBV_WC_SUCCESS;
+			got++;
+		}
+		check(got == LIST && in_order, "post_list.completions_in_order",
+		      "%d of %d completions, in order and successful: %d", got, LIST, in_order);
+		check(diff_at(ba.p, bb.p, 64 * LIST) < 0, "post_list.data",
+		      "first difference at byte %ld", diff_at(ba.p, bb.p, 64 * LIST));
 	}
 	{
 		char tmp[64];

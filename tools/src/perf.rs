@@ -920,6 +920,9 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
     let mut done = 0u64;
     while done < p.iters {
         for i in 0..nq {
+            // The refill goes out as one post list (`wr->next`): its packets
+            // leave together, as perftest's `-l` does it.
+            let mut list = Vec::new();
             while posted[i] < target[i] && posted[i] - completed[i] < depth {
                 let n = posted[i] + 1;
                 let mut wr = SendWr::new(
@@ -938,8 +941,13 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
                     wr.flags = SendFlags(wr.flags.0 | SendFlags::INLINE.0);
                     wr.inline_data = Some(data.clone());
                 }
-                s.qps[i].post_send(wr).map_err(|e| e.to_string())?;
+                list.push(wr);
                 posted[i] = n;
+            }
+            if !list.is_empty() {
+                s.qps[i]
+                    .post_send_list(list)
+                    .map_err(|(_, e)| e.to_string())?;
             }
         }
         for wc in poller.poll(&mut wcs)? {

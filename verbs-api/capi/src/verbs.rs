@@ -1916,22 +1916,50 @@ unsafe extern "C" fn post_send(
         let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
             return libc::EINVAL;
         };
+        let fail = |at: *mut ibv_send_wr, e: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out-pointer.
+                unsafe { *bad_wr = at };
+            }
+            e
+        };
+        // SAFETY: wr is NULL or the caller's WR, per post_send's contract.
+        if !wr.is_null() && unsafe { (*wr).next.is_null() } {
+            // One WR, the common case: no list to build.
+            // SAFETY: as above.
+            let r = unsafe { send_wr_from_c(&*wr, q.c.qp_base.qp_type, q.c.qp_base.context) }
+                .and_then(|sw| q.qp.post_send(sw).map_err(|e| e.errno()));
+            return r.map_or_else(|e| fail(wr, e), |()| 0);
+        }
+        // A list: converted first, then posted under one lock so its
+        // packets leave together. A WR that does not convert ends the list
+        // (the ones before it are posted) and is the one reported.
+        let mut nodes = Vec::new();
+        let mut wrs = Vec::new();
+        let mut refused = None;
         while !wr.is_null() {
             // SAFETY: wr is a node of the caller's list.
             let w = unsafe { &*wr };
             // SAFETY: per post_send's contract.
-            let r = unsafe { send_wr_from_c(w, q.c.qp_base.qp_type, q.c.qp_base.context) }
-                .and_then(|sw| q.qp.post_send(sw).map_err(|e| e.errno()));
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: bad_wr is the caller's out-pointer.
-                    unsafe { *bad_wr = wr };
+            match unsafe { send_wr_from_c(w, q.c.qp_base.qp_type, q.c.qp_base.context) } {
+                Ok(sw) => {
+                    nodes.push(wr);
+                    wrs.push(sw);
                 }
-                return e;
+                Err(e) => {
+                    refused = Some((wr, e));
+                    break;
+                }
             }
             wr = w.next;
         }
-        0
+        if let Err((i, e)) = q.qp.post_send_list(wrs) {
+            return fail(nodes[i], e.errno());
+        }
+        match refused {
+            Some((at, e)) => fail(at, e),
+            None => 0,
+        }
     })
 }
 
