@@ -2231,17 +2231,20 @@ fn sqd_drains_started_messages_then_resumes() {
     let mut net = Net::new(2, 22, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu256);
     net.trace = Some(Vec::new());
-    let data = pattern(22, 65536);
+    // 2048 packets at MTU 256: more than the requester's window, so the
+    // message is still going when the QP moves to SQD.
+    const LEN: usize = 512 << 10;
+    let data = pattern(22, LEN);
     fill(&mut net, a, 0, &data);
-    recv(&mut net, b, 90, 200_000, 4096);
+    recv(&mut net, b, 90, 600_000, 4096);
     post(
         &mut net,
         a,
-        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 65536, b, 0),
+        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, LEN as u32, b, 0),
     );
     net.step();
     let sent = net.engines[0].stats().tx_packets;
-    assert!(sent > 0 && sent < 256, "{sent}");
+    assert!(sent > 0 && sent < 2048, "{sent}");
     modify_state(&mut net, a, QpState::Sqd).unwrap();
     let draining = |net: &Net| net.engines[0].query_qp(a.qpn).unwrap().0.sq_draining;
     assert!(draining(&net));
@@ -2252,7 +2255,7 @@ fn sqd_drains_started_messages_then_resumes() {
     );
     assert_eq!(
         wait_wcs(&mut net, a, 1),
-        [wc(1, Success, WcOpcode::RdmaWrite, a.qpn, 65536)]
+        [wc(1, Success, WcOpcode::RdmaWrite, a.qpn, LEN as u32)]
     );
     settle(&mut net);
     assert_eq!(qp_state(&net, a), QpState::Sqd);
@@ -2262,7 +2265,7 @@ fn sqd_drains_started_messages_then_resumes() {
         .seen()
         .iter()
         .any(|s| s.opcode == Some(Opcode::RcSendOnly)));
-    assert_eq!(read(&net, b, 0, 65536), data);
+    assert_eq!(read(&net, b, 0, LEN), data);
     modify_state(&mut net, a, QpState::Rts).unwrap();
     assert_eq!(
         wait_wcs(&mut net, a, 1),

@@ -18,8 +18,13 @@ use roxe_wire::{
 };
 use std::collections::VecDeque;
 
-/// Unacknowledged PSNs allowed in flight (rxe's RXE_MAX_UNACKED_PSNS).
-const MAX_UNACKED_PSNS: i32 = 128;
+/// Unacknowledged PSNs allowed in flight. rxe's requester stops at 128
+/// (RXE_MAX_UNACKED_PSNS); the wire sets no such limit (a responder takes
+/// any in-order PSN), and on loopback 128 packets (512 KiB at MTU 4096) do
+/// not cover the round trip through the peer's wake-up: 64 KiB WRITEs
+/// measured 2.08 GB/s at 128, 2.58 at 512, 2.87 at 1024, 2.72 at 2048
+/// (alternated, one session). Go-back-N resends at most this many.
+const MAX_UNACKED_PSNS: i32 = 1024;
 /// Ask for an ACK at least this often inside long messages (rxe: 64).
 const ACK_REQ_EVERY: u32 = 64;
 
