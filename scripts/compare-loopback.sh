@@ -1,7 +1,9 @@
 #!/bin/bash
 # One run of every comparison in docs/PERFORMANCE.md, printed as lines
 # "name result": iperf3 TCP and UDP, sockperf ping-pong, `roxe perf`
-# (with and without ROXE_GSO), and perftest over the drop-in libibverbs.
+# (with and without ROXE_GSO; READ and SEND; 64 B message rate; 1,024 QPs),
+# perftest over the drop-in libibverbs, and the QP scale bench (creation
+# rate, memory per idle QP).
 # Needs: cargo build --release -p roxe-tools -p roxe-ibverbs; iperf3,
 # sockperf and perftest (Debian packages). Loopback addresses only.
 set -u
@@ -22,10 +24,31 @@ for gso in 0 1; do
   echo "roxe_write64k_gso$gso $(ROXE_GSO=$gso ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 65536 -n 20000 -p 18701 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_s", d))')"
   wait
 done
+for op in read send; do
+  ROXE_ADDR=127.0.221.1 $R/roxe perf $op -s 65536 -n 20000 -p 18701 --json server >/dev/null 2>&1 & sleep 0.5
+  echo "roxe_${op}64k $(ROXE_ADDR=127.0.221.2 $R/roxe perf $op -s 65536 -n 20000 -p 18701 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_s", d))')"
+  wait
+done
+# Message rate: 64 B SENDs (roxe perf posts each refill as one post list).
+ROXE_ADDR=127.0.221.1 $R/roxe perf send -s 64 -n 500000 -p 18705 --json server >/dev/null 2>&1 & sleep 0.5
+echo "roxe_send64_Mmsgs $(ROXE_ADDR=127.0.221.2 $R/roxe perf send -s 64 -n 500000 -p 18705 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("mmsgs_per_s", d))')"
+wait
+# 1,024 QPs sharing the load round robin (64 KiB WRITEs), and 1 QP with
+# the same per-QP depth for the ratio.
+for q in 1 1024; do
+  ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 65536 -n 30720 -q $q -t 16 -r 16 -p 18706 --json server >/dev/null 2>&1 & sleep 0.5
+  echo "roxe_write64k_q$q $(ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 65536 -n 30720 -q $q -t 16 -r 16 -p 18706 --json client 127.0.0.1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("gbytes_per_s", d))')"
+  wait
+done
 ROXE_ADDR=127.0.221.1 $R/roxe perf write -s 64 --lat -n 20000 -p 18702 --json server >/dev/null 2>&1 & sleep 0.5
 echo "roxe_lat64 $(ROXE_ADDR=127.0.221.2 $R/roxe perf write -s 64 --lat -n 20000 -p 18702 --json client 127.0.0.1)"
 wait
 export LD_LIBRARY_PATH=$L
+for q in "-l 16" "-q 4"; do
+  ROXE_ADDR=127.0.222.1 ib_send_bw -d roxe0 -x 0 -s 64 -n 200000 $q -p 18707 >/dev/null 2>&1 & sleep 0.5
+  echo "ib_send_bw_64 $q $(ROXE_ADDR=127.0.222.2 ib_send_bw -d roxe0 -x 0 -s 64 -n 200000 $q -p 18707 127.0.0.1 | grep -E '^ 64 ')"
+  wait
+done
 for t in ib_write_bw ib_send_bw ib_read_bw; do
   ROXE_ADDR=127.0.222.1 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 >/dev/null 2>&1 & sleep 0.5
   echo "$t $(ROXE_ADDR=127.0.222.2 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 127.0.0.1 | grep -E '^ 65536' )"
@@ -37,3 +60,5 @@ for t in ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
   echo "$t $(ROXE_ADDR=127.0.223.2 $t -d roxe0 -x 0 -s $s -n 20000 -p 18704 127.0.0.1 | grep -E "^ $s " )"
   wait
 done
+# QP creation + connection rate and memory per idle QP (10,000 QPs).
+(cd "$R/../.." && cargo bench -q --bench qp_scale 2>/dev/null | grep '^qp_scale')

@@ -38,11 +38,6 @@ pub const ROCEV2_PORT: u16 = roxe_wire::ROCEV2_PORT;
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// How often the progress thread runs the engine's liveness watchdog.
 const AUDIT_EVERY: Nanos = 100_000_000;
-/// After a caller's thread received (see [`Device::progress_here`]), the
-/// progress thread leaves the socket to callers for this long: it sleeps
-/// on timers and its eventfd only, so a packet wakes no second thread.
-/// Also the longest a packet can wait if the callers stop polling at once.
-const CALLER_WINDOW: Nanos = 200_000;
 /// A timer fired later than this after its deadline counts as late
 /// (`DriverStats::timers_late`): more than one longest sleep plus
 /// scheduling noise, so the progress thread missed a wake-up.
@@ -198,8 +193,6 @@ struct Shared {
     rx: Mutex<RxBatch>,
     /// Callers of `poll_cq` receive themselves ([`Device::progress_here`]).
     caller_progress: bool,
-    /// When a caller's thread last tried to receive ([`Shared::now`]).
-    caller_polled_at: AtomicU64,
     /// `roxe stat`'s socket (None where it could not be made).
     stat: Option<super::stat::StatServer>,
 }
@@ -461,7 +454,6 @@ impl Device {
             busy_poll: config.busy_poll,
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
-            caller_polled_at: AtomicU64::new(0),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -484,16 +476,20 @@ impl Device {
     /// Progress in the caller's thread, for a `poll_cq` that found nothing:
     /// receive one burst from the socket and handle it (completions, ACKs,
     /// replies), unless another thread is receiving. True if packets were
-    /// handled. While callers keep doing this, the progress thread leaves
-    /// the socket to them (for [`CALLER_WINDOW`]), so a packet costs no
-    /// thread wake-up. Does nothing where the progress thread must receive
-    /// (raw receive, `busy_poll`) or with `caller_progress` off.
+    /// handled. A completion then needs no hand-over from the progress
+    /// thread. That thread still sleeps on the socket too: callers may stop
+    /// polling at any moment without saying so (perftest's `ib_write_lat`
+    /// spins on its buffer between polls), and taking the socket from it
+    /// while callers spin (tried: 200 µs windows, ended early when a caller
+    /// took completions) raised 64 B SEND rates by about 15 % but gave
+    /// `ib_write_lat` millisecond tails (mean 66-355 µs instead of 28-38).
+    /// Does nothing where the progress thread must receive (raw receive,
+    /// `busy_poll`) or with `caller_progress` off.
     pub fn progress_here(&self) -> bool {
         let s = &*self.shared;
         if !s.caller_progress {
             return false;
         }
-        s.caller_polled_at.store(s.now().max(1), Ordering::Relaxed);
         let Some(mut rx) = s.rx.try_lock() else {
             return false;
         };
@@ -1028,31 +1024,14 @@ impl Shared {
                 .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP);
-            // Callers receiving for themselves: leave them the socket (a
-            // packet would otherwise wake this thread too), and look again
-            // when their window closes.
-            let since_caller = self
-                .now()
-                .saturating_sub(self.caller_polled_at.load(Ordering::Relaxed));
-            let callers_receive = self.caller_progress && since_caller < CALLER_WINDOW;
-            let timeout = if callers_receive {
-                timeout.min(Duration::from_nanos(CALLER_WINDOW - since_caller))
-            } else {
-                timeout
-            };
             let ts = rustix::time::Timespec {
                 tv_sec: timeout.as_secs() as _,
                 tv_nsec: timeout.subsec_nanos() as _,
             };
             let stat_fd = self.stat.as_ref().map(|s| s.fd());
             let stat_or_wake = stat_fd.unwrap_or(self.wake.as_fd());
-            let socket_or_wake = if callers_receive {
-                self.wake.as_fd()
-            } else {
-                self.socket.as_fd()
-            };
             let mut fds = [
-                PollFd::new(&socket_or_wake, PollFlags::IN),
+                PollFd::new(&self.socket, PollFlags::IN),
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(self.raw.as_ref().unwrap_or(&self.wake), PollFlags::IN),
                 PollFd::new(&stat_or_wake, PollFlags::IN),
