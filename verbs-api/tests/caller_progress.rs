@@ -1,7 +1,8 @@
 //! Progress in the caller's thread: a `poll_cq` that finds nothing receives
-//! from the socket itself (`DeviceConfig::caller_progress`, on by default),
-//! so a ping-pong's packets are handled by the polling threads; with it off
-//! only the progress thread receives. Both ways the data arrives intact.
+//! from the socket itself (`DeviceConfig::caller_progress`, on by default).
+//! With both devices' progress threads paused, a ping-pong still completes,
+//! intact, through the polling threads alone; with caller progress off it
+//! cannot, and resumes once the progress threads do.
 
 use roxe_verbs::*;
 use std::time::Duration;
@@ -40,7 +41,7 @@ fn side(ctx: Context) -> Side {
     }
 }
 
-/// Polls like a program spinning on `ibv_poll_cq`, checking each
+/// Polls like a program spinning on `ibv_poll_cq`, checking the
 /// completion's status.
 fn one(s: &Side) -> WorkCompletion {
     let wcs = s.cq.poll_wait(1, T).unwrap();
@@ -48,9 +49,16 @@ fn one(s: &Side) -> WorkCompletion {
     wcs[0]
 }
 
-/// SENDs of 64 bytes back and forth; returns the caller-thread receive
-/// bursts of each side.
-fn ping_pong(na: &str, aa: &str, nb: &str, ab: &str, caller_progress: bool) -> (u64, u64) {
+/// SENDs of 64 bytes back and forth with both progress threads paused.
+/// Returns the rounds completed before a completion failed to come, and
+/// the caller-thread receive bursts of each side.
+fn ping_pong(
+    na: &str,
+    aa: &str,
+    nb: &str,
+    ab: &str,
+    caller_progress: bool,
+) -> (u32, u64, u64, Side, Side) {
     let a = side(open(na, aa, caller_progress));
     let b = side(open(nb, ab, caller_progress));
     let access = AccessFlags::LOCAL_WRITE;
@@ -58,13 +66,15 @@ fn ping_pong(na: &str, aa: &str, nb: &str, ab: &str, caller_progress: bool) -> (
         .unwrap();
     b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu1024, access, 14)
         .unwrap();
-    let recv = |s: &Side, id| {
-        s.qp.post_recv(RecvWr {
-            wr_id: id,
-            sg_list: vec![s.mr.sge(2048, 64)],
-        })
-        .unwrap()
+    for s in [&a, &b] {
+        s.ctx.soft_device().unwrap().pause_progress_thread(true);
+    }
+    let wait = if caller_progress {
+        T
+    } else {
+        Duration::from_millis(300)
     };
+    let mut rounds = 0;
     for round in 0..ROUNDS {
         let (from, to) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
         recv(to, u64::from(round));
@@ -77,28 +87,46 @@ fn ping_pong(na: &str, aa: &str, nb: &str, ab: &str, caller_progress: bool) -> (
                 vec![from.mr.sge(0, 64)],
             ))
             .unwrap();
-        // The receiver polls first: its completion is what a caller's
-        // receive delivers without the progress thread.
-        let got = one(to);
-        assert_eq!(got.wr_id, u64::from(round));
-        assert_eq!(got.byte_len, 64);
+        // The receiver polls first: only its own receive can deliver.
+        let Ok(got) = to.cq.poll_wait(1, wait) else {
+            break;
+        };
+        assert_eq!(got[0].status, WcStatus::Success, "{:?}", got[0]);
+        assert_eq!(got[0].wr_id, u64::from(round));
+        assert_eq!(got[0].byte_len, 64);
         let mut back = [0u8; 4];
         to.mr.read(2048, &mut back).unwrap();
         assert_eq!(back, stamp, "round {round}");
         assert_eq!(one(from).wr_id, u64::from(round));
+        rounds += 1;
     }
     let caller = |s: &Side| s.ctx.stats().unwrap().driver.rx_caller_batches;
-    (caller(&a), caller(&b))
+    (rounds, caller(&a), caller(&b), a, b)
+}
+
+fn recv(s: &Side, id: u64) {
+    s.qp.post_recv(RecvWr {
+        wr_id: id,
+        sg_list: vec![s.mr.sge(2048, 64)],
+    })
+    .unwrap()
 }
 
 #[test]
 fn polling_threads_receive_for_themselves() {
-    let (a, b) = ping_pong("cp-a", "127.0.228.11", "cp-b", "127.0.228.12", true);
+    let (rounds, a, b, _, _) = ping_pong("cp-a", "127.0.228.11", "cp-b", "127.0.228.12", true);
+    assert_eq!(rounds, ROUNDS, "every round through the callers' threads");
     assert!(a > 0 && b > 0, "caller-thread bursts: a {a}, b {b}");
 }
 
 #[test]
 fn with_caller_progress_off_only_the_progress_thread_receives() {
-    let (a, b) = ping_pong("cpo-a", "127.0.228.13", "cpo-b", "127.0.228.14", false);
-    assert_eq!((a, b), (0, 0));
+    let (rounds, a, b, sa, sb) = ping_pong("cpo-a", "127.0.228.13", "cpo-b", "127.0.228.14", false);
+    assert_eq!((rounds, a, b), (0, 0, 0), "nothing moves while paused");
+    // The first SEND waits at b; the progress threads deliver it.
+    for s in [&sa, &sb] {
+        s.ctx.soft_device().unwrap().pause_progress_thread(false);
+    }
+    assert_eq!(one(&sb).wr_id, 0);
+    assert_eq!(one(&sa).wr_id, 0);
 }

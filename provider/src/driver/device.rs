@@ -193,6 +193,9 @@ struct Shared {
     rx: Mutex<RxBatch>,
     /// Callers of `poll_cq` receive themselves ([`Device::progress_here`]).
     caller_progress: bool,
+    /// Tests: the progress thread does nothing while set
+    /// ([`Device::pause_progress_thread`]).
+    progress_paused: AtomicBool,
     /// `roxe stat`'s socket (None where it could not be made).
     stat: Option<super::stat::StatServer>,
 }
@@ -454,6 +457,7 @@ impl Device {
             busy_poll: config.busy_poll,
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
+            progress_paused: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -505,6 +509,15 @@ impl Device {
             }
             None => false,
         }
+    }
+
+    /// For tests: stop the progress thread from receiving, firing timers
+    /// or sending (`true`) or let it go on (`false`), so that what still
+    /// works is what callers' threads do themselves.
+    #[doc(hidden)]
+    pub fn pause_progress_thread(&self, paused: bool) {
+        self.shared.progress_paused.store(paused, Ordering::Release);
+        self.shared.wake();
     }
 
     /// The device's address.
@@ -959,6 +972,16 @@ impl Shared {
         let mut next_audit: Nanos = 0;
         let mut stat_pending = false;
         while !self.stop.load(Ordering::Acquire) {
+            if self.progress_paused.load(Ordering::Acquire) {
+                let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
+                let pause = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 1_000_000,
+                };
+                let _ = rustix::event::poll(&mut fds, Some(&pause));
+                let _ = rustix::io::read(&self.wake, &mut [0u8; 8]);
+                continue;
+            }
             let mut guard: Option<MutexGuard<'_, Core>> = None;
             loop {
                 // Held from receive to hand-over (see `Shared::rx`).
