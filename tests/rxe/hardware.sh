@@ -32,6 +32,12 @@
 #               rxe0, and `ibv_rc_pingpong -d rxe0` (the real device, passed
 #               through) against `ibv_rc_pingpong -d roxe0` over the drop-in
 #               on the host, both roles
+#   inguest     one guest, one binary: `ib_write_bw -s 65536` with both ends
+#               on the guest's rxe0 (the system libibverbs) against the same
+#               perftest over roxe's drop-in with both ends on soft devices on
+#               the guest's loopback (beside rxe: shared-port mode), median
+#               of INGUEST_RUNS alternated runs each; reports the ratio
+#               (issue 14's goal: roxe >= 2x rxe) and passes when both ran
 #   mw          memory windows on the wire: tests/c/tutorial.c -w 1 and -w 2
 #               on rxe0 in the guest (the system libibverbs) against the same
 #               program over the drop-in on the host (roxe0), both roles: the
@@ -57,7 +63,7 @@ repo=$(cd "$here/../.." && pwd)
 : "${ROCE_CHECK:=$repo/../shared/tools/roce-check}"
 : "${RXEPEER_NETNS:=roxehw}"
 : "${WAIT:=90}"
-: "${CHECKS:=devices devinfo pingpong perf gso example overhead dropin mw}"
+: "${CHECKS:=devices devinfo pingpong perf gso example overhead dropin mw inguest}"
 HOST_LIBDIR=$repo/target/release/ibverbs
 export RXEPEER_NETNS
 OUT=${OUT:-$(mktemp -d /tmp/roxe-rxe-hw.XXXXXX)}
@@ -340,6 +346,25 @@ if want mw; then
     done
   else
     record mw FAIL "building or pushing tests/c/tutorial.c failed (see $OUT/mw-build.txt)"
+  fi
+fi
+
+if want inguest; then
+  median() { python3 -c 'import statistics,sys; v=[float(x) for x in sys.argv[1:]]; print(round(statistics.median(v),1) if v else "")' "$@"; }
+  rxes=() roxes=()
+  for run in $(seq 1 "${INGUEST_RUNS:-3}"); do
+    G "timeout 200 sh -c 'ib_write_bw -d rxe0 -x $GIDX -s 65536 -n 2000 -p 18830 >/dev/null 2>&1 & sleep 1; ib_write_bw -d rxe0 -x $GIDX -s 65536 -n 2000 -p 18830 127.0.0.1; wait'" >"$OUT/inguest-rxe-$run.txt" 2>&1
+    G "timeout 200 sh -c 'export LD_LIBRARY_PATH=/opt/roxe; ROXE_ADDR=127.0.0.21 ib_write_bw -d roxe0 -x 0 -s 65536 -n 2000 -p 18831 >/dev/null 2>&1 & sleep 1; ROXE_ADDR=127.0.0.22 ib_write_bw -d roxe0 -x 0 -s 65536 -n 2000 -p 18831 127.0.0.1; wait'" >"$OUT/inguest-roxe-$run.txt" 2>&1
+    a=$(awk '$1 == 65536 && $2 == 2000 {print $4; exit}' "$OUT/inguest-rxe-$run.txt")
+    b=$(awk '$1 == 65536 && $2 == 2000 {print $4; exit}' "$OUT/inguest-roxe-$run.txt")
+    [ -n "$a" ] && rxes+=("$a")
+    [ -n "$b" ] && roxes+=("$b")
+  done
+  a=$(median "${rxes[@]}") b=$(median "${roxes[@]}")
+  if [ -n "$a" ] && [ -n "$b" ]; then
+    record inguest PASS "ib_write_bw -s 65536 BW average in the guest: rxe0 median ${a} MB/s (${rxes[*]}), roxe drop-in median ${b} MB/s (${roxes[*]}), roxe/rxe $(python3 -c "print(round($b/$a,2))")"
+  else
+    record inguest FAIL "no figures (rxe: ${rxes[*]:-none}, roxe: ${roxes[*]:-none}); see $OUT/inguest-*"
   fi
 fi
 
