@@ -21,6 +21,7 @@ Environment (every roxe device, in roxe and in programs over the drop-in library
   ROXE_FAULT=SPEC         loss=P,dup=P,reorder=P,corrupt=P,delay=T,seed=N on every device
   ROXE_GSO=on|off         UDP segmentation offload for sends and GRO for receives (default on)
   ROXE_BUSY_POLL=on|off   the progress thread spins instead of sleeping
+  ROXE_CALLER_PROGRESS=on|off  a poll_cq that finds nothing receives in the caller's thread (default on)
   ROXE_LOG=FILTER         log (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug)
   ROXE_BACKEND=CHOICE     soft | hardware | auto: which devices are offered (default auto)
   ROXE_SYSTEM_LIBIBVERBS=PATH  the system libibverbs.so.1 for real (hardware) devices
