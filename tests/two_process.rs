@@ -421,12 +421,13 @@ fn wait_wcs(cq: &Cq, n: usize, timeout: Duration, what: &str) -> Vec<WorkComplet
     let deadline = Instant::now() + timeout;
     let mut out = Vec::with_capacity(n);
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 64];
-    let mut idle = 0u32;
+    // Spin, then yield, then short sleeps.
+    let backoff = crossbeam_utils::Backoff::new();
     while out.len() < n {
         let k = cq.poll(&mut buf[..(n - out.len()).min(64)]).unwrap();
         if k > 0 {
             out.extend_from_slice(&buf[..k]);
-            idle = 0;
+            backoff.reset();
             continue;
         }
         assert!(
@@ -434,13 +435,10 @@ fn wait_wcs(cq: &Cq, n: usize, timeout: Duration, what: &str) -> Vec<WorkComplet
             "{what}: {} of {n} completions after {timeout:?}: {out:?}",
             out.len()
         );
-        idle += 1;
-        if idle < 64 {
-            std::hint::spin_loop();
-        } else if idle < 256 {
-            std::thread::yield_now();
-        } else {
+        if backoff.is_completed() {
             std::thread::sleep(Duration::from_micros(50));
+        } else {
+            backoff.snooze();
         }
     }
     out

@@ -197,7 +197,8 @@ impl Peer {
         let cq = if ud { &self.ud_cq } else { &self.recv_cq };
         let wait = if ud { Wait::Poll } else { wait };
         let deadline = Instant::now() + WAIT;
-        let mut idle = 0u32;
+        // Spin, then yield, then (a peer may be slow) short sleeps.
+        let backoff = crossbeam_utils::Backoff::new();
         loop {
             let k = cq.poll(out)?;
             if k > 0 {
@@ -208,13 +209,10 @@ impl Peer {
             }
             match wait {
                 Wait::Poll => {
-                    idle += 1;
-                    if idle < 64 {
-                        std::hint::spin_loop();
-                    } else if idle < 256 {
-                        std::thread::yield_now();
-                    } else {
+                    if backoff.is_completed() {
                         std::thread::sleep(Duration::from_micros(50));
+                    } else {
+                        backoff.snooze();
                     }
                 }
                 Wait::Channel | Wait::ChannelFd => {

@@ -319,6 +319,7 @@ const UD_ATTEMPTS: u32 = 10;
 fn wait_one(cq: &Cq, timeout: Duration) -> DynResult<Option<WorkCompletion>> {
     let deadline = Instant::now() + timeout;
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    let backoff = crossbeam_utils::Backoff::new();
     loop {
         if cq.poll(&mut buf)? == 1 {
             return Ok(Some(buf[0]));
@@ -326,7 +327,7 @@ fn wait_one(cq: &Cq, timeout: Duration) -> DynResult<Option<WorkCompletion>> {
         if Instant::now() >= deadline {
             return Ok(None);
         }
-        std::thread::yield_now();
+        backoff.snooze();
     }
 }
 

@@ -60,6 +60,7 @@
 //! both sides at once.
 
 use clap::ValueEnum;
+use crossbeam_utils::Backoff;
 use roxe_verbs::{
     AccessFlags, CompChannel, Cq, Endpoint, Mr, Mtu, Pd, Qp, QpInit, QpType, RecvWr, SendFlags,
     SendOpcode, SendWr, WcOpcode, WcStatus, WorkCompletion,
@@ -175,9 +176,6 @@ pub struct Args {
 const CONNECT_RETRY: Duration = Duration::from_secs(30);
 /// Progress lines start after this long, then come every second.
 const PROGRESS_AFTER: Duration = Duration::from_secs(2);
-/// Empty CQ polls before the polling thread starts yielding its core (the
-/// device's progress thread may need it).
-const SPIN_POLLS: u32 = 64;
 /// The low bits of a wr_id count WRs; the high bits name the QP.
 const QP_SHIFT: u32 = 40;
 const SEQ_MASK: u64 = (1 << QP_SHIFT) - 1;
@@ -686,8 +684,10 @@ struct Poller<'a> {
     deadline: Instant,
     what: &'static str,
     idle: u32,
-    /// Empty polls before yielding the core (never on hardware).
-    spin_polls: u32,
+    /// Spin, then yield the core (the device's progress thread may need
+    /// it); `None` on hardware, where the loop spins bare as perftest's
+    /// (PAUSE costs a VM exit in some hypervisors and emulators).
+    backoff: Option<Backoff>,
     next_check: Instant,
 }
 
@@ -700,7 +700,7 @@ impl<'a> Poller<'a> {
             deadline,
             what,
             idle: 0,
-            spin_polls: if s.hardware { u32::MAX } else { SPIN_POLLS },
+            backoff: (!s.hardware).then(Backoff::new),
             next_check: Instant::now(),
         }
     }
@@ -723,6 +723,9 @@ impl<'a> Poller<'a> {
             }
             if n > 0 {
                 self.idle = 0;
+                if let Some(b) = &self.backoff {
+                    b.reset();
+                }
                 if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
                     return Err(wc_error(bad));
                 }
@@ -730,19 +733,19 @@ impl<'a> Poller<'a> {
             }
             self.idle = self.idle.saturating_add(1);
             let sleeping = self.channel.is_some();
-            if sleeping {
+            let yielding = match &self.backoff {
                 // Slept in the channel already.
-            } else if self.idle > self.spin_polls {
-                std::thread::yield_now();
-            } else if self.spin_polls != u32::MAX {
-                std::hint::spin_loop();
-            }
-            // (On hardware the loop spins bare, as perftest's: PAUSE costs
-            // a VM exit in some hypervisors and emulators.)
+                _ if sleeping => false,
+                Some(b) => {
+                    b.snooze();
+                    b.is_completed()
+                }
+                None => false,
+            };
             // Reading the clock is not free everywhere (a syscall where the
             // clocksource is HPET, as in emulated guests): while spinning,
             // look at it every 1024 empty polls only.
-            if sleeping || self.idle > self.spin_polls || self.idle & 1023 == 0 {
+            if sleeping || yielding || self.idle & 1023 == 0 {
                 let now = Instant::now();
                 if now >= self.next_check {
                     self.next_check = now + Duration::from_millis(5);

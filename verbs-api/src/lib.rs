@@ -1657,11 +1657,13 @@ impl Cq {
         let deadline = std::time::Instant::now() + timeout;
         let mut out = Vec::with_capacity(n);
         let mut buf = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 32];
-        let mut spins = 0u32;
+        let backoff = crossbeam_utils::Backoff::new();
         while out.len() < n {
             let k = self.poll(&mut buf[..(n - out.len()).min(32)])?;
             out.extend_from_slice(&buf[..k]);
-            if k == 0 {
+            if k > 0 {
+                backoff.reset();
+            } else {
                 if std::time::Instant::now() >= deadline {
                     return Err(verbs(
                         "ibv_poll_cq",
@@ -1669,10 +1671,7 @@ impl Cq {
                         format!("{} of {n} completions after {timeout:?}", out.len()),
                     ));
                 }
-                spins += 1;
-                if spins > 1000 {
-                    std::thread::yield_now();
-                }
+                backoff.snooze();
             }
         }
         Ok(out)
