@@ -170,7 +170,27 @@ pub struct Args {
     /// RoCEv2 GID holding an IPv4 address).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
     pub gid_index: Option<u8>,
+    /// Every size from 2 bytes to 8 MiB, doubling, one row each (perftest's
+    /// -a); give it to both sides.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Bandwidth runs: send for SECS seconds instead of a number of
+    /// operations (perftest's -D).
+    #[arg(short = 'D', long = "duration", value_name = "SECS")]
+    pub duration: Option<u32>,
+    /// Bandwidth runs: both sides send at once, and the report is the sum
+    /// of both directions (perftest's -b).
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidir: bool,
 }
+
+/// `-a`: perftest's sizes, 2 B to 8 MiB.
+const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
+/// The immediate of the SEND that ends a `-D` SEND run (its receiver
+/// cannot count to a number it does not know).
+const END_OF_RUN_IMM: u32 = 0xE0D0_E0D0;
+/// The wr_id of that SEND.
+const END_OF_RUN_WR: u64 = u64::MAX;
 
 /// How long a client keeps retrying the TCP connection to the server.
 const CONNECT_RETRY: Duration = Duration::from_secs(30);
@@ -201,6 +221,12 @@ struct Params {
     /// and a poll costs one load).
     #[serde(default)]
     poll_buffer: bool,
+    /// `-D`: seconds to send for (0: `iters` operations).
+    #[serde(default)]
+    duration: u32,
+    /// `-b`: both sides send.
+    #[serde(default)]
+    bidir: bool,
 }
 
 impl Params {
@@ -216,8 +242,12 @@ impl Params {
             "bw"
         }
     }
-    /// Operations QP `i` carries (ITERS spread as evenly as possible).
+    /// Operations QP `i` carries (ITERS spread as evenly as possible; with
+    /// `-D`, as many as time allows).
     fn per_qp(&self, i: usize) -> u64 {
+        if self.duration > 0 {
+            return SEQ_MASK;
+        }
         let q = u64::from(self.qps);
         self.iters / q + u64::from((i as u64) < self.iters % q)
     }
@@ -245,6 +275,8 @@ enum Msg {
     Done {
         report: Report,
     },
+    /// `-b`: the client's receives are up; the server may start sending.
+    Go,
     Bye,
     Error {
         message: String,
@@ -341,6 +373,8 @@ fn params_of(args: &Args) -> Res<Params> {
             _ => 0,
         }),
         poll_buffer: false,
+        duration: args.duration.unwrap_or(0),
+        bidir: args.bidir,
     };
     validate(&p)?;
     Ok(p)
@@ -355,6 +389,9 @@ fn validate(p: &Params) -> Res<()> {
     }
     if p.qps == 0 || p.qps > 1024 {
         return Err(format!("qps {}: must be 1 ..= 1024", p.qps));
+    }
+    if p.lat && (p.duration > 0 || p.bidir) {
+        return Err("-D and -b are for bandwidth runs (drop --lat)".into());
     }
     if p.lat && p.qps != 1 {
         return Err("latency mode uses one QP (drop -q)".into());
@@ -811,7 +848,6 @@ impl Progress {
 // Client.
 
 fn client(args: &Args, addr: &str) -> ExitCode {
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let p = match params_of(args) {
         Ok(p) => p,
         Err(e) => {
@@ -819,23 +855,53 @@ fn client(args: &Args, addr: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut ctrl = match connect_ctrl(addr, args.port, deadline) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("roxe perf: {e}");
-            return ExitCode::FAILURE;
+    for size in sizes(args, p.size) {
+        let deadline = Instant::now() + Duration::from_secs(args.timeout);
+        let p = Params { size, ..p };
+        let mut ctrl = match connect_ctrl(addr, args.port, deadline) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("roxe perf: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match client_run(&p, &mut ctrl, deadline, args) {
+            Ok(report) => print_run(&report, args),
+            Err(e) => {
+                eprintln!("roxe perf: {e}");
+                let _ = ctrl.send(&Msg::Error { message: e });
+                return ExitCode::FAILURE;
+            }
         }
-    };
-    match client_run(&p, &mut ctrl, deadline, args) {
-        Ok(report) => {
-            print_report(&report, args.json);
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("roxe perf: {e}");
-            let _ = ctrl.send(&Msg::Error { message: e });
-            ExitCode::FAILURE
-        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// The message sizes of this run: `-a`'s 2 B .. 8 MiB, or the one size.
+fn sizes(args: &Args, size: u32) -> Vec<u32> {
+    if args.all {
+        ALL_SIZES.map(|k| 1u32 << k).collect()
+    } else {
+        vec![size]
+    }
+}
+
+/// One run's results: the full report, or with `-a` one row of perftest's
+/// table (the header before the first size, the rule after the last).
+fn print_run(r: &Report, args: &Args) {
+    if !args.all || args.json {
+        print_report(r, args.json);
+        return;
+    }
+    let first = r.size == 1 << ALL_SIZES.start();
+    let last = r.size == 1 << ALL_SIZES.end();
+    if first {
+        println!("{PERFTEST_RULE}");
+        print_perftest_header(r);
+    }
+    print_perftest_row(r);
+    if last {
+        println!("{PERFTEST_RULE}");
     }
 }
 
@@ -863,7 +929,7 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
         ));
     }
     s.connect(p, &eps)?;
-    if !json {
+    if !json && (!args.all || p.size == 1 << ALL_SIZES.start()) {
         println!(
             "roxe perf {} {}: device {} -> server {}, {} QP(s), {} B x {}, MTU {}{}",
             p.op.name(),
@@ -881,6 +947,13 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
             }
         );
     }
+    let mut recv_posted = vec![0u64; s.qps.len()];
+    if p.bidir {
+        if p.op == Op::Send {
+            post_initial_recvs(p, &s, &mut recv_posted)?;
+        }
+        ctrl.send(&Msg::Go)?;
+    }
     let report = if p.lat {
         match p.op {
             Op::Read => read_lat(p, &s, ctrl, rmr, deadline)?,
@@ -891,18 +964,110 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
             }
         }
     } else {
-        bw_client(p, &s, ctrl, rmr, deadline)?
+        let recv = (p.bidir && p.op == Op::Send).then(|| RecvSide {
+            posted: &mut recv_posted,
+            received: 0,
+            ended: false,
+        });
+        bw_client(p, &s, ctrl, rmr, deadline, recv)?
     };
     ctrl.send(&Msg::Done {
         report: report.clone(),
     })?;
+    let report = if p.bidir {
+        match ctrl.recv(deadline, "the server's results")? {
+            Msg::Done { report: theirs } => both_ways(&report, &theirs),
+            m => return Err(format!("expected the server's results, got {m:?}")),
+        }
+    } else {
+        report
+    };
     match ctrl.recv(deadline, "the server's goodbye")? {
         Msg::Bye => Ok(report),
         m => Err(format!("expected bye, got {m:?}")),
     }
 }
 
-fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant) -> Res<Report> {
+/// `-b`: one report for both directions (bytes and operations added, over
+/// the longer of the two times), as perftest sums them.
+fn both_ways(a: &Report, b: &Report) -> Report {
+    let seconds = a.seconds.max(b.seconds);
+    let bytes = a.bytes + b.bytes;
+    let iters = a.iters + b.iters;
+    let rate = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+    Report {
+        seconds,
+        bytes,
+        iters,
+        gbytes_per_s: rate(bytes as f64) / 1e9,
+        gbits_per_s: rate(bytes as f64) * 8.0 / 1e9,
+        mmsgs_per_s: rate(iters as f64) / 1e6,
+        ..a.clone()
+    }
+}
+
+/// Receives for the peer's SENDs, as many per QP as it will send (at most
+/// the receive depth).
+fn post_initial_recvs(p: &Params, s: &Setup, recv_posted: &mut [u64]) -> Res<()> {
+    for (i, posted) in recv_posted.iter_mut().enumerate() {
+        let want = p.per_qp(i).min(u64::from(p.rx_depth));
+        while *posted < want {
+            s.post_recv(p, i, ((i as u64) << QP_SHIFT) | *posted, true)?;
+            *posted += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The receiving half of a bidirectional SEND run (`-b`), kept by the side
+/// that also sends: receives counted and re-posted as they complete.
+struct RecvSide<'r> {
+    posted: &'r mut [u64],
+    received: u64,
+    /// The peer's end-of-run SEND arrived (`-D`).
+    ended: bool,
+}
+
+impl RecvSide<'_> {
+    fn done(&self, p: &Params) -> bool {
+        if p.duration > 0 {
+            self.ended
+        } else {
+            self.received >= p.iters
+        }
+    }
+    /// A receive completion: count it and re-post its receive.
+    fn on_recv(&mut self, p: &Params, s: &Setup, wc: &WorkCompletion) -> Res<()> {
+        let i = (wc.wr_id >> QP_SHIFT) as usize;
+        if i >= self.posted.len() {
+            return Err(format!("unexpected completion {wc:?}"));
+        }
+        if wc.wc_flags & roxe_verbs::wc_flags::WITH_IMM != 0 && wc.imm_data == END_OF_RUN_IMM {
+            self.ended = true;
+        } else if wc.byte_len != p.size {
+            return Err(format!("unexpected completion {wc:?}"));
+        } else {
+            self.received += 1;
+        }
+        if self.posted[i] < p.per_qp(i) {
+            s.post_recv(p, i, ((i as u64) << QP_SHIFT) | self.posted[i], true)?;
+            self.posted[i] += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The sending side of a bandwidth run: ITERS operations (or `-D` seconds)
+/// spread over the QPs, each QP's refill posted as one list. `recv`: this
+/// side also receives the peer's SENDs (`-b`).
+fn bw_client(
+    p: &Params,
+    s: &Setup,
+    ctrl: &Ctrl,
+    rmr: RemoteMr,
+    deadline: Instant,
+    mut recv: Option<RecvSide<'_>>,
+) -> Res<Report> {
     let nq = s.qps.len();
     let target: Vec<u64> = (0..nq).map(|i| p.per_qp(i)).collect();
     let mut posted = vec![0u64; nq];
@@ -919,10 +1084,37 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "send completions");
     let start = Instant::now();
+    let stop_at = (p.duration > 0).then(|| start + Duration::from_secs(u64::from(p.duration)));
+    // -D with SEND: the peer learns the end from a last SEND_WITH_IMM.
+    let mut end_sent = p.duration == 0 || p.op != Op::Send;
+    let mut end_done = end_sent;
     let mut progress = Progress::new(start, p, None);
     let mut done = 0u64;
-    while done < p.iters {
+    loop {
+        let stopped = stop_at.is_some_and(|t| Instant::now() >= t);
+        let drained = posted == completed;
+        let sent_all = if p.duration > 0 {
+            stopped && drained
+        } else {
+            done >= p.iters
+        };
+        if sent_all && !end_sent {
+            let mut wr = SendWr::new(
+                END_OF_RUN_WR,
+                SendOpcode::SendWithImm,
+                vec![s.mr.sge(0, p.size)],
+            );
+            wr.imm_data = END_OF_RUN_IMM;
+            s.qps[0].post_send(wr).map_err(|e| e.to_string())?;
+            end_sent = true;
+        }
+        if sent_all && end_done && recv.as_ref().is_none_or(|r| r.done(p)) {
+            break;
+        }
         for i in 0..nq {
+            if stopped {
+                break;
+            }
             // The refill goes out as one post list (`wr->next`): its packets
             // leave together, as perftest's `-l` does it.
             let mut list = Vec::new();
@@ -947,13 +1139,29 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
                 list.push(wr);
                 posted[i] = n;
             }
-            if !list.is_empty() {
+            if let Some(last) = list.last_mut() {
+                if p.duration > 0 {
+                    // A run that may stop after any list must see its
+                    // last WR complete.
+                    last.flags = SendFlags(last.flags.0 | SendFlags::SIGNALED.0);
+                }
                 s.qps[i]
                     .post_send_list(list)
                     .map_err(|(_, e)| e.to_string())?;
             }
         }
         for wc in poller.poll(&mut wcs)? {
+            if wc.wr_id == END_OF_RUN_WR {
+                end_done = true;
+                continue;
+            }
+            if wc.opcode == WcOpcode::Recv {
+                match recv.as_mut() {
+                    Some(r) => r.on_recv(p, s, wc)?,
+                    None => return Err(format!("unexpected completion {wc:?}")),
+                }
+                continue;
+            }
             let i = (wc.wr_id >> QP_SHIFT) as usize;
             let n = wc.wr_id & SEQ_MASK;
             if i >= nq || n <= completed[i] || n > posted[i] {
@@ -964,7 +1172,8 @@ fn bw_client(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instan
         }
         progress.tick(done);
     }
-    Ok(report(p, start.elapsed(), None))
+    let ran = Params { iters: done, ..*p };
+    Ok(report(&ran, start.elapsed(), None))
 }
 
 /// One READ at a time; each sample is the full time to its completion.
@@ -1300,15 +1509,31 @@ fn print_report(r: &Report, json: bool) {
 /// are 2^20 bytes; roxe does not sample a peak, so "BW peak" is the
 /// average.
 fn print_perftest_table(r: &Report) {
-    const RULE: &str =
-        "---------------------------------------------------------------------------------------";
-    println!("{RULE}");
+    println!("{PERFTEST_RULE}");
+    print_perftest_header(r);
+    print_perftest_row(r);
+    println!("{PERFTEST_RULE}");
+}
+
+const PERFTEST_RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+fn print_perftest_header(r: &Report) {
+    if r.lat_us.is_none() {
+        println!(
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+        );
+    } else {
+        println!(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+        );
+    }
+}
+
+fn print_perftest_row(r: &Report) {
     match &r.lat_us {
         None => {
             let mb = r.gbytes_per_s * 1e9 / 1_048_576.0;
-            println!(
-                " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
-            );
             println!(
                 " {:<10} {:<10}       {:.2}            {:.2}\t\t   {:.6}",
                 r.size, r.iters, mb, mb, r.mmsgs_per_s
@@ -1316,22 +1541,17 @@ fn print_perftest_table(r: &Report) {
         }
         Some(l) => {
             println!(
-                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
-            );
-            println!(
                 " {:<7} {:<10}     {:.2}          {:.2}      {:.2}    \t       {:.2}       \t{:.2}  \t\t{:.2}   \t\t{:.2}  ",
                 r.size, r.iters, l.min, l.max, l.p50, l.mean, l.stdev, l.p99, l.p999
             );
         }
     }
-    println!("{RULE}");
 }
 
 // ---------------------------------------------------------------------------
 // Server.
 
 fn server(args: &Args) -> ExitCode {
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
     if let Err(e) = params_of(args) {
         eprintln!("roxe perf: {e}");
         return ExitCode::from(2);
@@ -1343,24 +1563,27 @@ fn server(args: &Args) -> ExitCode {
             args.port
         );
     }
-    let mut ctrl = match accept_ctrl(args.port, deadline) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("roxe perf: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match server_run(args, &mut ctrl, deadline) {
-        Ok(report) => {
-            print_report(&report, args.json);
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("roxe perf: {e}");
-            let _ = ctrl.send(&Msg::Error { message: e });
-            ExitCode::FAILURE
+    // With -a the client connects once per size.
+    let runs = if args.all { ALL_SIZES.count() } else { 1 };
+    for _ in 0..runs {
+        let deadline = Instant::now() + Duration::from_secs(args.timeout);
+        let mut ctrl = match accept_ctrl(args.port, deadline) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("roxe perf: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match server_run(args, &mut ctrl, deadline) {
+            Ok(report) => print_run(&report, args),
+            Err(e) => {
+                eprintln!("roxe perf: {e}");
+                let _ = ctrl.send(&Msg::Error { message: e });
+                return ExitCode::FAILURE;
+            }
         }
     }
+    ExitCode::SUCCESS
 }
 
 /// Serve one client; returns the client's report.
@@ -1394,13 +1617,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
     if pingpong_mode {
         recv_posted[0] = prepost_pingpong(&p, &s)?;
     } else if p.op == Op::Send {
-        for (i, posted) in recv_posted.iter_mut().enumerate() {
-            let want = p.per_qp(i).min(u64::from(p.rx_depth));
-            while *posted < want {
-                s.post_recv(&p, i, ((i as u64) << QP_SHIFT) | *posted, true)?;
-                *posted += 1;
-            }
-        }
+        post_initial_recvs(&p, &s, &mut recv_posted)?;
     }
     ctrl.send(&Msg::Ready {
         eps: s.eps(),
@@ -1417,16 +1634,37 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             p.iters
         );
     }
+    let mut mine = None;
     if p.poll_buffer {
         write_lat_polling(&p, &s, ctrl, cmr, deadline, false)?;
     } else if pingpong_mode {
         pingpong(&p, &s, ctrl, cmr, deadline, false, recv_posted[0])?;
+    } else if p.bidir {
+        match ctrl.recv(deadline, "the client's go")? {
+            Msg::Go => {}
+            m => return Err(format!("expected go, got {m:?}")),
+        }
+        let recv = (p.op == Op::Send).then(|| RecvSide {
+            posted: &mut recv_posted,
+            received: 0,
+            ended: false,
+        });
+        mine = Some(bw_client(&p, &s, ctrl, cmr, deadline, recv)?);
     } else if p.op == Op::Send {
         send_bw_server(&p, &s, ctrl, deadline, &mut recv_posted)?;
     }
     let report = match ctrl.recv(deadline, "the client's results")? {
         Msg::Done { report } => report,
         m => return Err(format!("expected done, got {m:?}")),
+    };
+    let report = match mine {
+        Some(mine) => {
+            ctrl.send(&Msg::Done {
+                report: mine.clone(),
+            })?;
+            both_ways(&report, &mine)
+        }
+        None => report,
     };
     ctrl.send(&Msg::Bye)?;
     Ok(report)
@@ -1443,21 +1681,17 @@ fn send_bw_server(
 ) -> Res<()> {
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "receive completions");
-    let mut received = 0u64;
-    while received < p.iters {
+    let mut recv = RecvSide {
+        posted: recv_posted,
+        received: 0,
+        ended: false,
+    };
+    while !recv.done(p) {
         for wc in poller.poll(&mut wcs)? {
-            if wc.opcode != WcOpcode::Recv || wc.byte_len != p.size {
+            if wc.opcode != WcOpcode::Recv {
                 return Err(format!("unexpected completion {wc:?}"));
             }
-            received += 1;
-            let i = (wc.wr_id >> QP_SHIFT) as usize;
-            if i >= recv_posted.len() {
-                return Err(format!("unexpected completion {wc:?}"));
-            }
-            if recv_posted[i] < p.per_qp(i) {
-                s.post_recv(p, i, ((i as u64) << QP_SHIFT) | recv_posted[i], true)?;
-                recv_posted[i] += 1;
-            }
+            recv.on_recv(p, s, wc)?;
         }
     }
     Ok(())

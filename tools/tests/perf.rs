@@ -327,3 +327,77 @@ fn perftest_argument_forms() {
         assert!(d.stderr.contains(want), "{words:?}: {}", d.stderr);
     }
 }
+
+/// `-b`: both directions at once; both sides report the sum, twice one
+/// direction's operations.
+#[test]
+fn bidirectional_write_read_and_send() {
+    for (net, op) in [(16u8, "write"), (17, "read"), (18, "send")] {
+        let args = [op, "--json", "-b", "-n", "300", "-s", "8192"];
+        let (server, client) = pair(net, &args, &args);
+        let (c, s) = (json(&client, "client"), json(&server, "server"));
+        for r in [&c, &s] {
+            assert_eq!(r["iters"], 600, "{op}: {r}");
+            assert_eq!(r["bytes"], 600 * 8192, "{op}: {r}");
+        }
+        assert_eq!(c["seconds"], s["seconds"], "{op}: the longer of the two");
+    }
+}
+
+/// `-D`: operations for a time, not a count (the SEND receiver learns the
+/// end from a last SEND_WITH_IMM); with `-b` too.
+#[test]
+fn duration_runs() {
+    for (net, op, bidir) in [
+        (19u8, "write", false),
+        (20, "send", false),
+        (21, "send", true),
+    ] {
+        let mut args = vec![op, "--json", "-D", "1", "-s", "4096", "-q", "2"];
+        if bidir {
+            args.push("-b");
+        }
+        let (server, client) = pair(net, &args, &args);
+        let (c, s) = (json(&client, "client"), json(&server, "server"));
+        let secs = c["seconds"].as_f64().unwrap();
+        assert!((1.0..10.0).contains(&secs), "{op}: ran {secs} s: {c}");
+        let iters = c["iters"].as_u64().unwrap();
+        assert!(iters > 0, "{op}: {c}");
+        assert_eq!(c["bytes"], iters * 4096, "{op}: {c}");
+        assert_eq!(s["iters"], c["iters"], "{op}: both count the same: {s} {c}");
+    }
+}
+
+/// `-a`: every size from 2 B to 8 MiB on one server, one table (perftest's
+/// header once, one row per size).
+#[test]
+fn all_sizes_one_table() {
+    let args = ["write", "-a", "-n", "20", "-t", "16"];
+    let (server, client) = pair(22, &args, &args);
+    assert!(
+        client.status.success() && server.status.success(),
+        "client {}: {} {}\nserver {}: {}",
+        client.status,
+        client.stdout,
+        client.stderr,
+        server.status,
+        server.stderr
+    );
+    assert_eq!(
+        client.stdout.matches("#bytes").count(),
+        1,
+        "{}",
+        client.stdout
+    );
+    let rows: Vec<u64> = client
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let size = w.next()?.parse().ok()?;
+            (w.next()? == "20").then_some(size)
+        })
+        .collect();
+    let want: Vec<u64> = (1..=23).map(|k| 1u64 << k).collect();
+    assert_eq!(rows, want, "{}", client.stdout);
+}
