@@ -234,8 +234,18 @@ pub struct Sge {
 /// An atomic operation on a region's 8-byte word.
 #[derive(Debug, Clone, Copy)]
 enum AtomicOp {
-    CmpSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    CmpSwap {
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        add: u64,
+    },
+    /// ATOMIC WRITE: store the value (native byte order: the payload's
+    /// bytes as they were).
+    Store {
+        value: u64,
+    },
 }
 
 /// The bytes of one region: a raw pointer and a length, and whether the
@@ -401,6 +411,7 @@ impl Mem {
                 AtomicOp::CmpSwap { compare, swap } if old == compare => swap,
                 AtomicOp::CmpSwap { .. } => old,
                 AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+                AtomicOp::Store { value } => value,
             };
             vm_write(addr, &new.to_ne_bytes())?;
             return Ok(old);
@@ -425,6 +436,7 @@ impl Mem {
                 }
             }
             AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Store { value } => word.swap(value, Ordering::SeqCst),
         })
     }
 }
@@ -1534,6 +1546,20 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// An incoming ATOMIC WRITE: the 8 bytes at `va` replaced by `value`
+    /// (native order: the payload's bytes) in one atomic store. Needs
+    /// remote write access over the 8 bytes and an 8-byte aligned `va`.
+    pub fn atomic_write(
+        &mut self,
+        rkey: u32,
+        by: impl Into<RemoteQp>,
+        va: u64,
+        value: u64,
+    ) -> Result<(), AccessError> {
+        self.atomic(rkey, by.into(), va, AtomicOp::Store { value })
+            .map(|_| ())
+    }
+
     fn atomic(
         &mut self,
         rkey: u32,
@@ -1541,7 +1567,11 @@ impl MemoryTable {
         va: u64,
         op: AtomicOp,
     ) -> Result<u64, AccessError> {
-        let (region, off) = self.resolve_remote(rkey, by, AccessFlags::REMOTE_ATOMIC, va, 8)?;
+        let need = match op {
+            AtomicOp::Store { .. } => AccessFlags::REMOTE_WRITE,
+            _ => AccessFlags::REMOTE_ATOMIC,
+        };
+        let (region, off) = self.resolve_remote(rkey, by, need, va, 8)?;
         if va & 7 != 0 {
             return Err(AccessError::Misaligned);
         }

@@ -216,6 +216,8 @@ pub enum WcOpcode {
     BindMw = 5,
     /// `IBV_WC_LOCAL_INV`.
     LocalInv = 6,
+    /// `IBV_WC_ATOMIC_WRITE`.
+    AtomicWrite = 9,
     /// `IBV_WC_RECV` (receive side of a SEND).
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM` (receive side of WRITE_WITH_IMM).

@@ -29,6 +29,10 @@ pub enum SendOpcode {
     BindMw = 8,
     /// `IBV_WR_SEND_WITH_INV`.
     SendWithInv = 9,
+    /// `IBV_WR_ATOMIC_WRITE` (IBA 1.5, RC): 8 bytes (one 8-byte SGE, or
+    /// inline) written at `remote_addr` as one atomic store; acknowledged
+    /// like a WRITE.
+    AtomicWrite = 15,
 }
 
 impl SendOpcode {
@@ -42,6 +46,7 @@ impl SendOpcode {
             SendOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
             SendOpcode::LocalInv => WcOpcode::LocalInv,
             SendOpcode::BindMw => WcOpcode::BindMw,
+            SendOpcode::AtomicWrite => WcOpcode::AtomicWrite,
         }
     }
 

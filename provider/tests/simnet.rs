@@ -3363,3 +3363,66 @@ mod mw_tests {
         assert_eq!(st, WcStatus::Success);
     }
 }
+
+/// ATOMIC WRITE (IBA 1.5, rxe since 6.2): 8 bytes stored at the remote
+/// address, completed as `ATOMIC_WRITE` on an ACK, its packet
+/// RC_ATOMIC_WRITE with a RETH; a misaligned address is an invalid
+/// request, a key without remote write a remote access error, and a WR of
+/// another length never posts.
+#[test]
+fn atomic_write_stores_eight_bytes() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 41, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    net.trace = Some(Vec::new());
+    fill(&mut net, a, 0, &0x1122_3344_5566_7788u64.to_ne_bytes());
+    fill(&mut net, b, 0, &[0xee; 24]);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 5, SendOpcode::AtomicWrite, 0, 8, b, 8),
+    );
+    assert_eq!(
+        wait_wcs(&mut net, a, 1),
+        [wc(5, Success, WcOpcode::AtomicWrite, a.qpn, 8)]
+    );
+    assert_eq!(read(&net, b, 0, 8), [0xee; 8], "nothing before");
+    assert_eq!(
+        read(&net, b, 8, 8),
+        0x1122_3344_5566_7788u64.to_ne_bytes(),
+        "the 8 bytes, as they were"
+    );
+    assert_eq!(read(&net, b, 16, 8), [0xee; 8], "nothing after");
+    assert!(net
+        .seen()
+        .iter()
+        .any(|s| s.opcode == Some(Opcode::RcAtomicWrite)));
+    // Not 8 bytes: refused at post.
+    assert_eq!(
+        errno(
+            net.engines[a.e].post_send(a.qpn, rdma_wr(a, 6, SendOpcode::AtomicWrite, 0, 16, b, 8))
+        ),
+        Errno::EINVAL
+    );
+    expect_remote_error(
+        |_, a, b| rdma_wr(a, 1, SendOpcode::AtomicWrite, 0, 8, b, 4),
+        WcStatus::RemInvReqErr,
+    );
+    expect_remote_error(
+        |net, a, b| {
+            let mr = net.engines[b.e]
+                .memory_mut()
+                .register_owned(
+                    b.pd,
+                    4096,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+                )
+                .unwrap();
+            let mut wr = SendWr::new(1, SendOpcode::AtomicWrite, vec![sge(a, 0, 8)]);
+            wr.remote_addr = mr.addr;
+            wr.rkey = mr.rkey;
+            wr
+        },
+        WcStatus::RemAccessErr,
+    );
+}

@@ -821,6 +821,34 @@ int main(int argc, char **argv)
 		      "first difference at byte %ld", diff_at(ba.p, bb.p, 64 * LIST));
 	}
 	{
+		/* ATOMIC WRITE (IBV_WR_ATOMIC_WRITE, one 8-byte SGE): the 8
+		 * bytes land at the remote address, nothing around them, and
+		 * the completion says IBV_WC_ATOMIC_WRITE. */
+		static const char word[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+		struct ibv_sge sge = { .addr = (uintptr_t)ba.p, .length = 8, .lkey = ba.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 300, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_ATOMIC_WRITE,
+					  .send_flags = IBV_SEND_SIGNALED };
+		struct ibv_send_wr *bad = NULL;
+		char around[24];
+
+		memcpy(ba.p, word, 8);
+		memset(bb.p + 1024, 0x5a, 24);
+		memset(around, 0x5a, 24);
+		memcpy(around + 8, word, 8);
+		wr.wr.rdma.remote_addr = (uintptr_t)(bb.p + 1032);
+		wr.wr.rdma.rkey = bb.mr->rkey;
+		rc = ibv_post_send(qa, &wr, &bad);
+		check(rc == 0, "atomic_write.posted", "returned %d (%s)", rc, strerror(rc));
+		n = rc == 0 ? poll_n(cq, wc, 1) : 0;
+		check(n == 1 && wc[0].wr_id == 300 && wc[0].status == IBV_WC_SUCCESS &&
+			      wc[0].opcode == IBV_WC_ATOMIC_WRITE,
+		      "atomic_write.completion", "%d completions (status %d opcode %d)", n,
+		      n > 0 ? wc[0].status : -1, n > 0 ? wc[0].opcode : -1);
+		check(memcmp(bb.p + 1024, around, 24) == 0, "atomic_write.data",
+		      "the 8 bytes at +8 of the 24 around them differ");
+	}
+	{
 		char tmp[64];
 		struct ibv_mr *mr;
 

@@ -511,7 +511,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
     pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
     pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
-    pub wr_atomic_write: *const c_void,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
 #[repr(C)]
@@ -811,6 +811,7 @@ pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
 pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
 pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+pub const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
 #[cfg(target_arch = "x86_64")]
 const MUTEX: usize = 40;

@@ -371,6 +371,9 @@ impl Qp {
         let len = if inline {
             match &wr.inline_data {
                 Some(d) if d.len() <= cap.max_inline_data as usize => d.len() as u64,
+                // ibv_wr_atomic_write's operand travels as inline data,
+                // whatever the QP's inline size.
+                Some(d) if wr.opcode == SendOpcode::AtomicWrite => d.len() as u64,
                 Some(_) => {
                     return Err(err(
                         VERB,
@@ -386,7 +389,7 @@ impl Qp {
         if len > 1 << 31 {
             return Err(err(VERB, Errno::EINVAL, "message longer than 2^31 bytes"));
         }
-        if wr.opcode.is_atomic() && len != 8 {
+        if (wr.opcode.is_atomic() || wr.opcode == SendOpcode::AtomicWrite) && len != 8 {
             return Err(err(VERB, Errno::EINVAL, "atomic needs one 8-byte SGE"));
         }
         if t == QpType::Ud {

@@ -293,10 +293,12 @@ fn data_opcode(qp_type: QpType, op: SendOpcode, i: u32, n: u32) -> Option<Opcode
         SendOpcode::RdmaRead => (Operation::ReadRequest, false, false),
         SendOpcode::AtomicCmpAndSwp => (Operation::CompareSwap, false, false),
         SendOpcode::AtomicFetchAndAdd => (Operation::FetchAdd, false, false),
+        SendOpcode::AtomicWrite => (Operation::AtomicWrite, false, false),
         SendOpcode::LocalInv | SendOpcode::BindMw => return None,
     };
     let last = i + 1 >= n;
     let class = match (op.is_read_or_atomic(), i == 0, last) {
+        _ if op == SendOpcode::AtomicWrite => PacketClass::Atomic8,
         (true, ..) => PacketClass::NoPayload,
         (false, true, true) => PacketClass::Only,
         (false, true, false) => PacketClass::First,

@@ -375,6 +375,7 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_QP_EX_WITH_SEND_WITH_INV,
         IBV_QP_EX_WITH_LOCAL_INV,
         IBV_QP_EX_WITH_BIND_MW,
+        IBV_QP_EX_WITH_ATOMIC_WRITE,
         IBV_SRQ_INIT_ATTR_TYPE,
         IBV_SRQ_INIT_ATTR_PD,
         IBV_SRQ_INIT_ATTR_CQ,

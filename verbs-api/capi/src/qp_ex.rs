@@ -32,6 +32,7 @@ pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_start = Some(wr_start);
     q.wr_complete = Some(wr_complete);
     q.wr_abort = Some(wr_abort);
+    q.wr_atomic_write = Some(wr_atomic_write);
 }
 
 /// Run `f` on the QP's batch; a NULL or foreign pointer is ignored (the
@@ -94,11 +95,9 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         if rc != 0 {
             return;
         }
-        for wr in batch {
-            if let Err(e) = q.qp.post_send(wr) {
-                rc = e.errno();
-                return;
-            }
+        // One list under one lock: the packets leave together.
+        if let Err((_, e)) = q.qp.post_send_list(batch) {
+            rc = e.errno();
         }
     });
     rc
@@ -224,6 +223,35 @@ unsafe extern "C" fn wr_atomic_fetch_add(
         w.rkey = rkey;
         w.remote_addr = remote_addr;
         w.compare_add = add;
+    });
+}
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` stored at
+/// `remote_addr` as one atomic write (copied now, as the call returns
+/// before `wr_complete`).
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    if atomic_wr.is_null() {
+        with_batch(qpx, |_, _, err| {
+            if *err == 0 {
+                *err = libc::EINVAL;
+            }
+        });
+        return;
+    }
+    let mut value = [0u8; 8];
+    // SAFETY: ibv_wr_atomic_write's contract: atomic_wr points to the 8
+    // bytes to write (read unaligned: nothing promises alignment).
+    unsafe { std::ptr::copy_nonoverlapping(atomic_wr.cast::<u8>(), value.as_mut_ptr(), 8) };
+    start(qpx, SendOpcode::AtomicWrite, |w| {
+        w.rkey = rkey;
+        w.remote_addr = remote_addr;
+        w.flags = SendFlags(w.flags.0 | SendFlags::INLINE.0);
+        w.inline_data = Some(value.to_vec());
     });
 }
 

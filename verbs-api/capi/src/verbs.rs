@@ -1581,7 +1581,8 @@ const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_SEND_WITH_INV
     | IBV_QP_EX_WITH_LOCAL_INV
-    | IBV_QP_EX_WITH_BIND_MW;
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 unsafe fn create_qp(
     pd: *mut ibv_pd,
@@ -1827,7 +1828,8 @@ pub(crate) unsafe fn send_wr_from_c(
         7 => SendOpcode::LocalInv,
         8 => SendOpcode::BindMw,
         9 => SendOpcode::SendWithInv,
-        // TSO, ATOMIC_WRITE, FLUSH, driver opcodes.
+        15 => SendOpcode::AtomicWrite,
+        // TSO, FLUSH, driver opcodes.
         _ => return Err(libc::EINVAL),
     };
     // SAFETY: per the contract.

@@ -149,6 +149,7 @@ pub fn wc_opcode_from_c(v: u32) -> Option<WcOpcode> {
         4 => FetchAdd,
         5 => BindMw,
         6 => LocalInv,
+        9 => AtomicWrite,
         128 => Recv,
         129 => RecvRdmaWithImm,
         _ => return None,

@@ -29,12 +29,12 @@ pub(super) fn op_sequence(msg: Option<&InMsg>, op: Opcode) -> Result<(), NakCode
     }
 }
 
-/// check_op_valid: the QP's access flags allow the operation (FLUSH and
-/// ATOMIC WRITE are not implemented, as on rxe before 6.2). Returns the
-/// right the operation needs of the memory it names.
+/// check_op_valid: the QP's access flags allow the operation (FLUSH is not
+/// implemented; ATOMIC WRITE needs remote write, as on rxe since 6.2).
+/// Returns the right the operation needs of the memory it names.
 pub(super) fn op_valid(op: Opcode, qp_access: AccessFlags) -> Result<AccessFlags, NakCode> {
     let need = match op.operation() {
-        Operation::Write => AccessFlags::REMOTE_WRITE,
+        Operation::Write | Operation::AtomicWrite => AccessFlags::REMOTE_WRITE,
         Operation::ReadRequest => AccessFlags::REMOTE_READ,
         Operation::CompareSwap | Operation::FetchAdd => AccessFlags::REMOTE_ATOMIC,
         Operation::Send => AccessFlags::NONE,

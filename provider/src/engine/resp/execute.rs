@@ -49,6 +49,7 @@ impl Qp {
             Operation::ReadRequest => self.execute_read(cx, pkt),
             Operation::CompareSwap | Operation::FetchAdd => self.execute_atomic(cx, pkt),
             Operation::Write => self.execute_write(cx, pkt),
+            Operation::AtomicWrite => self.execute_atomic_write(cx, pkt),
             Operation::Send => return self.execute_send(cx, pkt, reliable),
             // `check::op_valid` let nothing else through.
             _ => Err(NakCode::InvalidRequest),
@@ -123,6 +124,37 @@ impl Qp {
         r.remember(Resource::Atomic { psn: p, orig, msn }, depth);
         r.replies.push_back(Reply::AtomicAck { psn: p, orig, msn });
         r.epsn = p + 1;
+        Ok(Outcome::Fine)
+    }
+
+    /// ATOMIC WRITE (rxe's `atomic_write_reply`): the 8-byte payload stored
+    /// at the RETH's address as one atomic store; the address must be
+    /// 8-byte aligned and the key allow remote writes over those 8 bytes.
+    fn execute_atomic_write(
+        &mut self,
+        cx: &mut QpCtx,
+        pkt: &Packet<&[u8]>,
+    ) -> Result<Outcome, NakCode> {
+        let reth = check::rkey(cx.memory, pkt, self.remote_qp(), AccessFlags::REMOTE_WRITE)?;
+        let value: [u8; 8] = pkt
+            .payload()
+            .try_into()
+            .map_err(|_| NakCode::InvalidRequest)?;
+        if reth.dma_len != 8 {
+            return Err(NakCode::InvalidRequest);
+        }
+        match cx.memory.atomic_write(
+            reth.rkey,
+            self.remote_qp(),
+            reth.va,
+            u64::from_ne_bytes(value),
+        ) {
+            Ok(()) => {}
+            Err(AccessError::Misaligned) => return Err(NakCode::InvalidRequest),
+            Err(_) => return Err(NakCode::RemoteAccessError),
+        }
+        self.resp.epsn = pkt.bth().psn() + 1;
+        self.next_msn();
         Ok(Outcome::Fine)
     }
 

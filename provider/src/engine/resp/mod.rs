@@ -166,10 +166,13 @@ enum Outcome {
     Fail(Option<(CqId, WorkCompletion)>),
 }
 
-/// SEND and WRITE are acknowledged (coalesced); READ and atomics are
-/// answered by their responses.
+/// SEND, WRITE and ATOMIC WRITE are acknowledged (coalesced); READ and
+/// the other atomics are answered by their responses.
 fn is_send_or_write(op: Opcode) -> bool {
-    matches!(op.operation(), Operation::Send | Operation::Write)
+    matches!(
+        op.operation(),
+        Operation::Send | Operation::Write | Operation::AtomicWrite
+    )
 }
 
 impl Qp {
