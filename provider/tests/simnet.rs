@@ -98,10 +98,15 @@ const LATENCY: Nanos = 2_000;
 
 impl Net {
     fn new(n: usize, seed: u64, faults: Faults) -> Net {
+        Net::on(127, n, seed, faults)
+    }
+
+    /// Engines at `net.0.0.1`, `net.0.0.2`, ... (127: this host's loopback).
+    fn on(net: u8, n: usize, seed: u64, faults: Faults) -> Net {
         let engines = (0..n)
             .map(|i| {
                 Engine::new(EngineConfig::new(IpAddr::V4(Ipv4Addr::new(
-                    127,
+                    net,
                     0,
                     0,
                     i as u8 + 1,
@@ -3425,4 +3430,28 @@ fn atomic_write_stores_eight_bytes() {
         },
         WcStatus::RemAccessErr,
     );
+}
+
+/// The requester's window: 128 unacknowledged PSNs towards a peer on
+/// another host (rxe's; a real path's queues overflow beyond), 1,024
+/// towards one on this host's loopback.
+#[test]
+fn unacknowledged_psns_are_bounded_by_where_the_peer_is() {
+    for (net, want) in [(10u8, 128u64), (127, 1024)] {
+        let mut n = Net::on(net, 2, 43, Faults::default());
+        let (a, b) = pair(&mut n, QpType::Rc, Mtu::Mtu256);
+        fill(&mut n, a, 0, &pattern(43, 512 << 10));
+        post(
+            &mut n,
+            a,
+            rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 512 << 10, b, 0),
+        );
+        // Everything the requester sends before any ACK comes back.
+        let mut buf = vec![0u8; 8192];
+        let mut sent = 0u64;
+        while n.engines[a.e].poll_transmit(0, &mut buf).is_some() {
+            sent += 1;
+        }
+        assert_eq!(sent, want, "peer on {net}.0.0.2");
+    }
 }

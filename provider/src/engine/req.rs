@@ -18,13 +18,18 @@ use roxe_wire::{
 };
 use std::collections::VecDeque;
 
-/// Unacknowledged PSNs allowed in flight. rxe's requester stops at 128
-/// (RXE_MAX_UNACKED_PSNS); the wire sets no such limit (a responder takes
-/// any in-order PSN), and on loopback 128 packets (512 KiB at MTU 4096) do
-/// not cover the round trip through the peer's wake-up: 64 KiB WRITEs
-/// measured 2.08 GB/s at 128, 2.58 at 512, 2.87 at 1024, 2.72 at 2048
-/// (alternated, one session). Go-back-N resends at most this many.
-const MAX_UNACKED_PSNS: i32 = 1024;
+/// Unacknowledged PSNs allowed in flight towards a peer on another host:
+/// rxe's RXE_MAX_UNACKED_PSNS. Without congestion control a larger burst
+/// overflows the queues of a real path (a tap's 1,000 packets): at 1,024,
+/// 64 KiB READs from rxe in an rxe-peer guest lost responses, and each
+/// go-back-N resent the same burst until RETRY_EXC_ERR.
+const MAX_UNACKED_PSNS: i32 = 128;
+/// The same towards a peer on this host's loopback, where the only queues
+/// are the two sockets' buffers (sized by roxe, `driver/socket.rs`) and 128
+/// packets (512 KiB at MTU 4096) do not cover the round trip through the
+/// peer's wake-up: 64 KiB WRITEs measured 2.08 GB/s at 128, 2.58 at 512,
+/// 2.87 at 1,024, 2.72 at 2,048 (alternated, one session).
+const MAX_UNACKED_PSNS_LOOPBACK: i32 = 1024;
 /// Ask for an ACK at least this often inside long messages (rxe: 64).
 const ACK_REQ_EVERY: u32 = 64;
 
@@ -395,6 +400,11 @@ impl Qp {
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let timeout = self.ack_timeout();
         let (dest_qp_num, own_qkey, peer) = (self.attr.dest_qp_num, self.attr.qkey, self.peer);
+        let window = if peer.is_some_and(|p| p.is_loopback()) {
+            MAX_UNACKED_PSNS_LOOPBACK
+        } else {
+            MAX_UNACKED_PSNS
+        };
         let (pd, src_port) = (self.init.pd, self.src_port());
         let r = &mut self.req;
         // Skip WQEs already finished (UC/UD complete when sent).
@@ -418,7 +428,7 @@ impl Qp {
             if w.wr.opcode.is_read_or_atomic() && r.rd_atomic_inflight >= max_rd {
                 return None;
             }
-            if qp_type == QpType::Rc && r.una.distance(r.next_psn) >= MAX_UNACKED_PSNS {
+            if qp_type == QpType::Rc && r.una.distance(r.next_psn) >= window {
                 // The window is full: PSNs are assigned when the first
                 // packet can go, so a started message always has one out.
                 return None;
@@ -447,7 +457,7 @@ impl Qp {
         } else {
             (w.first_psn + r.cursor_pkt, r.cursor_pkt)
         };
-        if qp_type == QpType::Rc && r.una.distance(psn) >= MAX_UNACKED_PSNS {
+        if qp_type == QpType::Rc && r.una.distance(psn) >= window {
             return None;
         }
         let n = w.npsn;
