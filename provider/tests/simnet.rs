@@ -780,6 +780,14 @@ fn soak(burst_ns: Nanos, default_messages: u64) {
     assert!(sa.rx_bad_icrc + sb.rx_bad_icrc > 0 || net.corrupted == 0);
 }
 
+/// Another 4 KiB MR of `s`'s PD with only `access`.
+fn mr_with(net: &mut Net, s: Side, access: AccessFlags) -> roxe_provider::memory::MrInfo {
+    net.engines[s.e]
+        .memory_mut()
+        .register_owned(s.pd, 4096, access)
+        .unwrap()
+}
+
 fn expect_remote_error(setup: impl Fn(&mut Net, Side, Side) -> SendWr, want: WcStatus) {
     let mut net = Net::new(2, 3, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
@@ -828,14 +836,7 @@ fn bad_rkey_out_of_range_missing_right_wrong_pd_deregistered() {
     );
     expect_remote_error(
         |net, a, b| {
-            let mr = net.engines[b.e]
-                .memory_mut()
-                .register_owned(
-                    b.pd,
-                    4096,
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
-                )
-                .unwrap();
+            let mr = mr_with(net, b, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
             write(a, mr.rkey, mr.addr)
         },
         WcStatus::RemAccessErr,
@@ -3415,14 +3416,11 @@ fn atomic_write_stores_eight_bytes() {
     );
     expect_remote_error(
         |net, a, b| {
-            let mr = net.engines[b.e]
-                .memory_mut()
-                .register_owned(
-                    b.pd,
-                    4096,
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
-                )
-                .unwrap();
+            let mr = mr_with(
+                net,
+                b,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+            );
             let mut wr = SendWr::new(1, SendOpcode::AtomicWrite, vec![sge(a, 0, 8)]);
             wr.remote_addr = mr.addr;
             wr.rkey = mr.rkey;

@@ -865,16 +865,27 @@ fn client(args: &Args, addr: &str) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match client_run(&p, &mut ctrl, deadline, args) {
-            Ok(report) => print_run(&report, args),
-            Err(e) => {
-                eprintln!("roxe perf: {e}");
-                let _ = ctrl.send(&Msg::Error { message: e });
-                return ExitCode::FAILURE;
-            }
+        let run = client_run(&p, &mut ctrl, deadline, args);
+        if !conclude(run, &mut ctrl, args) {
+            return ExitCode::FAILURE;
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Print a run's results, or say why it failed (here, and to the peer).
+fn conclude(run: Res<Report>, ctrl: &mut Ctrl, args: &Args) -> bool {
+    match run {
+        Ok(report) => {
+            print_run(&report, args);
+            true
+        }
+        Err(e) => {
+            eprintln!("roxe perf: {e}");
+            let _ = ctrl.send(&Msg::Error { message: e });
+            false
+        }
+    }
 }
 
 /// The message sizes of this run: `-a`'s 2 B .. 8 MiB, or the one size.
@@ -1574,13 +1585,9 @@ fn server(args: &Args) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match server_run(args, &mut ctrl, deadline) {
-            Ok(report) => print_run(&report, args),
-            Err(e) => {
-                eprintln!("roxe perf: {e}");
-                let _ = ctrl.send(&Msg::Error { message: e });
-                return ExitCode::FAILURE;
-            }
+        let run = server_run(args, &mut ctrl, deadline);
+        if !conclude(run, &mut ctrl, args) {
+            return ExitCode::FAILURE;
         }
     }
     ExitCode::SUCCESS
