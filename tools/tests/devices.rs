@@ -150,3 +150,23 @@ fn help_lists_every_environment_variable() {
         );
     }
 }
+
+/// Every variable is also an option (clap's env support): given on the
+/// command line, before or after the subcommand, it configures the devices
+/// as the variable would.
+#[test]
+fn environment_options_configure_the_devices() {
+    for args in [
+        &["--roxe-addr", "127.0.236.1", "devices"][..],
+        &["devices", "--roxe-addr", "127.0.236.2"][..],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_roxe"))
+            .args(args)
+            .env_remove("ROXE_ADDR")
+            .output()
+            .expect("run roxe devices");
+        let out = stdout(&o);
+        let want = args[if args[0] == "devices" { 2 } else { 1 }];
+        assert!(o.status.success() && out.contains(want), "{args:?}: {out}");
+    }
+}
