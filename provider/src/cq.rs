@@ -11,7 +11,8 @@ use std::sync::Arc;
 /// as rxe does (the completion is lost, as on hardware).
 #[derive(Debug)]
 pub struct CompletionQueue {
-    entries: VecDeque<WorkCompletion>,
+    /// Each completion with the engine time it was made at (`Nanos`).
+    entries: VecDeque<(WorkCompletion, u64)>,
     depth: usize,
     overflowed: bool,
     /// Armed by `ibv_req_notify_cq`: 0 = not armed, 1 = any, 2 = solicited only.
@@ -74,12 +75,17 @@ impl CompletionQueue {
     /// receive completion for a message with the Solicited Event header bit
     /// set, or if the status is not successful").
     pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> bool {
+        self.push_at(wc, solicited, 0)
+    }
+
+    /// [`push`](Self::push) for a completion made at engine time `at`.
+    pub fn push_at(&mut self, wc: WorkCompletion, solicited: bool, at: u64) -> bool {
         if self.entries.len() >= self.depth {
             self.overflowed = true;
             return false;
         }
         let solicited = solicited || wc.status != WcStatus::Success;
-        self.entries.push_back(wc);
+        self.entries.push_back((wc, at));
         self.waiting.store(self.entries.len(), Ordering::Release);
         if self.armed == 1 || (self.armed == 2 && solicited) {
             self.armed = 0;
@@ -90,9 +96,18 @@ impl CompletionQueue {
 
     /// Take up to `out.len()` completions; returns how many.
     pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        self.poll_at(out, &mut [])
+    }
+
+    /// [`poll`](Self::poll), also giving the engine time each completion
+    /// was made at, in `at` (as far as it reaches).
+    pub fn poll_at(&mut self, out: &mut [WorkCompletion], at: &mut [u64]) -> usize {
         let n = out.len().min(self.entries.len());
-        for (slot, wc) in out.iter_mut().zip(self.entries.drain(..n)) {
-            *slot = wc;
+        for (k, (wc, made)) in self.entries.drain(..n).enumerate() {
+            out[k] = wc;
+            if let Some(slot) = at.get_mut(k) {
+                *slot = made;
+            }
         }
         self.waiting.store(self.entries.len(), Ordering::Release);
         n
@@ -103,7 +118,7 @@ impl CompletionQueue {
     /// after an error must not poll the old flushes). Returns how many.
     pub fn remove_qp(&mut self, qpn: u32) -> usize {
         let before = self.entries.len();
-        self.entries.retain(|wc| wc.qp_num != qpn);
+        self.entries.retain(|(wc, _)| wc.qp_num != qpn);
         self.waiting.store(self.entries.len(), Ordering::Release);
         before - self.entries.len()
     }
@@ -111,7 +126,7 @@ impl CompletionQueue {
     /// Take every waiting completion.
     pub fn drain(&mut self) -> Vec<WorkCompletion> {
         self.waiting.store(0, Ordering::Release);
-        self.entries.drain(..).collect()
+        self.entries.drain(..).map(|(wc, _)| wc).collect()
     }
 
     /// A shared counter of the completions waiting, always equal to

@@ -1052,7 +1052,9 @@ qp_ex_done:
 		struct ibv_qp *qs, *qr;
 		struct ibv_poll_cq_attr pa = { 0 };
 		struct buf bs, br;
-		int seen_send = 0, seen_recv = 0, got = 0;
+		int seen_send = 0, seen_recv = 0, got = 0, in_order = 1, in_window = 1;
+		uint64_t before_ns, after_ns, last_ts = 0;
+		struct timespec wall;
 		int64_t end;
 
 		errno = 0;
@@ -1066,6 +1068,8 @@ qp_ex_done:
 		check(cx == NULL && errno == EINVAL, "cq_ex.zero_cqe_einval",
 		      "returned %p errno %d, expected NULL + EINVAL", (void *)cx, errno);
 		ca.cqe = 64;
+		/* Wall-clock completion times: when the device made each one. */
+		ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 		cx = ibv_create_cq_ex(c.ctx, &ca);
 		if (!check(cx != NULL, "cq_ex.create", "NULL errno %d (%s)", errno, strerror(errno)))
 			goto cq_ex_done;
@@ -1077,6 +1081,8 @@ qp_ex_done:
 		buf_init(&c, &br);
 		connect_pair(&c, qs, qr, "cq_ex", 0);
 		fill(bs.p, 300, 9);
+		clock_gettime(CLOCK_REALTIME, &wall);
+		before_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
 		if ((rc = post_recv(qr, 91, &br, 0, 1024)) || (rc = post_send(qs, 92, &bs, 0, 300)))
 			die("cq_ex post: %s", strerror(rc));
 		end = now_ms() + 5000;
@@ -1084,6 +1090,15 @@ qp_ex_done:
 			if (ibv_start_poll(cx, &pa) != 0)
 				continue;
 			do {
+				uint64_t ts = ibv_wc_read_completion_wallclock_ns(cx);
+
+				clock_gettime(CLOCK_REALTIME, &wall);
+				after_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
+				/* 50 ms of slack: the device anchored its clock to
+				 * the wall clock once, when it opened. */
+				in_window &= ts + 50000000u >= before_ns && ts <= after_ns + 50000000u;
+				in_order &= ts >= last_ts;
+				last_ts = ts;
 				got++;
 				if (cx->wr_id == 92 && cx->status == IBV_WC_SUCCESS &&
 				    ibv_wc_read_opcode(cx) == IBV_WC_SEND &&
@@ -1100,6 +1115,10 @@ qp_ex_done:
 		}
 		check(seen_send, "cq_ex.send_completion", "no SEND completion read through cq_ex");
 		check(seen_recv, "cq_ex.recv_completion", "no RECV completion read through cq_ex");
+		check(got >= 2 && in_window, "cq_ex.wallclock_real",
+		      "a completion's wall-clock time is not between the post and the poll");
+		check(got >= 2 && in_order, "cq_ex.wallclock_monotonic",
+		      "wall-clock completion times went backwards");
 		check(diff_at(bs.p, br.p, 300) < 0, "cq_ex.data", "byte %ld differs",
 		      diff_at(bs.p, br.p, 300));
 		rc = ibv_destroy_qp(qs);

@@ -324,6 +324,7 @@ pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
 pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
 pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
 pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
 pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
 pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
 pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;

@@ -1601,20 +1601,51 @@ impl Cq {
     }
     /// `ibv_poll_cq`: fill `out`, return how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let (id, waiting, empty_polls, d) = match &self.inner.imp {
-            CqImp::Soft {
-                dev,
-                id,
-                waiting,
-                empty_polls,
-            } => (id, waiting, empty_polls, dev),
-            CqImp::Hw(h) => return h.poll(out),
+        match &self.inner.imp {
+            CqImp::Hw(h) => h.poll(out),
+            CqImp::Soft { .. } => self.poll_soft(out, &mut []),
+        }
+    }
+    /// [`poll`](Self::poll) with each completion's time, as
+    /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK` gives it: nanoseconds
+    /// since the Unix epoch, monotonic within a device (its clock anchored
+    /// to the wall clock when it opened), taken when the device made the
+    /// completion. Soft devices only (EOPNOTSUPP on hardware).
+    pub fn poll_with_wallclock(
+        &self,
+        out: &mut [WorkCompletion],
+        wallclock_ns: &mut [u64],
+    ) -> Result<usize> {
+        match &self.inner.imp {
+            CqImp::Hw(_) => Err(verbs(
+                "ibv_start_poll",
+                Errno(95),
+                "completion wall-clock times on a hardware CQ are not built",
+            )),
+            CqImp::Soft { dev, .. } => {
+                let n = self.poll_soft(out, wallclock_ns)?;
+                for t in wallclock_ns.iter_mut().take(n) {
+                    *t = dev.wallclock_ns(*t);
+                }
+                Ok(n)
+            }
+        }
+    }
+    fn poll_soft(&self, out: &mut [WorkCompletion], at: &mut [u64]) -> Result<usize> {
+        let CqImp::Soft {
+            dev,
+            id,
+            waiting,
+            empty_polls,
+        } = &self.inner.imp
+        else {
+            return Ok(0);
         };
-        // Nothing waiting: receive in this thread (no wake-up of the
+        // Nothing waiting: receive in this thread (no hand-over from the
         // progress thread for the completion), and without anything
         // received do not take the engine lock.
         if waiting.load(Ordering::Acquire) == 0
-            && !(d.progress_here() && waiting.load(Ordering::Acquire) > 0)
+            && !(dev.progress_here() && waiting.load(Ordering::Acquire) > 0)
         {
             let n = empty_polls.fetch_add(1, Ordering::Relaxed);
             if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
@@ -1623,7 +1654,7 @@ impl Cq {
             return Ok(0);
         }
         empty_polls.store(0, Ordering::Relaxed);
-        Ok(d.engine().poll_cq(*id, out)?)
+        Ok(dev.engine().poll_cq_at(*id, out, at)?)
     }
     /// `ibv_resize_cq` (soft devices): hold up to `depth` completions;
     /// EINVAL below the number waiting.

@@ -169,6 +169,9 @@ struct Shared {
     /// are received from (see `raw.rs`).
     raw: Option<OwnedFd>,
     epoch: Instant,
+    /// The wall clock (ns since the Unix epoch) at `epoch`: engine times
+    /// as wall-clock times (`Device::wallclock_ns`).
+    epoch_wall_ns: u64,
     core: Mutex<Core>,
     wake: OwnedFd,
     /// The deadline the progress thread sleeps towards (`u64::MAX`: none;
@@ -413,6 +416,9 @@ impl Device {
             Shared4791::Yes => SHARED_MODE_PORT,
         };
         ec.fixed_src_port = Some(ec_sport);
+        // Peers on this host that receive through raw sockets too (beside
+        // rxe) drop bursts of 1,024 (`tools/tests/shared_port.rs`).
+        ec.wide_loopback_window = raw.is_none();
         // Peers on this host that read through raw sockets (beside rxe, or
         // `ROXE_ICRC=raw` like this device) see a GSO send uncut.
         let gso_loopback = shared == Shared4791::No && config.icrc != IcrcMode::Raw;
@@ -427,11 +433,16 @@ impl Device {
         // Raw receive (beside rxe, or ROXE_ICRC=raw) and busy polling stay
         // with the progress thread.
         let caller_progress = config.caller_progress && raw.is_none() && !config.busy_poll;
+        let epoch = Instant::now();
+        let epoch_wall_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         let shared = Arc::new(Shared {
             addr,
             socket,
             raw,
-            epoch: Instant::now(),
+            epoch,
+            epoch_wall_ns,
             core: Mutex::new(Core {
                 engine: Engine::new(ec),
                 tx: {
@@ -518,6 +529,14 @@ impl Device {
     pub fn pause_progress_thread(&self, paused: bool) {
         self.shared.progress_paused.store(paused, Ordering::Release);
         self.shared.wake();
+    }
+
+    /// An engine time of this device (a completion's, from
+    /// `Engine::poll_cq_at`) as wall-clock nanoseconds since the Unix
+    /// epoch: monotonic (the engine's clock is `Instant`-based), anchored to
+    /// the wall clock once, when the device opened.
+    pub fn wallclock_ns(&self, at: Nanos) -> u64 {
+        self.shared.epoch_wall_ns.saturating_add(at)
     }
 
     /// The device's address.

@@ -52,6 +52,12 @@ pub struct EngineConfig {
     /// The port's active MTU (from the link; 4096 on loopback): the
     /// largest UD message, and what `ibv_query_port` reports.
     pub active_mtu: Mtu,
+    /// The requester's window towards peers on this host's loopback may
+    /// exceed rxe's 128 PSNs (`req.rs`): true where their only queues are
+    /// UDP socket buffers; a driver receiving through a raw socket (beside
+    /// the kernel's rxe, `ROXE_ICRC=raw`) keeps 128, since its peers there
+    /// receive the same way and drop bursts the UDP path would hold.
+    pub wide_loopback_window: bool,
 }
 
 impl EngineConfig {
@@ -67,6 +73,7 @@ impl EngineConfig {
             icrc_policy: IcrcPolicy::AssumeLinuxSender,
             fixed_src_port: None,
             active_mtu: Mtu::Mtu4096,
+            wide_loopback_window: true,
         }
     }
 }

@@ -176,6 +176,9 @@ impl QpEvent {
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
+    /// The latest time the driver gave the engine (receive, timers,
+    /// transmit): what completions are stamped with.
+    clock: Nanos,
     memory: MemoryTable,
     next_pd: u32,
     pds: BTreeMap<u32, u32>,
@@ -230,6 +233,7 @@ impl Engine {
         let gid = gid_of(config.addr);
         Engine {
             config,
+            clock: 0,
             memory: MemoryTable::new(),
             next_pd: 1,
             pds: BTreeMap::new(),
@@ -395,6 +399,21 @@ impl Engine {
         Ok(q.poll(out))
     }
 
+    /// [`poll_cq`](Self::poll_cq), also giving when each completion was
+    /// made (engine time, the driver's clock) in `at`.
+    pub fn poll_cq_at(
+        &mut self,
+        cq: CqId,
+        out: &mut [WorkCompletion],
+        at: &mut [Nanos],
+    ) -> VerbsResult<usize> {
+        let q = self
+            .cqs
+            .get_mut(&cq.0)
+            .ok_or_else(|| err("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
+        Ok(q.poll_at(out, at))
+    }
+
     /// The CQ itself (notification state, depth).
     pub fn cq_mut(&mut self, cq: CqId) -> Option<&mut CompletionQueue> {
         self.cqs.get_mut(&cq.0)
@@ -512,10 +531,12 @@ impl Engine {
             qps,
             stats,
             events,
+            clock,
             ..
         } = self;
         let q = qps.get_mut(&qpn)?;
         let mut cx = QpCtx {
+            now: *clock,
             config,
             memory,
             cqs,
@@ -699,6 +720,7 @@ impl Engine {
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.clock = self.clock.max(now);
         if self.cm.poll_timeout().is_some_and(|d| d <= now) {
             self.cm.handle_timeout(now);
         }
@@ -715,6 +737,7 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        self.clock = self.clock.max(now);
         if let Some(t) = self.gsi_transmit(buf) {
             return Some(self.finish_transmit(t, buf));
         }

@@ -42,6 +42,8 @@ pub(crate) struct Srq {
 /// What a QP may use beyond itself during one call, borrowed from the
 /// engine.
 pub(crate) struct QpCtx<'a> {
+    /// The engine's clock: what completions are stamped with.
+    pub now: Nanos,
     pub config: &'a EngineConfig,
     pub memory: &'a mut MemoryTable,
     pub cqs: &'a mut HashMap<u32, CompletionQueue>,
@@ -59,7 +61,7 @@ impl QpCtx<'_> {
         let ok = self
             .cqs
             .get_mut(&cq.0)
-            .is_some_and(|c| c.push(wc, solicited));
+            .is_some_and(|c| c.push_at(wc, solicited, self.now));
         if !ok && !self.overflowed.contains(&cq) {
             self.overflowed.push(cq);
         }
@@ -68,7 +70,7 @@ impl QpCtx<'_> {
     /// A completion of a QP already in ERR: an overflow changes nothing more.
     fn push_wc_no_cascade(&mut self, cq: CqId, wc: WorkCompletion) {
         if let Some(q) = self.cqs.get_mut(&cq.0) {
-            q.push(wc, false);
+            q.push_at(wc, false, self.now);
         }
     }
 

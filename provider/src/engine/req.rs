@@ -24,8 +24,9 @@ use std::collections::VecDeque;
 /// 64 KiB READs from rxe in an rxe-peer guest lost responses, and each
 /// go-back-N resent the same burst until RETRY_EXC_ERR.
 const MAX_UNACKED_PSNS: i32 = 128;
-/// The same towards a peer on this host's loopback, where the only queues
-/// are the two sockets' buffers (sized by roxe, `driver/socket.rs`) and 128
+/// The same towards a peer on this host's loopback
+/// (`EngineConfig::wide_loopback_window`), where the only queues are the
+/// two sockets' buffers (sized by roxe, `driver/socket.rs`) and 128
 /// packets (512 KiB at MTU 4096) do not cover the round trip through the
 /// peer's wake-up: 64 KiB WRITEs measured 2.08 GB/s at 128, 2.58 at 512,
 /// 2.87 at 1,024, 2.72 at 2,048 (alternated, one session).
@@ -400,7 +401,7 @@ impl Qp {
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let timeout = self.ack_timeout();
         let (dest_qp_num, own_qkey, peer) = (self.attr.dest_qp_num, self.attr.qkey, self.peer);
-        let window = if peer.is_some_and(|p| p.is_loopback()) {
+        let window = if cx.config.wide_loopback_window && peer.is_some_and(|p| p.is_loopback()) {
             MAX_UNACKED_PSNS_LOOPBACK
         } else {
             MAX_UNACKED_PSNS

@@ -23,6 +23,7 @@ impl Engine {
         bytes: &[u8],
         index: usize,
     ) {
+        self.clock = self.clock.max(now);
         self.stats.rx_packets += 1;
         let Ok(pkt) = Packet::new_checked(bytes) else {
             self.stats.count_drop(DropReason::Malformed, None);

@@ -387,6 +387,7 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_WC_EX_WITH_SLID,
         IBV_WC_EX_WITH_SL,
         IBV_WC_EX_WITH_DLID_PATH_BITS,
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK,
         IBV_WC_STANDARD_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_PD,

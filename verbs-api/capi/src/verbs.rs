@@ -775,8 +775,11 @@ struct RoxeCq {
     cq: Cq,
     users: AtomicUsize,
     /// Completions taken from the CQ by `start_poll`/`next_poll` and not
-    /// yet handed over (the first is the current one), in order.
-    polled: Mutex<std::collections::VecDeque<WorkCompletion>>,
+    /// yet handed over (the first is the current one), in order, each
+    /// with its wall-clock time (0 unless `wallclock`).
+    polled: Mutex<std::collections::VecDeque<(WorkCompletion, u64)>>,
+    /// Created with `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`.
+    wallclock: bool,
     /// Whether `polled` holds any (so `ibv_poll_cq` need not lock).
     has_polled: std::sync::atomic::AtomicBool,
 }
@@ -834,6 +837,7 @@ unsafe fn create_roxe_cq(
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
+    wallclock: bool,
 ) -> Result<*mut RoxeCq, c_int> {
     // SAFETY: per the contract.
     let Some(c) = (unsafe { context(ctx) }) else {
@@ -849,10 +853,15 @@ unsafe fn create_roxe_cq(
         .create_cq(cqe as u32, ch.map(|h| &h.ch))
         .map_err(|e| e.errno())?;
     let id = cq.id().0;
+    let mut header = cq_ex_header(ctx, channel, cq_context, id, cqe);
+    if wallclock {
+        header.read_completion_wallclock_ns = Some(cq_ex::read_completion_wallclock_ns);
+    }
     let raw = leak(RoxeCq {
-        c: cq_ex_header(ctx, channel, cq_context, id, cqe),
+        c: header,
         cq,
         users: AtomicUsize::new(0),
+        wallclock,
         polled: Mutex::new(std::collections::VecDeque::new()),
         has_polled: std::sync::atomic::AtomicBool::new(false),
     });
@@ -866,10 +875,13 @@ unsafe fn create_roxe_cq(
     Ok(raw)
 }
 
-/// `ibv_create_cq_ex` (the `verbs_context` op): standard work-completion
-/// fields only (`IBV_WC_STANDARD_FLAGS`); timestamps, CVLAN, flow tags, TM
-/// and parent domains are refused with EOPNOTSUPP, as by a device without
-/// them.
+/// `ibv_create_cq_ex` (the `verbs_context` op): the standard
+/// work-completion fields (`IBV_WC_STANDARD_FLAGS`) and wall-clock
+/// completion times (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`, read
+/// with `ibv_wc_read_completion_wallclock_ns`); the device's free-running
+/// clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, which only a vendor call
+/// turns into time), CVLAN, flow tags and TM are refused with EOPNOTSUPP,
+/// as by a device without them.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -886,7 +898,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return fail_null(libc::EINVAL);
         }
         if (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !SINGLE_THREADED != 0)
-            || a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0
+            || a.wc_flags & !(IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+                != 0
         {
             return fail_null(libc::EOPNOTSUPP);
         }
@@ -904,7 +917,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         };
         // SAFETY: ctx is the context the inline wrapper passed; the
         // channel is the caller's.
-        match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector) } {
+        let wallclock = a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0;
+        match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector, wallclock) } {
             Ok(raw) => raw.cast(),
             Err(e) => fail_null(e),
         }
@@ -929,7 +943,7 @@ mod cq_ex {
     fn expose(
         q: &RoxeCq,
         cq: *mut ibv_cq_ex,
-        polled: &mut std::collections::VecDeque<WorkCompletion>,
+        polled: &mut std::collections::VecDeque<(WorkCompletion, u64)>,
     ) -> c_int {
         if polled.is_empty() {
             let mut buf = [WorkCompletion::new(
@@ -938,13 +952,19 @@ mod cq_ex {
                 roxe_verbs::WcOpcode::Send,
                 0,
             ); 16];
-            match q.cq.poll(&mut buf) {
-                Ok(n) => polled.extend(buf[..n].iter().copied()),
+            let mut at = [0u64; 16];
+            let got = if q.wallclock {
+                q.cq.poll_with_wallclock(&mut buf, &mut at)
+            } else {
+                q.cq.poll(&mut buf)
+            };
+            match got {
+                Ok(n) => polled.extend(buf[..n].iter().copied().zip(at)),
                 Err(e) => return e.errno(),
             }
         }
         q.has_polled.store(!polled.is_empty(), Ordering::Release);
-        let Some(w) = polled.front() else {
+        let Some((w, _)) = polled.front() else {
             return libc::ENOENT;
         };
         // SAFETY: cq is the live CQ; the public fields programs read.
@@ -1006,7 +1026,11 @@ mod cq_ex {
             let Some(q) = (unsafe { roxe(cq) }) else {
                 return T::default();
             };
-            q.polled.lock().front().map(f).unwrap_or_default()
+            q.polled
+                .lock()
+                .front()
+                .map(|(w, _)| f(w))
+                .unwrap_or_default()
         })
     }
 
@@ -1029,6 +1053,18 @@ mod cq_ex {
     pub(super) unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
         current(cq, |w| w.src_qp)
     }
+    /// `ibv_wc_read_completion_wallclock_ns`: when the device made the
+    /// current completion, in nanoseconds since the Unix epoch.
+    pub(super) unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+        guard(0, || {
+            // SAFETY: as in start_poll.
+            let Some(q) = (unsafe { roxe(cq) }) else {
+                return 0;
+            };
+            q.polled.lock().front().map_or(0, |&(_, at)| at)
+        })
+    }
+
     pub(super) unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
         current(cq, |w| w.wc_flags)
     }
@@ -1057,7 +1093,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     );
     guard(null_mut(), || {
         // SAFETY: ctx NULL or open, channel NULL or its channel (C contract).
-        match unsafe { create_roxe_cq(ctx, cqe, cq_context, channel, comp_vector) } {
+        match unsafe { create_roxe_cq(ctx, cqe, cq_context, channel, comp_vector, false) } {
             Ok(raw) => raw.cast(),
             Err(e) => fail_null(e),
         }
@@ -1214,7 +1250,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_w
         if q.has_polled.load(Ordering::Acquire) {
             let mut polled = q.polled.lock();
             while done < want {
-                let Some(w) = polled.pop_front() else {
+                let Some((w, _)) = polled.pop_front() else {
                     break;
                 };
                 // SAFETY: the caller's array holds num_entries entries.
