@@ -1083,3 +1083,71 @@ fn tutorial_memory_windows() {
         ),
     }
 }
+
+/// `roxe perf` built for this test run (target/<profile>/roxe).
+fn roxe_tool() -> std::path::PathBuf {
+    let lib = common::library();
+    let profile_dir = lib.parent().expect("target/<profile>");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(other) => other,
+        None => panic!("bad profile directory {}", profile_dir.display()),
+    };
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "roxe-tools",
+            "--bin",
+            "roxe",
+            "--profile",
+            profile,
+        ])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+        .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build of roxe failed: {status}");
+    profile_dir.join("roxe")
+}
+
+/// A script written for `ib_write_bw` works with `roxe perf write` after
+/// changing the program name: the same perftest arguments on both sides
+/// (`-d DEV -x GID -s SIZE -n ITERS -p PORT`, a bare server address for the
+/// client) and the same table, read by the same parser as perftest's.
+#[test]
+fn roxe_perf_takes_an_ib_write_bw_script() {
+    if !common::programs_installed("roxe_perf_takes_an_ib_write_bw_script") {
+        return;
+    }
+    let roxe = roxe_tool();
+    let net = Net(60);
+    for (i, prog) in [
+        (0u16, "ib_write_bw".to_string()),
+        (1, format!("{} perf write", roxe.display())),
+    ] {
+        let port = net.port(i).to_string();
+        let args = [
+            "-d", "roxe0", "-x", "0", "-s", "65536", "-n", "200", "-p", &port,
+        ];
+        let mut words = prog.split(' ');
+        let program = words.next().expect("a program");
+        let mut all: Vec<&str> = words.collect();
+        all.extend(args);
+        let server = Side::new(program, &net.server(i), &all);
+        let client = Side::new(program, &net.client(i), &all).arg(net.server(i));
+        let p = run_pair(&server, &client, net.port(i));
+        p.assert_ok();
+        let rows = results(&p.client.stdout);
+        assert_eq!(rows.len(), 1, "{prog}: one row\n{p:?}");
+        let (bytes, iters, rest) = &rows[0];
+        assert_eq!((*bytes, *iters), (65536, 200), "{prog}\n{p:?}");
+        assert!(
+            rest.len() >= 3 && rest.iter().all(|v| *v > 0.0),
+            "{prog}: BW peak, BW average and message rate\n{p:?}"
+        );
+    }
+}
