@@ -244,12 +244,16 @@ impl Requester {
 
     /// Advance `una` past `p` unless an earlier READ/atomic is unanswered.
     pub(super) fn advance_una(&mut self, p: Psn) {
-        let blocked = self.sq.iter().any(|w| {
-            w.started
-                && w.done.is_none()
-                && w.wr.opcode.is_read_or_atomic()
-                && (w.first_psn + w.read_pkts).is_before(p)
-        });
+        // Only a started READ/atomic can block, and `rd_atomic_inflight`
+        // counts those not yet retired: without one, no walk of the queue
+        // (this runs for every ACK).
+        let blocked = self.rd_atomic_inflight > 0
+            && self.sq.iter().any(|w| {
+                w.started
+                    && w.done.is_none()
+                    && w.wr.opcode.is_read_or_atomic()
+                    && (w.first_psn + w.read_pkts).is_before(p)
+            });
         if !blocked && p.next().is_after(self.una) {
             self.una = p.next();
         }
@@ -633,6 +637,10 @@ mod tests {
             w.npsn = npsn;
             w.started = true;
             r.next_psn += npsn;
+            // As `request_transmit` counts them when they start.
+            if op.is_read_or_atomic() {
+                r.rd_atomic_inflight += 1;
+            }
         }
         r.high_psn = r.next_psn;
         r.cursor = msgs.len();
