@@ -1,6 +1,6 @@
 //! `roxe`: the command-line tool of the roxe software RoCEv2 provider.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 mod capture;
@@ -27,89 +27,110 @@ Switches take 1/0, on/off, true/false or yes/no.";
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    #[command(flatten)]
-    env: Environment,
 }
 
-/// The environment every roxe device reads, as options too (clap shows
-/// each variable in `--help`). An option given on the command line is
-/// exported to the variable before any device opens; unset, the variable
-/// as the environment has it applies.
-#[derive(clap::Args)]
-#[command(next_help_heading = "Environment (also as options)")]
-struct Environment {
-    /// Device addresses, one device each (default: the first free 127.0.0.N).
-    #[arg(long, global = true, env = "ROXE_ADDR", value_name = "A[,B...]")]
-    roxe_addr: Option<String>,
-    /// How received ICRCs are checked: off, warn, strict or raw.
-    #[arg(long, global = true, env = "ROXE_ICRC", value_name = "MODE")]
-    roxe_icrc: Option<String>,
-    /// Write every packet a device sends and receives to FILE (pcap).
-    #[arg(long, global = true, env = "ROXE_PCAP", value_name = "FILE")]
-    roxe_pcap: Option<String>,
-    /// Faults on transmit: loss=P,dup=P,reorder=P,corrupt=P,delay=T,seed=N.
-    #[arg(long, global = true, env = "ROXE_FAULT", value_name = "SPEC")]
-    roxe_fault: Option<String>,
-    /// UDP GSO for sends and GRO for receives (default on).
-    #[arg(long, global = true, env = "ROXE_GSO", value_name = "on|off")]
-    roxe_gso: Option<String>,
-    /// The progress thread spins instead of sleeping.
-    #[arg(long, global = true, env = "ROXE_BUSY_POLL", value_name = "on|off")]
-    roxe_busy_poll: Option<String>,
-    /// A poll_cq that finds nothing receives in the caller's thread (default on).
-    #[arg(
-        long,
-        global = true,
-        env = "ROXE_CALLER_PROGRESS",
-        value_name = "on|off"
-    )]
-    roxe_caller_progress: Option<String>,
-    /// Log filter (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug).
-    #[arg(long, global = true, env = "ROXE_LOG", value_name = "FILTER")]
-    roxe_log: Option<String>,
-    /// Which devices are offered: soft, hardware or auto (default auto).
-    #[arg(long, global = true, env = "ROXE_BACKEND", value_name = "CHOICE")]
-    roxe_backend: Option<String>,
-    /// The system libibverbs.so.1 for real (hardware) devices.
-    #[arg(
-        long,
-        global = true,
-        env = "ROXE_SYSTEM_LIBIBVERBS",
-        value_name = "PATH"
-    )]
-    roxe_system_libibverbs: Option<String>,
-    /// The drop-in also lists the system's real devices (default on).
-    #[arg(
-        long,
-        global = true,
-        env = "ROXE_SYSTEM_DEVICES",
-        value_name = "on|off"
-    )]
-    roxe_system_devices: Option<String>,
-    /// Tests only: accept roxe's own drop-in as the system library.
-    #[arg(long, global = true, env = "ROXE_HW_ALLOW_DROP_IN", value_name = "1")]
-    roxe_hw_allow_drop_in: Option<String>,
+/// The environment every roxe device reads, as global options too: clap
+/// shows each with its variable in `--help`, and one given on the command
+/// line is exported before any device opens (unset, the variable as the
+/// environment has it applies). (variable, option, value, help)
+const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
+    (
+        "ROXE_ADDR",
+        "roxe-addr",
+        "A[,B...]",
+        "Device addresses, one device each (default: the first free 127.0.0.N)",
+    ),
+    (
+        "ROXE_ICRC",
+        "roxe-icrc",
+        "MODE",
+        "How received ICRCs are checked: off, warn, strict or raw",
+    ),
+    (
+        "ROXE_PCAP",
+        "roxe-pcap",
+        "FILE",
+        "Write every packet a device sends and receives to FILE (pcap)",
+    ),
+    (
+        "ROXE_FAULT",
+        "roxe-fault",
+        "SPEC",
+        "Faults on transmit: loss=P,dup=P,reorder=P,corrupt=P,delay=T,seed=N",
+    ),
+    (
+        "ROXE_GSO",
+        "roxe-gso",
+        "on|off",
+        "UDP GSO for sends and GRO for receives (default on)",
+    ),
+    (
+        "ROXE_BUSY_POLL",
+        "roxe-busy-poll",
+        "on|off",
+        "The progress thread spins instead of sleeping",
+    ),
+    (
+        "ROXE_CALLER_PROGRESS",
+        "roxe-caller-progress",
+        "on|off",
+        "A poll_cq that finds nothing receives in the caller's thread (default on)",
+    ),
+    (
+        "ROXE_LOG",
+        "roxe-log",
+        "FILTER",
+        "Log filter (tracing EnvFilter syntax, e.g. info or roxe_provider::cm=debug)",
+    ),
+    (
+        "ROXE_BACKEND",
+        "roxe-backend",
+        "CHOICE",
+        "Which devices are offered: soft, hardware or auto (default auto)",
+    ),
+    (
+        "ROXE_SYSTEM_LIBIBVERBS",
+        "roxe-system-libibverbs",
+        "PATH",
+        "The system libibverbs.so.1 for real (hardware) devices",
+    ),
+    (
+        "ROXE_SYSTEM_DEVICES",
+        "roxe-system-devices",
+        "on|off",
+        "The drop-in also lists the system's real devices (default on)",
+    ),
+    (
+        "ROXE_HW_ALLOW_DROP_IN",
+        "roxe-hw-allow-drop-in",
+        "1",
+        "Tests only: accept roxe's own drop-in as the system library",
+    ),
+];
+
+/// The `roxe` command with the [`ENV_OPTIONS`].
+fn command() -> clap::Command {
+    ENV_OPTIONS.iter().fold(
+        Cli::command().next_help_heading("Environment (also as options)"),
+        |cmd, &(var, long, value, help)| {
+            cmd.arg(
+                clap::Arg::new(var)
+                    .long(long)
+                    .env(var)
+                    .value_name(value)
+                    .help(help)
+                    .global(true),
+            )
+        },
+    )
 }
 
-impl Environment {
-    /// Export what was given as options (the devices read the variables).
-    fn export(&self) {
-        for (var, value) in [
-            ("ROXE_ADDR", &self.roxe_addr),
-            ("ROXE_ICRC", &self.roxe_icrc),
-            ("ROXE_PCAP", &self.roxe_pcap),
-            ("ROXE_FAULT", &self.roxe_fault),
-            ("ROXE_GSO", &self.roxe_gso),
-            ("ROXE_BUSY_POLL", &self.roxe_busy_poll),
-            ("ROXE_CALLER_PROGRESS", &self.roxe_caller_progress),
-            ("ROXE_LOG", &self.roxe_log),
-            ("ROXE_BACKEND", &self.roxe_backend),
-            ("ROXE_SYSTEM_LIBIBVERBS", &self.roxe_system_libibverbs),
-            ("ROXE_SYSTEM_DEVICES", &self.roxe_system_devices),
-            ("ROXE_HW_ALLOW_DROP_IN", &self.roxe_hw_allow_drop_in),
-        ] {
-            if let Some(v) = value {
-                // Before any thread exists (main's first step after parsing).
+/// Export the [`ENV_OPTIONS`] given on the command line (the devices read
+/// the variables). Runs before any thread exists.
+fn export_env_options(matches: &clap::ArgMatches) {
+    for &(var, ..) in ENV_OPTIONS {
+        if matches.value_source(var) == Some(clap::parser::ValueSource::CommandLine) {
+            if let Some(v) = matches.get_one::<String>(var) {
                 std::env::set_var(var, v);
             }
         }
@@ -151,8 +172,9 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default action of SIGPIPE before any thread
     // exists; no handler code is involved.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
-    cli.env.export();
+    let matches = command().get_matches();
+    export_env_options(&matches);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Capture(a) => capture::run(&a),

@@ -987,7 +987,7 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
     })?;
     let report = if p.bidir {
         match ctrl.recv(deadline, "the server's results")? {
-            Msg::Done { report: theirs } => both_ways(&report, &theirs),
+            Msg::Done { report: theirs } => both_ways(p, &report, &theirs),
             m => return Err(format!("expected the server's results, got {m:?}")),
         }
     } else {
@@ -1001,20 +1001,16 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
 
 /// `-b`: one report for both directions (bytes and operations added, over
 /// the longer of the two times), as perftest sums them.
-fn both_ways(a: &Report, b: &Report) -> Report {
-    let seconds = a.seconds.max(b.seconds);
-    let bytes = a.bytes + b.bytes;
-    let iters = a.iters + b.iters;
-    let rate = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
-    Report {
-        seconds,
-        bytes,
-        iters,
-        gbytes_per_s: rate(bytes as f64) / 1e9,
-        gbits_per_s: rate(bytes as f64) * 8.0 / 1e9,
-        mmsgs_per_s: rate(iters as f64) / 1e6,
-        ..a.clone()
-    }
+fn both_ways(p: &Params, a: &Report, b: &Report) -> Report {
+    let both = Params {
+        iters: a.iters + b.iters,
+        ..*p
+    };
+    report(
+        &both,
+        Duration::from_secs_f64(a.seconds.max(b.seconds)),
+        None,
+    )
 }
 
 /// Receives for the peer's SENDs, as many per QP as it will send (at most
@@ -1669,7 +1665,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             ctrl.send(&Msg::Done {
                 report: mine.clone(),
             })?;
-            both_ways(&report, &mine)
+            both_ways(&p, &report, &mine)
         }
         None => report,
     };

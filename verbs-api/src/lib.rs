@@ -1574,6 +1574,32 @@ enum CqImp {
 /// delivers its completions) room to run on a small machine.
 const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 
+/// `ibv_poll_cq` on a soft CQ; `at` receives each completion's engine time
+/// (as far as it reaches).
+fn poll_soft(
+    dev: &Device,
+    id: CqId,
+    waiting: &AtomicUsize,
+    empty_polls: &AtomicU32,
+    out: &mut [WorkCompletion],
+    at: &mut [u64],
+) -> Result<usize> {
+    // Nothing waiting: receive in this thread (no hand-over from the
+    // progress thread for the completion), and without anything received
+    // do not take the engine lock.
+    if waiting.load(Ordering::Acquire) == 0
+        && !(dev.progress_here() && waiting.load(Ordering::Acquire) > 0)
+    {
+        let n = empty_polls.fetch_add(1, Ordering::Relaxed);
+        if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
+            std::thread::yield_now();
+        }
+        return Ok(0);
+    }
+    empty_polls.store(0, Ordering::Relaxed);
+    Ok(dev.engine().poll_cq_at(id, out, at)?)
+}
+
 impl Drop for CqInner {
     fn drop(&mut self) {
         if let CqImp::Soft { dev: d, id, .. } = &self.imp {
@@ -1603,7 +1629,12 @@ impl Cq {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         match &self.inner.imp {
             CqImp::Hw(h) => h.poll(out),
-            CqImp::Soft { .. } => self.poll_soft(out, &mut []),
+            CqImp::Soft {
+                dev,
+                id,
+                waiting,
+                empty_polls,
+            } => poll_soft(dev, *id, waiting, empty_polls, out, &mut []),
         }
     }
     /// [`poll`](Self::poll) with each completion's time, as
@@ -1622,39 +1653,19 @@ impl Cq {
                 Errno(95),
                 "completion wall-clock times on a hardware CQ are not built",
             )),
-            CqImp::Soft { dev, .. } => {
-                let n = self.poll_soft(out, wallclock_ns)?;
+            CqImp::Soft {
+                dev,
+                id,
+                waiting,
+                empty_polls,
+            } => {
+                let n = poll_soft(dev, *id, waiting, empty_polls, out, wallclock_ns)?;
                 for t in wallclock_ns.iter_mut().take(n) {
                     *t = dev.wallclock_ns(*t);
                 }
                 Ok(n)
             }
         }
-    }
-    fn poll_soft(&self, out: &mut [WorkCompletion], at: &mut [u64]) -> Result<usize> {
-        let CqImp::Soft {
-            dev,
-            id,
-            waiting,
-            empty_polls,
-        } = &self.inner.imp
-        else {
-            return Ok(0);
-        };
-        // Nothing waiting: receive in this thread (no hand-over from the
-        // progress thread for the completion), and without anything
-        // received do not take the engine lock.
-        if waiting.load(Ordering::Acquire) == 0
-            && !(dev.progress_here() && waiting.load(Ordering::Acquire) > 0)
-        {
-            let n = empty_polls.fetch_add(1, Ordering::Relaxed);
-            if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
-                std::thread::yield_now();
-            }
-            return Ok(0);
-        }
-        empty_polls.store(0, Ordering::Relaxed);
-        Ok(dev.engine().poll_cq_at(*id, out, at)?)
     }
     /// `ibv_resize_cq` (soft devices): hold up to `depth` completions;
     /// EINVAL below the number waiting.

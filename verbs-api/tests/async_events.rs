@@ -2,18 +2,13 @@
 //! `en_sqd_async_notify` reports SQ_DRAINED; a QP on an SRQ going to ERR
 //! reports LAST_WQE_REACHED; nothing else is raised.
 
+mod common;
+
+use common::open;
 use roxe_verbs::*;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(5);
-
-fn open(name: &str, addr: &str) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
-        ..DeviceConfig::default()
-    };
-    device_with(name, config).open().unwrap()
-}
 
 #[test]
 fn sq_drained_and_last_wqe_reached() {

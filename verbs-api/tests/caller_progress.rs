@@ -4,6 +4,8 @@
 //! intact, through the polling threads alone; with caller progress off it
 //! cannot, and resumes once the progress threads do.
 
+mod common;
+
 use roxe_verbs::*;
 use std::time::Duration;
 
@@ -11,12 +13,11 @@ const T: Duration = Duration::from_secs(10);
 const ROUNDS: u32 = 300;
 
 fn open(name: &str, addr: &str, caller_progress: bool) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
+    let base = DeviceConfig {
         caller_progress,
         ..DeviceConfig::default()
     };
-    device_with(name, config).open().unwrap()
+    common::open_with(name, addr, base)
 }
 
 struct Side {

@@ -2,16 +2,11 @@
 //! copies in and out, a zero-based region over it that a peer WRITEs into,
 //! and the memory outliving its handle while a region is registered.
 
+mod common;
+
+use common::open;
 use roxe_verbs::*;
 use std::time::Duration;
-
-fn open(name: &str, addr: &str) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
-        ..DeviceConfig::default()
-    };
-    device_with(name, config).open().unwrap()
-}
 
 #[test]
 fn device_memory_copies_regions_and_limits() {

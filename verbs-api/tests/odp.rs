@@ -4,18 +4,13 @@
 //! a registered region, which the peer sees as REM_ACCESS_ERR (never a
 //! fault in this process); `advise_mr` checks its SGEs.
 
+mod common;
+
+use common::open;
 use roxe_verbs::*;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(5);
-
-fn open(name: &str, addr: &str) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
-        ..DeviceConfig::default()
-    };
-    device_with(name, config).open().unwrap()
-}
 
 fn one(cq: &Cq) -> WorkCompletion {
     let wcs = cq.poll_wait(1, T).unwrap();

@@ -3,18 +3,13 @@
 //! `Cq::poll_with_wallclock` gives each completion the wall-clock time the
 //! device made it at (between the post and the poll, never backwards).
 
+mod common;
+
+use common::open;
 use roxe_verbs::*;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const T: Duration = Duration::from_secs(10);
-
-fn open(name: &str, addr: &str) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
-        ..DeviceConfig::default()
-    };
-    device_with(name, config).open().unwrap()
-}
 
 struct Side {
     qp: Qp,

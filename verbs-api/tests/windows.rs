@@ -3,18 +3,13 @@
 //! bound with a BIND_MW work request and ended by the peer's
 //! SEND_WITH_INV, which the receive completion reports.
 
+mod common;
+
+use common::open;
 use roxe_verbs::*;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(5);
-
-fn open(name: &str, addr: &str) -> Context {
-    let config = DeviceConfig {
-        addr: Some(addr.parse().unwrap()),
-        ..DeviceConfig::default()
-    };
-    device_with(name, config).open().unwrap()
-}
 
 struct Side {
     qp: Qp,

@@ -915,9 +915,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
             return fail_null(libc::EINVAL);
         };
+        let wallclock = a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0;
         // SAFETY: ctx is the context the inline wrapper passed; the
         // channel is the caller's.
-        let wallclock = a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0;
         match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector, wallclock) } {
             Ok(raw) => raw.cast(),
             Err(e) => fail_null(e),
@@ -1972,7 +1972,7 @@ unsafe extern "C" fn post_send(
         // A list: converted first, then posted under one lock so its
         // packets leave together. A WR that does not convert ends the list
         // (the ones before it are posted) and is the one reported.
-        let mut nodes = Vec::new();
+        let head = wr;
         let mut wrs = Vec::new();
         let mut refused = None;
         while !wr.is_null() {
@@ -1980,10 +1980,7 @@ unsafe extern "C" fn post_send(
             let w = unsafe { &*wr };
             // SAFETY: per post_send's contract.
             match unsafe { send_wr_from_c(w, q.c.qp_base.qp_type, q.c.qp_base.context) } {
-                Ok(sw) => {
-                    nodes.push(wr);
-                    wrs.push(sw);
-                }
+                Ok(sw) => wrs.push(sw),
                 Err(e) => {
                     refused = Some((wr, e));
                     break;
@@ -1992,7 +1989,14 @@ unsafe extern "C" fn post_send(
             wr = w.next;
         }
         if let Err((i, e)) = q.qp.post_send_list(wrs) {
-            return fail(nodes[i], e.errno());
+            // The i-th node from the head (all of them converted, so the
+            // list is at least that long).
+            let mut at = head;
+            for _ in 0..i {
+                // SAFETY: a node of the caller's list, walked above.
+                at = unsafe { (*at).next };
+            }
+            return fail(at, e.errno());
         }
         match refused {
             Some((at, e)) => fail(at, e),

@@ -1086,32 +1086,19 @@ fn tutorial_memory_windows() {
 
 /// `roxe perf` built for this test run (target/<profile>/roxe).
 fn roxe_tool() -> std::path::PathBuf {
-    let lib = common::library();
-    let profile_dir = lib.parent().expect("target/<profile>");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => panic!("bad profile directory {}", profile_dir.display()),
-    };
-    let cargo = option_env!("CARGO").unwrap_or("cargo");
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+    common::cargo_build(
+        &[
             "-p",
             "roxe-tools",
             "--bin",
             "roxe",
-            "--profile",
-            profile,
-        ])
-        .arg("--manifest-path")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
-        .env("CARGO_TARGET_DIR", profile_dir.parent().expect("target"))
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build of roxe failed: {status}");
-    profile_dir.join("roxe")
+            "--manifest-path",
+            manifest,
+        ],
+        "roxe",
+    )
+    .join("roxe")
 }
 
 /// A script written for `ib_write_bw` works with `roxe perf write` after

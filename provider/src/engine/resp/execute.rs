@@ -135,7 +135,8 @@ impl Qp {
         cx: &mut QpCtx,
         pkt: &Packet<&[u8]>,
     ) -> Result<Outcome, NakCode> {
-        let reth = check::rkey(cx.memory, pkt, self.remote_qp(), AccessFlags::REMOTE_WRITE)?;
+        let by = self.remote_qp();
+        let reth = check::rkey(cx.memory, pkt, by, AccessFlags::REMOTE_WRITE)?;
         let value: [u8; 8] = pkt
             .payload()
             .try_into()
@@ -143,12 +144,10 @@ impl Qp {
         if reth.dma_len != 8 {
             return Err(NakCode::InvalidRequest);
         }
-        match cx.memory.atomic_write(
-            reth.rkey,
-            self.remote_qp(),
-            reth.va,
-            u64::from_ne_bytes(value),
-        ) {
+        match cx
+            .memory
+            .atomic_write(reth.rkey, by, reth.va, u64::from_ne_bytes(value))
+        {
             Ok(()) => {}
             Err(AccessError::Misaligned) => return Err(NakCode::InvalidRequest),
             Err(_) => return Err(NakCode::RemoteAccessError),

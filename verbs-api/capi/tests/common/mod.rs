@@ -40,7 +40,10 @@ pub fn library() -> PathBuf {
     BUILT.get_or_init(build_library).clone()
 }
 
-fn build_library() -> PathBuf {
+/// Run `cargo build --quiet --profile <this test's profile> ARGS` into this
+/// test binary's target directory (so the tests use what they were built
+/// with); returns target/<profile>. `what` names it in a failure.
+pub fn cargo_build(args: &[&str], what: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe
         .parent()
@@ -54,21 +57,23 @@ fn build_library() -> PathBuf {
     };
     let cargo = option_env!("CARGO").unwrap_or("cargo");
     let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--lib",
-            "--profile",
-            profile,
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .args(["build", "--quiet", "--profile", profile])
+        .args(args)
         .env("CARGO_TARGET_DIR", target_dir)
         .status()
         .expect("run cargo build");
-    assert!(
-        status.success(),
-        "cargo build of the cdylib failed: {status}"
+    assert!(status.success(), "cargo build of {what} failed: {status}");
+    profile_dir.to_path_buf()
+}
+
+fn build_library() -> PathBuf {
+    let profile_dir = cargo_build(
+        &[
+            "--lib",
+            "--manifest-path",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        ],
+        "the cdylib",
     );
     let lib = profile_dir.join("libibverbs.so");
     assert!(
