@@ -426,6 +426,12 @@ fn describe_headers(r: &PacketRepr, d: &mut Decoded) {
             format!("qkey={:#010x} src_qp={:#08x}", x.qkey, x.src_qp),
         ));
     }
+    if let Some(x) = h.xrceth {
+        d.fields.push((
+            "XRCETH".into(),
+            format!("srq={:#08x}", roxe_wire::ext::xrc_srqn(x)),
+        ));
+    }
     if let Some(x) = h.feth {
         d.fields.push((
             "FETH".into(),

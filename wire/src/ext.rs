@@ -195,6 +195,14 @@ pub struct ExtHeaders {
     pub ieth: Option<u32>,
     /// The 16 reserved bytes of a CNP.
     pub cnp_reserved: Option<[u8; 16]>,
+    /// XRCETH as the 32-bit word on the wire: 8 reserved bits, then the
+    /// XRC SRQ number (see [`xrc_srqn`]).
+    pub xrceth: Option<u32>,
+}
+
+/// The XRC SRQ number an XRCETH word names (its low 24 bits).
+pub const fn xrc_srqn(xrceth: u32) -> u32 {
+    xrceth & 0xFF_FFFF
 }
 
 impl ExtHeaders {
@@ -209,6 +217,7 @@ impl ExtHeaders {
         imm_dt: None,
         ieth: None,
         cnp_reserved: None,
+        xrceth: None,
     };
 
     /// The set of headers present.
@@ -228,6 +237,7 @@ impl ExtHeaders {
         add(self.imm_dt.is_some(), HeaderSet::IMM_DT);
         add(self.ieth.is_some(), HeaderSet::IETH);
         add(self.cnp_reserved.is_some(), HeaderSet::CNP_PAD);
+        add(self.xrceth.is_some(), HeaderSet::XRC_ETH);
         s
     }
 
@@ -248,6 +258,9 @@ impl ExtHeaders {
                 src_qp: v.src_qp(),
                 reserved: v.reserved(),
             });
+        }
+        if let Some(o) = at(HeaderSet::XRC_ETH) {
+            h.xrceth = Some(u32_at(buf, o));
         }
         if let Some(o) = at(HeaderSet::FETH) {
             h.feth = Some(FethRepr {
@@ -320,6 +333,9 @@ impl ExtHeaders {
             v.set_qkey(d.qkey);
             v.set_reserved(d.reserved);
             v.set_src_qp(d.src_qp & 0xFF_FFFF);
+        }
+        if let Some(x) = self.xrceth {
+            set_u32(buf, at(HeaderSet::XRC_ETH), x);
         }
         if let Some(f) = self.feth {
             set_u32(buf, at(HeaderSet::FETH), f.raw);
@@ -401,6 +417,31 @@ mod tests {
             h.emit(Opcode::RcAcknowledge, &mut buf),
             Err(Error::HeaderMismatch("RC_ACKNOWLEDGE"))
         );
+    }
+
+    #[test]
+    fn xrceth_round_trips_with_its_reserved_bits() {
+        let h = ExtHeaders {
+            xrceth: Some(0xAB00_0042),
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 7,
+                dma_len: 64,
+            }),
+            ..ExtHeaders::NONE
+        };
+        let mut buf = [0u8; 20];
+        assert_eq!(h.emit(Opcode::XrcWriteOnly, &mut buf), Ok(20));
+        assert_eq!(&buf[..4], &[0xAB, 0, 0, 0x42]);
+        let (p, n) = ExtHeaders::parse(Opcode::XrcWriteOnly, &buf).unwrap();
+        assert_eq!((p, n), (h, 20));
+        assert_eq!(xrc_srqn(p.xrceth.unwrap()), 0x42);
+        // An XRC request without its XRCETH does not emit.
+        let no_xrceth = ExtHeaders {
+            xrceth: None,
+            ..h
+        };
+        assert!(no_xrceth.emit(Opcode::XrcWriteOnly, &mut buf).is_err());
     }
 
     #[test]

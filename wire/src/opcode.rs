@@ -16,6 +16,9 @@ pub enum Transport {
     Ud,
     /// Congestion notification packet (0x81).
     Cnp,
+    /// Extended reliable connected (0xA0..0xBF): RC's opcodes, with an
+    /// XRCETH naming the target's XRC SRQ on every request.
+    Xrc,
 }
 
 /// Where a packet sits in its message, which decides its payload rules.
@@ -88,12 +91,16 @@ impl HeaderSet {
     pub const IETH: HeaderSet = HeaderSet(1 << 7);
     /// The 16 reserved bytes that follow the BTH of a CNP.
     pub const CNP_PAD: HeaderSet = HeaderSet(1 << 8);
+    /// XRC extended transport header (4 bytes: 8 reserved bits, the
+    /// 24-bit XRC SRQ number; every XRC request).
+    pub const XRC_ETH: HeaderSet = HeaderSet(1 << 9);
     /// No extension header.
     pub const EMPTY: HeaderSet = HeaderSet(0);
 
     /// Every header in the order it appears on the wire, with its length.
-    pub const ORDER: [(HeaderSet, usize); 9] = [
+    pub const ORDER: [(HeaderSet, usize); 10] = [
         (Self::DETH, 8),
+        (Self::XRC_ETH, 4),
         (Self::FETH, 4),
         (Self::RETH, 16),
         (Self::ATOMIC_ETH, 28),
@@ -144,6 +151,7 @@ impl HeaderSet {
             Self::IMM_DT => "ImmDt",
             Self::IETH => "IETH",
             Self::CNP_PAD => "CNP-reserved",
+            Self::XRC_ETH => "XRCETH",
             _ => "headers",
         }
     }
@@ -175,20 +183,22 @@ impl fmt::Debug for HeaderSet {
 pub struct Layout {
     /// BTH plus extension headers, in bytes.
     pub header_len: usize,
-    /// Offset of each header in [`HeaderSet::ORDER`] order; 0 when absent
+    /// Offset of each header, indexed by its bit in [`HeaderSet`]; 0 when absent
     /// (no extension header can start at 0: the BTH is there).
-    offsets: [u8; 9],
+    offsets: [u8; 10],
 }
 
 impl Layout {
     /// The layout of a BTH followed by `set`.
     pub const fn of(set: HeaderSet) -> Layout {
-        let mut offsets = [0u8; 9];
+        let mut offsets = [0u8; 10];
         let mut at = crate::bth::HEADER_LEN;
         let mut i = 0;
         while i < HeaderSet::ORDER.len() {
-            if set.0 & HeaderSet::ORDER[i].0 .0 != 0 {
-                offsets[i] = at as u8;
+            let h = HeaderSet::ORDER[i].0 .0;
+            if set.0 & h != 0 {
+                // Indexed by the header's bit, which `offset` reads back.
+                offsets[h.trailing_zeros() as usize] = at as u8;
                 at += HeaderSet::ORDER[i].1;
             }
             i += 1;
@@ -203,7 +213,7 @@ impl Layout {
     #[inline]
     pub const fn offset(&self, header: HeaderSet) -> Option<usize> {
         let i = header.0.trailing_zeros() as usize;
-        if i < 9 && header.0.count_ones() == 1 && self.offsets[i] != 0 {
+        if i < 10 && header.0.count_ones() == 1 && self.offsets[i] != 0 {
             Some(self.offsets[i] as usize)
         } else {
             None
@@ -215,7 +225,7 @@ macro_rules! opcodes {
     ($( $(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $transport:ident, $operation:ident, $class:ident, $headers:expr, $response:literal; )*) => {
         /// A RoCEv2 BTH opcode that roxe understands.
         ///
-        /// RD and XRC opcodes and reserved values do not convert: see
+        /// RD opcodes and reserved values do not convert: see
         /// [`Opcode::try_from`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
@@ -269,9 +279,9 @@ macro_rules! opcodes {
             fn try_from(v: u8) -> Result<Opcode> {
                 match v {
                     $( $value => Ok(Opcode::$variant), )*
-                    // RD (0x40..0x5F) and XRC (0xA0..0xBF) are IBA transports
-                    // that rxe and roxe do not implement.
-                    0x40..=0x55 | 0x5C | 0xA0..=0xB4 | 0xB6 | 0xB7 => Err(Error::UnsupportedTransport(v)),
+                    // RD (0x40..0x5F) is an IBA transport that rxe and
+                    // roxe do not implement.
+                    0x40..=0x55 | 0x5C => Err(Error::UnsupportedTransport(v)),
                     _ => Err(Error::UnknownOpcode(v)),
                 }
             }
@@ -284,6 +294,7 @@ const RETH: HeaderSet = HeaderSet::RETH;
 const IMM: HeaderSet = HeaderSet::IMM_DT;
 const AETH: HeaderSet = HeaderSet::AETH;
 const DETH: HeaderSet = HeaderSet::DETH;
+const XRCETH: HeaderSet = HeaderSet::XRC_ETH;
 
 opcodes! {
     /// RC SEND, first packet.
@@ -366,10 +377,56 @@ opcodes! {
     UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Send, Only, DETH.union(IMM), false;
     /// Congestion notification packet (RoCEv2 annex A17.9).
     Cnp = 0x81, "CNP", Cnp, Cnp, Cnp, HeaderSet::CNP_PAD, false;
+    /// XRC SEND, first packet.
+    XrcSendFirst = 0xA0, "XRC_SEND_FIRST", Xrc, Send, First, XRCETH, false;
+    /// XRC SEND, middle packet.
+    XrcSendMiddle = 0xA1, "XRC_SEND_MIDDLE", Xrc, Send, Middle, XRCETH, false;
+    /// XRC SEND, last packet.
+    XrcSendLast = 0xA2, "XRC_SEND_LAST", Xrc, Send, Last, XRCETH, false;
+    /// XRC SEND, last packet with immediate data.
+    XrcSendLastImm = 0xA3, "XRC_SEND_LAST_WITH_IMMEDIATE", Xrc, Send, Last, XRCETH.union(IMM), false;
+    /// XRC SEND in one packet.
+    XrcSendOnly = 0xA4, "XRC_SEND_ONLY", Xrc, Send, Only, XRCETH, false;
+    /// XRC SEND in one packet with immediate data.
+    XrcSendOnlyImm = 0xA5, "XRC_SEND_ONLY_WITH_IMMEDIATE", Xrc, Send, Only, XRCETH.union(IMM), false;
+    /// XRC RDMA WRITE, first packet.
+    XrcWriteFirst = 0xA6, "XRC_RDMA_WRITE_FIRST", Xrc, Write, First, XRCETH.union(RETH), false;
+    /// XRC RDMA WRITE, middle packet.
+    XrcWriteMiddle = 0xA7, "XRC_RDMA_WRITE_MIDDLE", Xrc, Write, Middle, XRCETH, false;
+    /// XRC RDMA WRITE, last packet.
+    XrcWriteLast = 0xA8, "XRC_RDMA_WRITE_LAST", Xrc, Write, Last, XRCETH, false;
+    /// XRC RDMA WRITE, last packet with immediate data.
+    XrcWriteLastImm = 0xA9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Xrc, Write, Last, XRCETH.union(IMM), false;
+    /// XRC RDMA WRITE in one packet.
+    XrcWriteOnly = 0xAA, "XRC_RDMA_WRITE_ONLY", Xrc, Write, Only, XRCETH.union(RETH), false;
+    /// XRC RDMA WRITE in one packet with immediate data.
+    XrcWriteOnlyImm = 0xAB, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Xrc, Write, Only, XRCETH.union(RETH.union(IMM)), false;
+    /// XRC RDMA READ request.
+    XrcReadRequest = 0xAC, "XRC_RDMA_READ_REQUEST", Xrc, ReadRequest, NoPayload, XRCETH.union(RETH), false;
+    /// XRC RDMA READ response, first packet.
+    XrcReadResponseFirst = 0xAD, "XRC_RDMA_READ_RESPONSE_FIRST", Xrc, ReadResponse, First, AETH, true;
+    /// XRC RDMA READ response, middle packet.
+    XrcReadResponseMiddle = 0xAE, "XRC_RDMA_READ_RESPONSE_MIDDLE", Xrc, ReadResponse, Middle, NONE, true;
+    /// XRC RDMA READ response, last packet.
+    XrcReadResponseLast = 0xAF, "XRC_RDMA_READ_RESPONSE_LAST", Xrc, ReadResponse, Last, AETH, true;
+    /// XRC RDMA READ response in one packet.
+    XrcReadResponseOnly = 0xB0, "XRC_RDMA_READ_RESPONSE_ONLY", Xrc, ReadResponse, Only, AETH, true;
+    /// XRC ACK or NAK.
+    XrcAcknowledge = 0xB1, "XRC_ACKNOWLEDGE", Xrc, Acknowledge, NoPayload, AETH, true;
+    /// XRC atomic ACK carrying the original value.
+    XrcAtomicAcknowledge = 0xB2, "XRC_ATOMIC_ACKNOWLEDGE", Xrc, AtomicAcknowledge, NoPayload, AETH.union(HeaderSet::ATOMIC_ACK_ETH), true;
+    /// XRC atomic compare-and-swap.
+    XrcCompareSwap = 0xB3, "XRC_COMPARE_SWAP", Xrc, CompareSwap, NoPayload, XRCETH.union(HeaderSet::ATOMIC_ETH), false;
+    /// XRC atomic fetch-and-add.
+    XrcFetchAdd = 0xB4, "XRC_FETCH_ADD", Xrc, FetchAdd, NoPayload, XRCETH.union(HeaderSet::ATOMIC_ETH), false;
+    /// XRC SEND, last packet, invalidating an rkey.
+    XrcSendLastInv = 0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", Xrc, Send, Last, XRCETH.union(HeaderSet::IETH), false;
+    /// XRC SEND in one packet, invalidating an rkey.
+    XrcSendOnlyInv = 0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", Xrc, Send, Only, XRCETH.union(HeaderSet::IETH), false;
 }
 
 /// The number of distinct [`request_key`]s.
-const REQUEST_KEYS: usize = 4 * 11 * 7 * 2 * 2;
+const REQUEST_KEYS: usize = 5 * 11 * 7 * 2 * 2;
 
 /// A dense index of a request's columns.
 const fn request_key(
@@ -422,6 +479,22 @@ impl Opcode {
         // requester asks once per packet.
         const TABLE: [Option<Opcode>; REQUEST_KEYS] = request_table();
         TABLE[request_key(transport, operation, class, immediate, invalidate)]
+    }
+
+    /// The same operation at the same place in its message on transport
+    /// `t` (a responder answers an XRC request with XRC responses).
+    /// `None` where `t` has no such opcode.
+    pub fn on_transport(self, t: Transport) -> Option<Opcode> {
+        let base = match t {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            Transport::Ud => 0x60,
+            Transport::Xrc => 0xA0,
+            Transport::Cnp => return (self == Opcode::Cnp).then_some(self),
+        };
+        let o = Opcode::try_from(base | (self.value() & 0x1F)).ok()?;
+        (o.operation() == self.operation() && o.class() == self.class() && o.transport() == t)
+            .then_some(o)
     }
 
     /// The raw opcode byte.
@@ -533,6 +606,7 @@ mod tests {
                 1 => Transport::Uc,
                 3 => Transport::Ud,
                 4 => Transport::Cnp,
+                5 => Transport::Xrc,
                 _ => unreachable!(),
             };
             assert_eq!(op.transport(), t, "{op}");
@@ -541,11 +615,12 @@ mod tests {
                 Transport::Uc => "UC_",
                 Transport::Ud => "UD_",
                 Transport::Cnp => "CNP",
+                Transport::Xrc => "XRC_",
             }));
             // RETH and AETH never appear together, nor ImmDt with AETH.
             assert!(!(op.headers().contains(HeaderSet::RETH) && op.headers().contains(AETH)));
         }
-        assert_eq!(Opcode::ALL.len(), 25 + 12 + 2 + 1);
+        assert_eq!(Opcode::ALL.len(), 25 + 12 + 2 + 1 + 23);
     }
 
     #[test]
@@ -572,6 +647,35 @@ mod tests {
             Err(Error::UnsupportedTransport(0x44))
         );
         assert_eq!(Opcode::try_from(0x80), Err(Error::UnknownOpcode(0x80)));
+        assert_eq!(Opcode::try_from(0xB5), Err(Error::UnknownOpcode(0xB5)));
+        assert_eq!(Opcode::try_from(0xBC), Err(Error::UnknownOpcode(0xBC)));
+    }
+
+    #[test]
+    fn xrc_requests_carry_the_xrceth_first_and_responses_none() {
+        for &op in Opcode::ALL {
+            let xrc = op.transport() == Transport::Xrc;
+            let has = op.headers().contains(HeaderSet::XRC_ETH);
+            assert_eq!(has, xrc && !op.is_response(), "{op}");
+            if has {
+                assert_eq!(op.layout().offset(HeaderSet::XRC_ETH), Some(12), "{op}");
+            }
+            if xrc {
+                // Every XRC opcode is its RC twin, 0xA0 higher, plus the XRCETH.
+                let rc = op.on_transport(Transport::Rc).expect("an RC twin");
+                assert_eq!(rc.value() | 0xA0, op.value());
+                assert_eq!(
+                    rc.headers().union(if has { HeaderSet::XRC_ETH } else { HeaderSet::EMPTY }),
+                    op.headers()
+                );
+                assert_eq!(rc.on_transport(Transport::Xrc), Some(op));
+            }
+        }
+        assert_eq!(Opcode::XrcWriteFirst.layout().offset(HeaderSet::RETH), Some(16));
+        assert_eq!(Opcode::XrcCompareSwap.header_len(), 12 + 4 + 28);
+        // RC's IBA 1.5 additions have no XRC opcode; UC has no READ.
+        assert_eq!(Opcode::RcFlush.on_transport(Transport::Xrc), None);
+        assert_eq!(Opcode::RcReadRequest.on_transport(Transport::Uc), None);
     }
 
     #[test]

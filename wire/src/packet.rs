@@ -160,6 +160,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Some(u32::from_be_bytes(b.try_into().ok()?))
     }
 
+    /// The XRC SRQ number of an XRC request's XRCETH.
+    #[inline]
+    pub fn xrc_srqn(&self) -> Option<u32> {
+        let b = self.at(HeaderSet::XRC_ETH)?.get(..4)?;
+        Some(crate::ext::xrc_srqn(u32::from_be_bytes(b.try_into().ok()?)))
+    }
+
     /// The opcode.
     pub fn opcode(&self) -> Opcode {
         self.opcode

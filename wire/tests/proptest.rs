@@ -58,9 +58,10 @@ fn ext(op: Opcode) -> impl Strategy<Value = ExtHeaders> {
         any::<(u64, u32, u64, u64)>(),
         (syndrome(), 0u32..1 << 24),
         any::<(u64, u32, u32, [u8; 16])>(),
+        any::<u32>(),
     )
         .prop_map(
-            move |(d, feth, r, a, (syn, msn), (orig, imm, ieth, cnp))| ExtHeaders {
+            move |(d, feth, r, a, (syn, msn), (orig, imm, ieth, cnp), xrceth)| ExtHeaders {
                 deth: opt(HeaderSet::DETH).then_some(DethRepr {
                     qkey: d.0,
                     src_qp: d.1 & 0xFF_FFFF,
@@ -83,6 +84,7 @@ fn ext(op: Opcode) -> impl Strategy<Value = ExtHeaders> {
                 imm_dt: opt(HeaderSet::IMM_DT).then_some(imm),
                 ieth: opt(HeaderSet::IETH).then_some(ieth),
                 cnp_reserved: opt(HeaderSet::CNP_PAD).then_some(cnp),
+                xrceth: opt(HeaderSet::XRC_ETH).then_some(xrceth),
             },
         )
 }
