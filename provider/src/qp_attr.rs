@@ -121,7 +121,8 @@ impl From<InvalidValue> for VerbsError {
     }
 }
 
-/// QP transport type (`enum ibv_qp_type` values: RC=2, UC=3, UD=4).
+/// QP transport type (`enum ibv_qp_type` values: RC=2, UC=3, UD=4,
+/// XRC_SEND=9, XRC_RECV=10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum QpType {
@@ -131,19 +132,41 @@ pub enum QpType {
     Uc = 3,
     /// `IBV_QPT_UD`: unreliable datagram.
     Ud = 4,
+    /// `IBV_QPT_XRC_SEND` (the kernel's XRC_INI): an XRC requester. It has
+    /// a send queue and no receive side; each WR names the XRC SRQ it
+    /// targets at the peer.
+    XrcSend = 9,
+    /// `IBV_QPT_XRC_RECV` (XRC_TGT): an XRC responder in an XRC domain,
+    /// with no queue of its own: each request's XRCETH picks the domain's
+    /// SRQ that receives it, whose PD and CQ apply.
+    XrcRecv = 10,
 }
 
 impl QpType {
-    /// Every QP type roxe supports.
+    /// The types whose rules the tests compare column by column with the
+    /// kernel's `qp_state_table` (the XRC types derive theirs from RC's:
+    /// see [`Transition::rule`]).
     pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
 
-    /// The short IBTA name: `"RC"`, `"UC"` or `"UD"`.
+    /// The short name: `"RC"`, `"UC"`, `"UD"`, `"XRC_SEND"`, `"XRC_RECV"`.
     pub const fn name(self) -> &'static str {
         match self {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::XrcRecv => "XRC_RECV",
         }
+    }
+
+    /// RC and both XRC halves: PSNs, ACKs and retries (reliable connection).
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// True for the two XRC types.
+    pub const fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
     }
 }
 
@@ -161,6 +184,8 @@ impl TryFrom<u32> for QpType {
             2 => Ok(QpType::Rc),
             3 => Ok(QpType::Uc),
             4 => Ok(QpType::Ud),
+            9 => Ok(QpType::XrcSend),
+            10 => Ok(QpType::XrcRecv),
             _ => Err(InvalidValue {
                 what: "QP type",
                 value,
@@ -563,6 +588,14 @@ pub struct AttrRule {
 }
 
 impl AttrRule {
+    /// The rule with `attrs` neither required nor allowed.
+    pub const fn without(self, attrs: AttrMask) -> AttrRule {
+        AttrRule {
+            required: self.required.difference(attrs),
+            optional: self.optional.difference(attrs),
+        }
+    }
+
     /// Everything the mask may contain: required, optional and `IBV_QP_STATE`.
     pub const fn allowed(self) -> AttrMask {
         self.required.union(self.optional).union(AttrMask::STATE)
@@ -585,12 +618,23 @@ pub struct Transition {
 }
 
 impl Transition {
-    /// The rule for `qp_type`.
+    /// The rule for `qp_type`. The kernel's XRC_INI and XRC_TGT columns are
+    /// RC's without what the half lacks: an XRC_SEND QP has no responder
+    /// (no `max_dest_rd_atomic`, `min_rnr_timer`), an XRC_RECV QP no
+    /// requester (no `retry_cnt`, `rnr_retry`, `max_rd_atomic`).
     pub const fn rule(&self, qp_type: QpType) -> AttrRule {
         match qp_type {
             QpType::Rc => self.rc,
             QpType::Uc => self.uc,
             QpType::Ud => self.ud,
+            QpType::XrcSend => self
+                .rc
+                .without(m(&[AttrMask::MAX_DEST_RD_ATOMIC, AttrMask::MIN_RNR_TIMER])),
+            QpType::XrcRecv => self.rc.without(m(&[
+                AttrMask::RETRY_CNT,
+                AttrMask::RNR_RETRY,
+                AttrMask::MAX_QP_RD_ATOMIC,
+            ])),
         }
     }
 }
@@ -1345,6 +1389,36 @@ mod tests {
         }
     }
 
+    /// The kernel's XRC_INI and XRC_TGT columns, as `Transition::rule`
+    /// derives them from RC's.
+    #[test]
+    fn xrc_rules_are_the_kernels_xrc_columns() {
+        use QpState::*;
+        let rule = |from, to, t| transition(from, to).unwrap().rule(t);
+        let uc_rtr = m(&[
+            AttrMask::AV,
+            AttrMask::PATH_MTU,
+            AttrMask::DEST_QPN,
+            AttrMask::RQ_PSN,
+        ]);
+        assert_eq!(rule(Init, Rtr, QpType::XrcSend).required, uc_rtr);
+        assert_eq!(rule(Init, Rtr, QpType::XrcRecv).required, RC_RTR);
+        assert_eq!(rule(Rtr, Rts, QpType::XrcSend).required, RC_RTS);
+        assert_eq!(
+            rule(Rtr, Rts, QpType::XrcRecv).required,
+            m(&[AttrMask::TIMEOUT, AttrMask::SQ_PSN])
+        );
+        assert!(!rule(Rtr, Rts, QpType::XrcSend)
+            .optional
+            .contains(AttrMask::MIN_RNR_TIMER));
+        assert!(rule(Rtr, Rts, QpType::XrcRecv)
+            .optional
+            .contains(AttrMask::MIN_RNR_TIMER));
+        assert_eq!(rule(Reset, Init, QpType::XrcRecv).required, CONNECTED_INIT);
+        let sqd = rule(Sqd, Sqd, QpType::XrcRecv).optional;
+        assert!(sqd.contains(AttrMask::MAX_DEST_RD_ATOMIC) && !sqd.contains(AttrMask::RETRY_CNT));
+    }
+
     #[test]
     fn try_from_rejects_unknown_values() {
         for v in [7, 8, 100, u32::MAX] {
@@ -1353,9 +1427,12 @@ mod tests {
             let ve: VerbsError = e.into();
             assert_eq!(ve.errno, Errno::EINVAL);
         }
-        for v in [0, 1, 5, 8, 9, 10, 0xff, u32::MAX] {
+        // 8 is IBV_QPT_RAW_PACKET, 11 IBV_QPT_DRIVER.
+        for v in [0, 1, 5, 8, 11, 0xff, u32::MAX] {
             assert!(QpType::try_from(v).is_err(), "QP type {v}");
         }
+        assert_eq!(QpType::try_from(9), Ok(QpType::XrcSend));
+        assert_eq!(QpType::try_from(10), Ok(QpType::XrcRecv));
         for v in [0, 6, 7, u32::MAX] {
             assert!(Mtu::try_from(v).is_err(), "MTU {v}");
         }

@@ -88,6 +88,7 @@ impl Endpoint {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap,
             sq_sig_all: false,
         })?;
@@ -158,7 +159,9 @@ pub fn connect(
     let init = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
     let init = match c.qp_type {
         QpType::Ud => init | AttrMask::QKEY,
-        QpType::Uc | QpType::Rc => init | AttrMask::ACCESS_FLAGS,
+        QpType::Uc | QpType::Rc | QpType::XrcSend | QpType::XrcRecv => {
+            init | AttrMask::ACCESS_FLAGS
+        }
     };
     eng.modify_qp(qpn, &a, init)?;
     a.qp_state = QpState::Rtr;
@@ -178,8 +181,10 @@ pub fn connect(
         AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
     let rtr = match c.qp_type {
         QpType::Ud => AttrMask::STATE,
-        QpType::Uc => uc_rtr,
-        QpType::Rc => uc_rtr | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER,
+        QpType::Uc | QpType::XrcSend => uc_rtr,
+        QpType::Rc | QpType::XrcRecv => {
+            uc_rtr | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER
+        }
     };
     eng.modify_qp(qpn, &a, rtr)?;
     a.qp_state = QpState::Rts;
@@ -189,7 +194,7 @@ pub fn connect(
     a.rnr_retry = c.rnr_retry;
     a.max_rd_atomic = c.max_rd_atomic;
     let rts = match c.qp_type {
-        QpType::Rc => {
+        QpType::Rc | QpType::XrcSend => {
             AttrMask::STATE
                 | AttrMask::SQ_PSN
                 | AttrMask::TIMEOUT
@@ -198,6 +203,7 @@ pub fn connect(
                 | AttrMask::MAX_QP_RD_ATOMIC
         }
         QpType::Uc | QpType::Ud => AttrMask::STATE | AttrMask::SQ_PSN,
+        QpType::XrcRecv => AttrMask::STATE | AttrMask::SQ_PSN | AttrMask::TIMEOUT,
     };
     eng.modify_qp(qpn, &a, rts)
 }

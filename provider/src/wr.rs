@@ -141,6 +141,9 @@ pub struct SendWr {
     pub inline_data: Option<Vec<u8>>,
     /// `BindMw`: the window, its new key and what it is bound to.
     pub bind: Option<crate::memory::MwBind>,
+    /// XRC_SEND: the number of the XRC SRQ at the peer that receives this
+    /// request (`qp_type.xrc.remote_srqn`, the XRCETH).
+    pub xrc_remote_srqn: u32,
 }
 
 impl SendWr {
@@ -160,6 +163,7 @@ impl SendWr {
             ud: None,
             inline_data: None,
             bind: None,
+            xrc_remote_srqn: 0,
         }
     }
 }

@@ -1190,6 +1190,7 @@ fn add_qp(net: &mut Net, s: Side, f: impl FnOnce(&mut QpInitAttr)) -> Side {
         send_cq: s.cq,
         recv_cq: s.cq,
         srq: None,
+        xrcd: None,
         cap: default_cap(),
         sq_sig_all: false,
     };
@@ -3452,4 +3453,157 @@ fn unacknowledged_psns_are_bounded_by_where_the_peer_is() {
         }
         assert_eq!(sent, want, "peer on {net}.0.0.2");
     }
+}
+
+/// XRC: an XRC_SEND QP on engine 0 reaches two XRC SRQs of one domain on
+/// engine 1 through one XRC_RECV QP; each request's XRCETH picks the SRQ,
+/// whose CQ gets the receive and whose PD governs the RDMA WRITE, READ and
+/// atomic. Every request packet carries the XRCETH, every response is an
+/// XRC opcode without one. An XRCETH naming an SRQ outside the domain is
+/// an invalid request: the sender's WR fails with REM_INV_REQ_ERR.
+#[test]
+fn xrc_send_reaches_the_srq_its_xrceth_names() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 47, Faults::default());
+    net.trace = Some(Vec::new());
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    let ini = add_qp(&mut net, a, |i| {
+        i.qp_type = QpType::XrcSend;
+        i.cap.max_recv_wr = 0;
+    });
+    let e1 = &mut net.engines[1];
+    let xrcd = e1.open_xrcd();
+    let other_xrcd = e1.open_xrcd();
+    let cq1 = e1.create_cq(64).unwrap();
+    let cq2 = e1.create_cq(64).unwrap();
+    let srq1 = e1.create_xrc_srq(b.pd, xrcd, cq1, 8, 1).unwrap();
+    let srq2 = e1.create_xrc_srq(b.pd, xrcd, cq2, 8, 1).unwrap();
+    let foreign = e1.create_xrc_srq(b.pd, other_xrcd, cq2, 8, 1).unwrap();
+    // An XRC SRQ serves no RC QP; an XRC_RECV QP needs a domain.
+    let mut rc_with_xrc_srq = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: b.pd,
+        send_cq: b.cq,
+        recv_cq: b.cq,
+        srq: Some(srq1),
+        xrcd: None,
+        cap: default_cap(),
+        sq_sig_all: false,
+    };
+    assert_eq!(errno(e1.create_qp(rc_with_xrc_srq)), Errno::EINVAL);
+    rc_with_xrc_srq.qp_type = QpType::XrcRecv;
+    rc_with_xrc_srq.srq = None;
+    assert_eq!(errno(e1.create_qp(rc_with_xrc_srq)), Errno::EINVAL);
+    let tgt_qpn = e1
+        .create_qp(QpInitAttr {
+            xrcd: Some(xrcd),
+            ..rc_with_xrc_srq
+        })
+        .unwrap();
+    let tgt = Side { qpn: tgt_qpn, ..b };
+    connect(&mut net, ini, tgt, QpType::XrcSend, Mtu::Mtu256, 8, 7, 7);
+    connect(&mut net, tgt, ini, QpType::XrcRecv, Mtu::Mtu256, 8, 7, 7);
+    let e1 = &mut net.engines[1];
+    // The domain is busy while its SRQs and QP exist; so is the SRQs' CQ.
+    assert_eq!(errno(e1.close_xrcd(xrcd)), Errno::EBUSY);
+    assert_eq!(errno(e1.destroy_cq(cq1)), Errno::EBUSY);
+    // XRC QPs have no receive queue of their own.
+    assert_eq!(
+        errno(e1.post_recv(
+            tgt_qpn,
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![]
+            }
+        )),
+        Errno::EINVAL
+    );
+    for (srq, wr_id, offset) in [(srq1, 11, 0u64), (srq2, 12, 4096)] {
+        e1.post_srq_recv(
+            srq,
+            RecvWr {
+                wr_id,
+                sg_list: vec![sge(b, offset, 1024)],
+            },
+        )
+        .unwrap();
+    }
+    let msg: Vec<u8> = (0..600u32).map(|i| i as u8).collect();
+    fill(&mut net, a, 0, &msg);
+    // 600 bytes at MTU 256: three packets, each with the XRCETH.
+    let mut to_srq2 = local_wr(ini, 1, SendOpcode::Send, 0, 600);
+    to_srq2.xrc_remote_srqn = net.engines[1].srq_number(srq2).unwrap();
+    post(&mut net, ini, to_srq2);
+    let mut write = rdma_wr(ini, 2, SendOpcode::RdmaWriteWithImm, 0, 300, b, 8192);
+    write.imm_data = 0xfeed;
+    write.xrc_remote_srqn = srq1.0;
+    post(&mut net, ini, write);
+    let mut read_back = rdma_wr(ini, 3, SendOpcode::RdmaRead, 16384, 300, b, 8192);
+    read_back.xrc_remote_srqn = srq1.0;
+    post(&mut net, ini, read_back);
+    fill(&mut net, b, 12288, &5u64.to_ne_bytes());
+    let mut faa = rdma_wr(ini, 4, SendOpcode::AtomicFetchAndAdd, 20480, 8, b, 12288);
+    faa.compare_add = 3;
+    faa.xrc_remote_srqn = srq1.0;
+    post(&mut net, ini, faa);
+    let sent = wait_wcs(&mut net, Side { cq: a.cq, ..ini }, 4);
+    assert_eq!(
+        sent,
+        [
+            wc(1, Success, WcOpcode::Send, ini.qpn, 600),
+            wc(2, Success, WcOpcode::RdmaWrite, ini.qpn, 300),
+            wc(3, Success, WcOpcode::RdmaRead, ini.qpn, 300),
+            wc(4, Success, WcOpcode::FetchAdd, ini.qpn, 8),
+        ]
+    );
+    let at_srq2 = poll(&mut net, Side { cq: cq2, ..b });
+    assert_eq!(at_srq2, [wc(12, Success, WcOpcode::Recv, tgt_qpn, 600)]);
+    let at_srq1 = poll(&mut net, Side { cq: cq1, ..b });
+    let mut imm = wc(11, Success, WcOpcode::RecvRdmaWithImm, tgt_qpn, 300);
+    imm.imm_data = 0xfeed;
+    imm.wc_flags = roxe_provider::wr::wc_flags::WITH_IMM;
+    assert_eq!(at_srq1, [imm]);
+    assert_eq!(read(&net, b, 4096, 600), msg);
+    assert_eq!(read(&net, b, 8192, 300), msg[..300]);
+    assert_eq!(read(&net, a, 16384, 300), msg[..300]);
+    assert_eq!(read(&net, a, 20480, 8), 5u64.to_ne_bytes());
+    assert_eq!(read(&net, b, 12288, 8), 8u64.to_ne_bytes());
+    let seen = net.seen();
+    let xrc: Vec<_> = seen
+        .iter()
+        .filter_map(|s| s.opcode)
+        .filter(|o| o.transport() == roxe_wire::Transport::Xrc)
+        .collect();
+    assert_eq!(xrc.len(), seen.len(), "every packet is XRC: {seen:?}");
+    for op in [
+        Opcode::XrcSendFirst,
+        Opcode::XrcSendMiddle,
+        Opcode::XrcSendLast,
+        Opcode::XrcWriteFirst,
+        Opcode::XrcWriteLastImm,
+        Opcode::XrcReadRequest,
+        Opcode::XrcReadResponseFirst,
+        Opcode::XrcFetchAdd,
+        Opcode::XrcAtomicAcknowledge,
+        Opcode::XrcAcknowledge,
+    ] {
+        assert!(xrc.contains(&op), "no {op} in {xrc:?}");
+    }
+    // An SRQ of another domain is an invalid request.
+    let mut stray = local_wr(ini, 5, SendOpcode::Send, 0, 8);
+    stray.xrc_remote_srqn = foreign.0;
+    post(&mut net, ini, stray);
+    assert_eq!(
+        wait_wcs(&mut net, Side { cq: a.cq, ..ini }, 1),
+        [wc(5, WcStatus::RemInvReqErr, WcOpcode::Send, ini.qpn, 0)]
+    );
+    assert_eq!(qp_state(&net, tgt), QpState::Err);
+    let e1 = &mut net.engines[1];
+    e1.destroy_qp(tgt_qpn).unwrap();
+    for s in [srq1, srq2, foreign] {
+        e1.destroy_srq(s).unwrap();
+    }
+    e1.close_xrcd(xrcd).unwrap();
+    assert_eq!(errno(e1.close_xrcd(xrcd)), Errno::EINVAL);
 }

@@ -1054,6 +1054,7 @@ impl Pd {
                     send_cq: *send_cq,
                     recv_cq: *recv_cq,
                     srq,
+                    xrcd: None,
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all,
                 };

@@ -437,10 +437,7 @@ mod tests {
         assert_eq!((p, n), (h, 20));
         assert_eq!(xrc_srqn(p.xrceth.unwrap()), 0x42);
         // An XRC request without its XRCETH does not emit.
-        let no_xrceth = ExtHeaders {
-            xrceth: None,
-            ..h
-        };
+        let no_xrceth = ExtHeaders { xrceth: None, ..h };
         assert!(no_xrceth.emit(Opcode::XrcWriteOnly, &mut buf).is_err());
     }
 

@@ -665,13 +665,20 @@ mod tests {
                 let rc = op.on_transport(Transport::Rc).expect("an RC twin");
                 assert_eq!(rc.value() | 0xA0, op.value());
                 assert_eq!(
-                    rc.headers().union(if has { HeaderSet::XRC_ETH } else { HeaderSet::EMPTY }),
+                    rc.headers().union(if has {
+                        HeaderSet::XRC_ETH
+                    } else {
+                        HeaderSet::EMPTY
+                    }),
                     op.headers()
                 );
                 assert_eq!(rc.on_transport(Transport::Xrc), Some(op));
             }
         }
-        assert_eq!(Opcode::XrcWriteFirst.layout().offset(HeaderSet::RETH), Some(16));
+        assert_eq!(
+            Opcode::XrcWriteFirst.layout().offset(HeaderSet::RETH),
+            Some(16)
+        );
         assert_eq!(Opcode::XrcCompareSwap.header_len(), 12 + 4 + 28);
         // RC's IBA 1.5 additions have no XRC opcode; UC has no READ.
         assert_eq!(Opcode::RcFlush.on_transport(Transport::Xrc), None);

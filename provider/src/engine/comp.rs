@@ -5,11 +5,11 @@
 
 use super::qp::{Qp, QpCtx};
 use super::{DropReason, Nanos};
-use crate::qp_attr::{QpState, QpType};
+use crate::qp_attr::QpState;
 use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, WorkCompletion};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
-use roxe_wire::{Opcode, Packet, Psn};
+use roxe_wire::{Operation, Packet, Psn};
 
 impl Qp {
     /// Deliver, in order, the completions of finished WQEs at the front of
@@ -111,7 +111,7 @@ impl Qp {
 
     /// A response (ACK, NAK, READ response, atomic ACK) to this QP.
     pub(super) fn on_response(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &Packet<&[u8]>) {
-        if !matches!(self.state(), QpState::Rts | QpState::Sqd) || self.init.qp_type != QpType::Rc {
+        if !matches!(self.state(), QpState::Rts | QpState::Sqd) || !self.sends_reliably() {
             self.drop_packet(cx, DropReason::WrongState);
             return;
         }
@@ -122,8 +122,8 @@ impl Qp {
             return;
         }
         self.req.progressed = false;
-        let implied = match pkt.opcode() {
-            Opcode::RcAcknowledge => match pkt.aeth().map(|a| a.syndrome) {
+        let implied = match pkt.opcode().operation() {
+            Operation::Acknowledge => match pkt.aeth().map(|a| a.syndrome) {
                 Some(AethSyndrome::Ack { .. }) => self.req.ack_upto(p),
                 Some(syndrome) => {
                     // A NAK acknowledges everything before its PSN.
@@ -140,14 +140,11 @@ impl Qp {
                 }
                 None => None,
             },
-            Opcode::RcReadResponseFirst
-            | Opcode::RcReadResponseMiddle
-            | Opcode::RcReadResponseLast
-            | Opcode::RcReadResponseOnly => match self.on_read_response(cx, pkt) {
+            Operation::ReadResponse => match self.on_read_response(cx, pkt) {
                 Some(implied) => implied,
                 None => return,
             },
-            Opcode::RcAtomicAcknowledge => match self.on_atomic_ack(cx, pkt) {
+            Operation::AtomicAcknowledge => match self.on_atomic_ack(cx, pkt) {
                 Some(implied) => implied,
                 None => return,
             },
@@ -265,10 +262,7 @@ impl Qp {
         }
         let r = &mut self.req;
         r.sq[i].read_pkts += 1;
-        if matches!(
-            pkt.opcode(),
-            Opcode::RcReadResponseLast | Opcode::RcReadResponseOnly
-        ) {
+        if pkt.opcode().ends_message() {
             r.sq[i].done = Some(WcStatus::Success);
         }
         r.advance_una(p);

@@ -1,7 +1,7 @@
 //! What an engine and its QPs are created with: device limits and
 //! identity, the ICRC policy, QP capabilities.
 
-use super::{CqId, SrqId};
+use super::{CqId, SrqId, XrcdId};
 use crate::qp_attr::{Mtu, QpLimits, QpType};
 use crate::types::PdId;
 use std::net::IpAddr;
@@ -94,6 +94,11 @@ pub struct QpCap {
 }
 
 /// `struct ibv_qp_init_attr`, as the engine needs it.
+///
+/// An XRC_SEND QP has no receive side: its `recv_cq` is stored as its
+/// `send_cq`. An XRC_RECV QP has neither PD nor CQs (each request's XRC
+/// SRQ brings them): it is stored with `PdId(0)` and `CqId(0)`, which name
+/// no object.
 #[derive(Debug, Clone, Copy)]
 pub struct QpInitAttr {
     /// Transport.
@@ -106,6 +111,8 @@ pub struct QpInitAttr {
     pub recv_cq: CqId,
     /// Shared receive queue, if any.
     pub srq: Option<SrqId>,
+    /// The XRC domain of an XRC_RECV QP.
+    pub xrcd: Option<XrcdId>,
     /// Queue sizes.
     pub cap: QpCap,
     /// Every send WR generates a completion.

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
 pub use qp::QpCounters;
-use qp::{Qp, QpCtx, RecvWqe, Srq};
+use qp::{Qp, QpCtx, RecvWqe, Srq, XrcSrq};
 
 /// Nanoseconds on the caller's clock.
 pub type Nanos = u64;
@@ -40,9 +40,13 @@ pub type Nanos = u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CqId(pub u32);
 
-/// A shared receive queue handle.
+/// A shared receive queue handle; also the SRQ number an XRCETH names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SrqId(pub u32);
+
+/// An XRC domain handle (`struct ibv_xrcd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct XrcdId(pub u32);
 
 /// A packet the engine wants sent: `len` bytes at the start of the caller's
 /// buffer form the UDP payload (BTH .. ICRC) for `dst` port 4791.
@@ -186,6 +190,8 @@ pub struct Engine {
     cqs: HashMap<u32, CompletionQueue>,
     next_srq: u32,
     srqs: HashMap<u32, Srq>,
+    next_xrcd: u32,
+    xrcds: BTreeSet<u32>,
     next_qpn: u32,
     qps: BTreeMap<u32, Qp>,
     /// Round-robin cursor for transmit fairness between QPs.
@@ -241,6 +247,8 @@ impl Engine {
             cqs: HashMap::new(),
             next_srq: 1,
             srqs: HashMap::new(),
+            next_xrcd: 1,
+            xrcds: BTreeSet::new(),
             // QPN 0 and 1 are the special QPs; rxe starts numbering at 17.
             next_qpn: 0x11,
             qps: BTreeMap::new(),
@@ -381,6 +389,10 @@ impl Engine {
             .qps
             .values()
             .any(|q| q.init.send_cq == cq || q.init.recv_cq == cq)
+            || self
+                .srqs
+                .values()
+                .any(|s| s.xrc.is_some_and(|x| x.cq == cq))
         {
             return Err(err("ibv_destroy_cq", Errno::EBUSY, "CQ still in use"));
         }
@@ -421,15 +433,47 @@ impl Engine {
 
     /// `ibv_create_srq`.
     pub fn create_srq(&mut self, pd: PdId, max_wr: u32, max_sge: u32) -> VerbsResult<SrqId> {
+        self.new_srq("ibv_create_srq", pd, max_wr, max_sge, None)
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of XRC domain
+    /// `xrcd` whose receives complete in `cq`; XRC_RECV QPs of the domain
+    /// deliver to it the requests whose XRCETH names its number.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: PdId,
+        xrcd: XrcdId,
+        cq: CqId,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> VerbsResult<SrqId> {
+        const VERB: &str = "ibv_create_srq_ex";
+        if !self.xrcds.contains(&xrcd.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such XRC domain"));
+        }
+        if !self.cqs.contains_key(&cq.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+        }
+        self.new_srq(VERB, pd, max_wr, max_sge, Some(XrcSrq { xrcd, cq }))
+    }
+
+    fn new_srq(
+        &mut self,
+        verb: &'static str,
+        pd: PdId,
+        max_wr: u32,
+        max_sge: u32,
+        xrc: Option<XrcSrq>,
+    ) -> VerbsResult<SrqId> {
         if !self.pds.contains_key(&pd.0) {
-            return Err(err("ibv_create_srq", Errno::EINVAL, "no such PD"));
+            return Err(err(verb, Errno::EINVAL, "no such PD"));
         }
         if max_wr == 0 || max_wr > self.config.max_qp_wr || max_sge > self.config.max_sge {
-            return Err(err(
-                "ibv_create_srq",
-                Errno::EINVAL,
-                "SRQ size out of range",
-            ));
+            return Err(err(verb, Errno::EINVAL, "SRQ size out of range"));
+        }
+        // SRQ numbers travel in 24 bits (the XRCETH).
+        if self.next_srq > 0xFF_FFFF {
+            return Err(err(verb, Errno::ENOMEM, "SRQ numbers exhausted"));
         }
         let id = self.next_srq;
         self.next_srq += 1;
@@ -440,9 +484,59 @@ impl Engine {
                 queue: VecDeque::new(),
                 max_wr,
                 max_sge,
+                xrc,
             },
         );
         Ok(SrqId(id))
+    }
+
+    /// `ibv_destroy_srq`: EBUSY while a QP uses it. Its receives go with
+    /// it, without completions (as rxe's).
+    pub fn destroy_srq(&mut self, srq: SrqId) -> VerbsResult<()> {
+        const VERB: &str = "ibv_destroy_srq";
+        if !self.srqs.contains_key(&srq.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such SRQ"));
+        }
+        if self.qps.values().any(|q| q.init.srq == Some(srq)) {
+            return Err(err(VERB, Errno::EBUSY, "SRQ still in use"));
+        }
+        self.srqs.remove(&srq.0);
+        Ok(())
+    }
+
+    /// `ibv_open_xrcd`: a new XRC domain.
+    pub fn open_xrcd(&mut self) -> XrcdId {
+        let id = self.next_xrcd;
+        self.next_xrcd += 1;
+        self.xrcds.insert(id);
+        XrcdId(id)
+    }
+
+    /// `ibv_close_xrcd`: EBUSY while an SRQ or QP is in the domain.
+    pub fn close_xrcd(&mut self, xrcd: XrcdId) -> VerbsResult<()> {
+        const VERB: &str = "ibv_close_xrcd";
+        if !self.xrcds.contains(&xrcd.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such XRC domain"));
+        }
+        let in_use = self
+            .srqs
+            .values()
+            .any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd))
+            || self.qps.values().any(|q| q.init.xrcd == Some(xrcd));
+        if in_use {
+            return Err(err(VERB, Errno::EBUSY, "XRC domain still in use"));
+        }
+        self.xrcds.remove(&xrcd.0);
+        Ok(())
+    }
+
+    /// The SRQ number an XRCETH names to reach `srq` (`ibv_get_srq_num`).
+    pub fn srq_number(&self, srq: SrqId) -> VerbsResult<u32> {
+        if self.srqs.contains_key(&srq.0) {
+            Ok(srq.0)
+        } else {
+            Err(err("ibv_get_srq_num", Errno::EINVAL, "no such SRQ"))
+        }
     }
 
     /// `ibv_post_srq_recv`.
@@ -468,17 +562,55 @@ impl Engine {
     }
 
     /// `ibv_create_qp`.
-    pub fn create_qp(&mut self, init: QpInitAttr) -> VerbsResult<u32> {
+    pub fn create_qp(&mut self, mut init: QpInitAttr) -> VerbsResult<u32> {
         const VERB: &str = "ibv_create_qp";
-        if !self.pds.contains_key(&init.pd.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such PD"));
-        }
-        if !self.cqs.contains_key(&init.send_cq.0) || !self.cqs.contains_key(&init.recv_cq.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
-        }
-        if let Some(s) = init.srq {
-            if !self.srqs.contains_key(&s.0) {
-                return Err(err(VERB, Errno::EINVAL, "no such SRQ"));
+        match init.qp_type {
+            QpType::XrcRecv => {
+                if !init.xrcd.is_some_and(|x| self.xrcds.contains(&x.0)) {
+                    return Err(err(VERB, Errno::EINVAL, "XRC_RECV needs an XRC domain"));
+                }
+                // Each request's XRC SRQ brings the PD and the CQ.
+                (init.pd, init.send_cq, init.recv_cq, init.srq) = (PdId(0), CqId(0), CqId(0), None);
+                init.cap = QpCap::default();
+            }
+            t => {
+                if init.xrcd.is_some() {
+                    return Err(err(
+                        VERB,
+                        Errno::EINVAL,
+                        "only XRC_RECV QPs have an XRC domain",
+                    ));
+                }
+                if !self.pds.contains_key(&init.pd.0) {
+                    return Err(err(VERB, Errno::EINVAL, "no such PD"));
+                }
+                if t == QpType::XrcSend {
+                    // No receive side.
+                    if init.srq.is_some() {
+                        return Err(err(VERB, Errno::EINVAL, "XRC_SEND QPs have no SRQ"));
+                    }
+                    init.recv_cq = init.send_cq;
+                    init.cap.max_recv_wr = 0;
+                    init.cap.max_recv_sge = 0;
+                }
+                if !self.cqs.contains_key(&init.send_cq.0)
+                    || !self.cqs.contains_key(&init.recv_cq.0)
+                {
+                    return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+                }
+                if let Some(s) = init.srq {
+                    match self.srqs.get(&s.0) {
+                        None => return Err(err(VERB, Errno::EINVAL, "no such SRQ")),
+                        Some(srq) if srq.xrc.is_some() => {
+                            return Err(err(
+                                VERB,
+                                Errno::EINVAL,
+                                "an XRC SRQ serves XRC_RECV QPs only",
+                            ))
+                        }
+                        Some(_) => {}
+                    }
+                }
             }
         }
         let c = init.cap;

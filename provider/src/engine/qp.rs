@@ -37,6 +37,24 @@ pub(crate) struct Srq {
     pub queue: VecDeque<RecvWqe>,
     pub max_wr: u32,
     pub max_sge: u32,
+    /// For an XRC SRQ: its domain and the CQ its receives complete in.
+    pub xrc: Option<XrcSrq>,
+}
+
+/// What makes an SRQ an XRC SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSrq {
+    pub xrcd: super::XrcdId,
+    pub cq: CqId,
+}
+
+/// Where an XRC_RECV QP delivers the request in hand: the XRC SRQ its
+/// XRCETH named, with that SRQ's PD (for memory access) and CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcTarget {
+    pub srq: super::SrqId,
+    pub pd: crate::types::PdId,
+    pub cq: CqId,
 }
 
 /// What a QP may use beyond itself during one call, borrowed from the
@@ -100,6 +118,9 @@ pub(crate) struct Qp {
     pub req: Requester,
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
+    /// XRC_RECV: the SRQ, PD and CQ of the request being handled (set from
+    /// each request's XRCETH before it executes).
+    pub xrc: Option<XrcTarget>,
     /// The deadline under which `Engine::timers` holds this QP.
     pub indexed_deadline: Option<Nanos>,
     /// The port's active MTU in bytes (UD's message limit).
@@ -142,6 +163,7 @@ impl Qp {
             req: Requester::new(),
             resp: Responder::new(),
             rq: VecDeque::new(),
+            xrc: None,
             indexed_deadline: None,
             port_mtu,
             drops: DropCounts::default(),
@@ -181,7 +203,7 @@ impl Qp {
     /// an RC message in flight with neither a retransmission nor an RNR
     /// timer armed.
     pub fn liveness_violation(&self) -> Option<&'static str> {
-        if self.init.qp_type != QpType::Rc || !matches!(self.state(), QpState::Rts | QpState::Sqd) {
+        if !self.sends_reliably() || !matches!(self.state(), QpState::Rts | QpState::Sqd) {
             return None;
         }
         (!self.req.timer_covers_flight(self.ack_timeout()))
@@ -192,6 +214,11 @@ impl Qp {
     pub fn repair_liveness(&mut self, now: Nanos) {
         let timeout = self.ack_timeout();
         self.req.arm_retransmission(now, timeout);
+    }
+
+    /// RC and XRC_SEND: a requester with PSNs, a window, ACKs and retries.
+    pub fn sends_reliably(&self) -> bool {
+        matches!(self.init.qp_type, QpType::Rc | QpType::XrcSend)
     }
 
     pub fn can_receive(&self) -> bool {
@@ -214,12 +241,43 @@ impl Qp {
         }
     }
 
-    /// This QP as the memory table sees a remote access through it.
+    /// This QP as the memory table sees a remote access through it: for
+    /// XRC_RECV, with the PD of the XRC SRQ the request named.
     pub fn remote_qp(&self) -> RemoteQp {
         RemoteQp {
-            pd: self.init.pd,
+            pd: self.recv_pd(),
             qpn: Some(self.qpn),
         }
+    }
+
+    /// The PD received data is placed with.
+    pub fn recv_pd(&self) -> crate::types::PdId {
+        self.xrc.map_or(self.init.pd, |x| x.pd)
+    }
+
+    /// The CQ receives complete in.
+    pub fn recv_cq(&self) -> CqId {
+        self.xrc.map_or(self.init.recv_cq, |x| x.cq)
+    }
+
+    /// The SRQ receives come from, if not the QP's own queue.
+    pub fn recv_srq(&self) -> Option<super::SrqId> {
+        self.xrc.map(|x| x.srq).or(self.init.srq)
+    }
+
+    /// XRC_RECV: point the QP at the XRC SRQ an XRCETH names, if it is one
+    /// of the QP's domain. False (an invalid request) otherwise.
+    pub fn target_xrc_srq(&mut self, cx: &QpCtx, srqn: u32) -> bool {
+        let found = cx.srqs.get(&srqn).and_then(|s| match s.xrc {
+            Some(x) if Some(x.xrcd) == self.init.xrcd => Some(XrcTarget {
+                srq: super::SrqId(srqn),
+                pd: s.pd,
+                cq: x.cq,
+            }),
+            _ => None,
+        });
+        self.xrc = found;
+        found.is_some()
     }
 
     /// Count a received packet this QP dropped for `reason`.
@@ -282,6 +340,7 @@ impl Qp {
             self.req = Requester::new();
             self.resp = Responder::new();
             self.rq.clear();
+            self.xrc = None;
             self.peer = None;
             for cq in [self.init.send_cq, self.init.recv_cq] {
                 if let Some(c) = cx.cqs.get_mut(&cq.0) {
@@ -300,6 +359,9 @@ impl Qp {
         const VERB: &str = "ibv_post_recv";
         if self.init.srq.is_some() {
             return Err(err(VERB, Errno::EINVAL, "QP uses an SRQ"));
+        }
+        if self.init.qp_type.is_xrc() {
+            return Err(err(VERB, Errno::EINVAL, "XRC QPs have no receive queue"));
         }
         if self.state() == QpState::Reset {
             return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
@@ -332,6 +394,10 @@ impl Qp {
         let t = self.init.qp_type;
         let op_ok = match t {
             QpType::Rc => true,
+            // Everything RC has but the local operations, which XRC_SEND
+            // QPs lack on mlx5 too (no MW binding through them).
+            QpType::XrcSend => !wr.opcode.is_local(),
+            QpType::XrcRecv => false,
             QpType::Uc => matches!(
                 wr.opcode,
                 SendOpcode::Send
@@ -445,6 +511,7 @@ impl Qp {
             });
         }
         let sends = self.req.flush();
+        let recv_cq = self.recv_cq();
         let mut pending = self.resp.take_current_recv();
         pending.extend(self.rq.drain(..));
         for w in sends {
@@ -458,7 +525,7 @@ impl Qp {
         }
         for r in pending {
             let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-            cx.push_wc_no_cascade(self.init.recv_cq, wc);
+            cx.push_wc_no_cascade(recv_cq, wc);
         }
     }
 
@@ -494,10 +561,16 @@ impl Qp {
     /// or a response for the completer.
     pub fn on_packet(&mut self, cx: &mut QpCtx, now: Nanos, src: IpAddr, pkt: &Packet<&[u8]>) {
         self.counters.rx_packets += 1;
-        let type_ok = matches!(
-            (self.init.qp_type, pkt.opcode().transport()),
-            (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
-        );
+        let response = pkt.opcode().is_response();
+        let type_ok = match (self.init.qp_type, pkt.opcode().transport()) {
+            (QpType::Rc, Transport::Rc)
+            | (QpType::Uc, Transport::Uc)
+            | (QpType::Ud, Transport::Ud) => true,
+            // Each XRC half takes its half of the traffic.
+            (QpType::XrcSend, Transport::Xrc) => response,
+            (QpType::XrcRecv, Transport::Xrc) => !response,
+            _ => false,
+        };
         let refused = if !type_ok {
             Some(DropReason::WrongTransport)
         } else if !self.can_receive() {
@@ -509,7 +582,7 @@ impl Qp {
         };
         if let Some(reason) = refused {
             self.drop_packet(cx, reason);
-        } else if pkt.opcode().is_response() {
+        } else if response {
             self.on_response(cx, now, pkt);
         } else {
             self.on_request(cx, src, pkt);

@@ -285,7 +285,8 @@ impl Requester {
     }
 }
 
-/// The BTH opcode for packet `i` of `n` of a request on an RC or UC QP:
+/// The BTH opcode for packet `i` of `n` of a request on an RC, UC or
+/// XRC_SEND QP:
 /// the opcode table's operation column read backwards. Immediate data and
 /// an invalidation ride on the last packet only.
 fn data_opcode(qp_type: QpType, op: SendOpcode, i: u32, n: u32) -> Option<Opcode> {
@@ -293,6 +294,8 @@ fn data_opcode(qp_type: QpType, op: SendOpcode, i: u32, n: u32) -> Option<Opcode
         QpType::Rc => Transport::Rc,
         QpType::Uc => Transport::Uc,
         QpType::Ud => Transport::Ud,
+        QpType::XrcSend => Transport::Xrc,
+        QpType::XrcRecv => return None,
     };
     let (operation, imm, inv) = match op {
         SendOpcode::Send => (Operation::Send, false, false),
@@ -401,6 +404,7 @@ impl Qp {
         }
         let qpn = self.qpn;
         let qp_type = self.init.qp_type;
+        let reliable = self.sends_reliably();
         let pmtu = self.pmtu();
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let timeout = self.ack_timeout();
@@ -433,7 +437,7 @@ impl Qp {
             if w.wr.opcode.is_read_or_atomic() && r.rd_atomic_inflight >= max_rd {
                 return None;
             }
-            if qp_type == QpType::Rc && r.una.distance(r.next_psn) >= window {
+            if reliable && r.una.distance(r.next_psn) >= window {
                 // The window is full: PSNs are assigned when the first
                 // packet can go, so a started message always has one out.
                 return None;
@@ -462,7 +466,7 @@ impl Qp {
         } else {
             (w.first_psn + r.cursor_pkt, r.cursor_pkt)
         };
-        if qp_type == QpType::Rc && r.una.distance(psn) >= window {
+        if reliable && r.una.distance(psn) >= window {
             return None;
         }
         let n = w.npsn;
@@ -477,7 +481,7 @@ impl Qp {
                 };
                 (o, ud.remote_qpn, ud.addr)
             }
-            (QpType::Rc | QpType::Uc, _, Some(peer)) => {
+            (QpType::Rc | QpType::Uc | QpType::XrcSend, _, Some(peer)) => {
                 // `post_send` let only the operations the transport has through.
                 let Some(o) = data_opcode(qp_type, op, pkt_index, n) else {
                     cx.internal_error(qpn, "a request with no opcode on its transport");
@@ -505,6 +509,9 @@ impl Qp {
                 rkey: w.wr.rkey,
                 dma_len,
             });
+        }
+        if h.contains(H::XRC_ETH) {
+            ext.xrceth = Some(w.wr.xrc_remote_srqn & 0xFF_FFFF);
         }
         if h.contains(H::IMM_DT) {
             ext.imm_dt = Some(w.wr.imm_data);
@@ -544,7 +551,7 @@ impl Qp {
         };
         let ends = last_pkt;
         r.since_ack_req += 1;
-        let ack_req = qp_type == QpType::Rc && (ends || r.since_ack_req >= ACK_REQ_EVERY);
+        let ack_req = reliable && (ends || r.since_ack_req >= ACK_REQ_EVERY);
         if ack_req {
             r.since_ack_req = 0;
         }
@@ -602,7 +609,7 @@ impl Qp {
         } else {
             r.high_psn = psn.next();
         }
-        if qp_type == QpType::Rc {
+        if reliable {
             if r.rto.is_none() {
                 r.rto = timeout.nanos().map(|t| now + t);
             }

@@ -25,6 +25,7 @@ fn engine_with_a_write_in_flight() -> (Engine, u32) {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap: QpCap {
                 max_send_wr: 4,
                 max_recv_wr: 4,

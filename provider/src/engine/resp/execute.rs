@@ -10,7 +10,7 @@ use crate::memory::AccessError;
 use crate::types::{AccessFlags, WcOpcode, WcStatus};
 use crate::wr::{wc_flags, WorkCompletion};
 use roxe_wire::aeth::{AethSyndrome, NakCode, RnrTimer};
-use roxe_wire::{Opcode, Operation, Packet};
+use roxe_wire::{Operation, Packet};
 
 impl Qp {
     /// Execute an in-sequence request (RC; UC with `reliable == false`:
@@ -80,6 +80,7 @@ impl Qp {
         let n = (reth.dma_len as usize).div_ceil(self.pmtu()).max(1) as u32;
         let msn = self.next_msn();
         let depth = self.attr.max_dest_rd_atomic;
+        let pd = self.recv_pd();
         let r = &mut self.resp;
         let res = Resource::Read {
             first: p,
@@ -88,6 +89,7 @@ impl Qp {
             rkey: reth.rkey,
             len: reth.dma_len,
             msn,
+            pd,
         };
         r.remember(res, depth);
         r.replies.push_back(Reply::Read {
@@ -98,6 +100,7 @@ impl Qp {
             rkey: reth.rkey,
             len: reth.dma_len,
             msn,
+            pd,
         });
         r.epsn = p + n;
         Ok(Outcome::Fine)
@@ -106,7 +109,7 @@ impl Qp {
     fn execute_atomic(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Result<Outcome, NakCode> {
         let a = pkt.atomic_eth().ok_or(NakCode::InvalidRequest)?;
         let by = self.remote_qp();
-        let res = if pkt.opcode() == Opcode::RcCompareSwap {
+        let res = if pkt.opcode().operation() == Operation::CompareSwap {
             cx.memory
                 .atomic_cmp_swap(a.rkey, by, a.va, a.compare, a.swap_add)
         } else {
@@ -222,18 +225,14 @@ impl Qp {
         wc.byte_len = total as u32;
         wc.imm_data = imm;
         wc.wc_flags = wc_flags::WITH_IMM;
-        Ok(Outcome::Complete(
-            self.init.recv_cq,
-            wc,
-            pkt.bth().solicited(),
-        ))
+        Ok(Outcome::Complete(self.recv_cq(), wc, pkt.bth().solicited()))
     }
 
     fn execute_send(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>, reliable: bool) -> Outcome {
         let qpn = self.qpn;
         let op = pkt.opcode();
         let p = pkt.bth().psn();
-        let recv_cq = self.init.recv_cq;
+        let recv_cq = self.recv_cq();
         if op.starts_message() {
             // `check::needs_receive` found one posted.
             let Some(wqe) = self.take_recv(cx) else {
@@ -253,7 +252,7 @@ impl Qp {
             && (n == 0
                 || cx
                     .memory
-                    .scatter(self.init.pd, &wqe.sg_list, offset as usize, payload)
+                    .scatter(self.recv_pd(), &wqe.sg_list, offset as usize, payload)
                     .is_ok());
         if !reliable && !placed {
             // UC: the message is dropped silently (class D) and its receive

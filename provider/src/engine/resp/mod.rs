@@ -13,6 +13,7 @@ mod reply;
 use super::qp::{Qp, QpCtx, RecvWqe};
 use super::{CqId, DropReason};
 use crate::qp_attr::QpType;
+use crate::types::PdId;
 use crate::types::{WcOpcode, WcStatus};
 use crate::wr::{wc_flags, WorkCompletion};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
@@ -45,6 +46,8 @@ enum Resource {
         rkey: u32,
         len: u32,
         msn: u32,
+        /// The PD the READ was checked against (for XRC, its SRQ's).
+        pd: PdId,
     },
     Atomic {
         psn: Psn,
@@ -74,6 +77,7 @@ enum Reply {
         rkey: u32,
         len: u32,
         msn: u32,
+        pd: PdId,
     },
 }
 
@@ -178,14 +182,14 @@ fn is_send_or_write(op: Opcode) -> bool {
 impl Qp {
     /// Take the next receive WQE (the SRQ's or the QP's own).
     fn take_recv(&mut self, cx: &mut QpCtx) -> Option<RecvWqe> {
-        match self.init.srq {
+        match self.recv_srq() {
             Some(s) => cx.srqs.get_mut(&s.0)?.queue.pop_front(),
             None => self.rq.pop_front(),
         }
     }
 
     fn has_recv(&self, cx: &QpCtx) -> bool {
-        match self.init.srq {
+        match self.recv_srq() {
             Some(s) => cx.srqs.get(&s.0).is_some_and(|s| !s.queue.is_empty()),
             None => !self.rq.is_empty(),
         }
@@ -194,9 +198,13 @@ impl Qp {
     /// A request packet from `src`.
     pub(super) fn on_request(&mut self, cx: &mut QpCtx, src: IpAddr, pkt: &Packet<&[u8]>) {
         match self.init.qp_type {
-            QpType::Rc => self.rc_request(cx, pkt),
+            QpType::Rc | QpType::XrcRecv => self.rc_request(cx, pkt),
             QpType::Uc => self.uc_request(cx, pkt),
             QpType::Ud => self.ud_request(cx, src, pkt),
+            QpType::XrcSend => {
+                // `on_packet` admits only responses to an XRC_SEND QP.
+                cx.internal_error(self.qpn, "a request reached an XRC_SEND QP");
+            }
         }
     }
 
@@ -230,6 +238,24 @@ impl Qp {
             return;
         }
         r.nak_sent = false;
+        if self.init.qp_type == QpType::XrcRecv {
+            // The XRCETH must name an XRC SRQ of this QP's domain; its PD
+            // and CQ serve this request (IBA 9.7.5.1.4: else an invalid
+            // request).
+            let named = pkt.xrc_srqn().unwrap_or(u32::MAX);
+            if !self.target_xrc_srq(cx, named) {
+                tracing::debug!(
+                    qpn = format_args!("{qpn:#x}"),
+                    srqn = named,
+                    "XRCETH names no XRC SRQ of this domain: invalid request"
+                );
+                self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
+                cx.stats.naks_sent += 1;
+                self.counters.naks_sent += 1;
+                self.fail(cx);
+                return;
+            }
+        }
         match self.execute(cx, pkt, true) {
             Outcome::Fine => {}
             Outcome::Complete(cq, wc, solicited) => cx.push_wc(cq, wc, solicited),
@@ -260,37 +286,42 @@ impl Qp {
             r.ack(e);
             return;
         }
-        let found = r.resources.iter().rev().find_map(|res| match (*res, op) {
-            (
-                Resource::Read {
-                    first,
-                    n,
-                    va,
-                    rkey,
-                    len,
-                    msn,
-                },
-                Opcode::RcReadRequest,
-            ) if !p.is_before(first) && !p.is_after(first + (n - 1)) => {
-                let k = first.distance(p) as u32;
-                let same_key = pkt.reth().is_some_and(|rh| rh.rkey == rkey);
-                same_key.then_some(Reply::Read {
-                    first,
-                    next: k,
-                    n,
-                    va,
-                    rkey,
-                    len,
-                    msn,
-                })
-            }
-            (Resource::Atomic { psn, orig, msn }, Opcode::RcCompareSwap | Opcode::RcFetchAdd)
-                if psn == p =>
-            {
-                Some(Reply::AtomicAck { psn, orig, msn })
-            }
-            _ => None,
-        });
+        let found = r
+            .resources
+            .iter()
+            .rev()
+            .find_map(|res| match (*res, op.operation()) {
+                (
+                    Resource::Read {
+                        first,
+                        n,
+                        va,
+                        rkey,
+                        len,
+                        msn,
+                        pd,
+                    },
+                    Operation::ReadRequest,
+                ) if !p.is_before(first) && !p.is_after(first + (n - 1)) => {
+                    let k = first.distance(p) as u32;
+                    let same_key = pkt.reth().is_some_and(|rh| rh.rkey == rkey);
+                    same_key.then_some(Reply::Read {
+                        first,
+                        next: k,
+                        n,
+                        va,
+                        rkey,
+                        len,
+                        msn,
+                        pd,
+                    })
+                }
+                (
+                    Resource::Atomic { psn, orig, msn },
+                    Operation::CompareSwap | Operation::FetchAdd,
+                ) if psn == p => Some(Reply::AtomicAck { psn, orig, msn }),
+                _ => None,
+            });
         match found {
             Some(reply) => r.replies.push_back(reply),
             None => self.drop_packet(cx, DropReason::DuplicateUnanswerable),
@@ -304,7 +335,7 @@ impl Qp {
         let Some(InMsg::Send { wqe, .. }) = self.resp.msg.take() else {
             return;
         };
-        match self.init.srq.and_then(|s| cx.srqs.get_mut(&s.0)) {
+        match self.recv_srq().and_then(|s| cx.srqs.get_mut(&s.0)) {
             Some(srq) => srq.queue.push_front(wqe),
             None => self.rq.push_front(wqe),
         }

@@ -8,7 +8,7 @@ use crate::engine::Transmit;
 use crate::qp_attr::{QpState, QpType};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
 use roxe_wire::packet::emit_headers;
-use roxe_wire::{AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, HeaderSet, Opcode};
+use roxe_wire::{AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, HeaderSet, Opcode, Transport};
 
 impl Qp {
     /// The next response packet, if one is queued.
@@ -17,9 +17,17 @@ impl Qp {
         cx: &mut QpCtx,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        if self.init.qp_type != QpType::Rc || self.resp.replies.is_empty() {
+        let transport = match self.init.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::XrcRecv => Transport::Xrc,
+            _ => return None,
+        };
+        if self.resp.replies.is_empty() {
             return None;
         }
+        // The RC opcode chosen below, on this QP's transport (`on_transport`
+        // finds every RC response's XRC twin).
+        let on = |rc: Opcode| rc.on_transport(transport).unwrap_or(rc);
         let qpn = self.qpn;
         let Some(dst) = self.peer else {
             cx.internal_error(qpn, "a response with no peer to send it to");
@@ -28,7 +36,6 @@ impl Qp {
         };
         let dest_qp = self.attr.dest_qp_num;
         let pmtu = self.pmtu();
-        let by = self.remote_qp();
         let src_port = self.src_port();
         let in_error = self.state() == QpState::Err;
         let r = &mut self.resp;
@@ -45,7 +52,7 @@ impl Qp {
                         aeth: Some(AethRepr { syndrome, msn }),
                         ..ExtHeaders::NONE
                     };
-                    let bth = BthRepr::new(Opcode::RcAcknowledge, dest_qp, psn);
+                    let bth = BthRepr::new(on(Opcode::RcAcknowledge), dest_qp, psn);
                     (bth, ext, 0, None)
                 }
                 Reply::AtomicAck { psn, orig, msn } => {
@@ -58,7 +65,7 @@ impl Qp {
                         atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
                         ..ExtHeaders::NONE
                     };
-                    let bth = BthRepr::new(Opcode::RcAtomicAcknowledge, dest_qp, psn);
+                    let bth = BthRepr::new(on(Opcode::RcAtomicAcknowledge), dest_qp, psn);
                     (bth, ext, 0, None)
                 }
                 Reply::Read {
@@ -69,13 +76,14 @@ impl Qp {
                     rkey,
                     len,
                     msn,
+                    pd,
                 } => {
-                    let op = match (n, next) {
+                    let op = on(match (n, next) {
                         (1, _) => Opcode::RcReadResponseOnly,
                         (_, 0) => Opcode::RcReadResponseFirst,
                         (_, i) if i + 1 == n => Opcode::RcReadResponseLast,
                         _ => Opcode::RcReadResponseMiddle,
-                    };
+                    });
                     let off = next as u64 * pmtu as u64;
                     let size = (u64::from(len) - off.min(u64::from(len))).min(pmtu as u64) as usize;
                     let mut ext = ExtHeaders::NONE;
@@ -91,14 +99,15 @@ impl Qp {
                         *nx += 1;
                     }
                     let bth = BthRepr::new(op, dest_qp, first + next);
-                    (bth, ext, size, Some((va.wrapping_add(off), rkey)))
+                    (bth, ext, size, Some((va.wrapping_add(off), rkey, pd)))
                 }
             };
             let Ok((h, total)) = emit_headers(&bth, &ext, payload_len, buf) else {
                 cx.internal_error(qpn, "a response does not fit the transmit buffer");
                 return None;
             };
-            if let Some((va, rkey)) = va_rkey {
+            if let Some((va, rkey, pd)) = va_rkey {
+                let by = crate::memory::RemoteQp { pd, qpn: Some(qpn) };
                 if payload_len > 0
                     && cx
                         .memory
@@ -114,7 +123,7 @@ impl Qp {
                         }),
                         ..ExtHeaders::NONE
                     };
-                    let nak = BthRepr::new(Opcode::RcAcknowledge, dest_qp, bth.psn);
+                    let nak = BthRepr::new(on(Opcode::RcAcknowledge), dest_qp, bth.psn);
                     let Ok((_, total)) = emit_headers(&nak, &ext, 0, buf) else {
                         cx.internal_error(qpn, "a NAK does not fit the transmit buffer");
                         return None;
