@@ -21,6 +21,9 @@ struct Flow {
     dst: IpAddr,
     dest_qp: u32,
     psn: Psn,
+    /// An XRC flow: RC opcodes pushed on it go out as their XRC twins, the
+    /// requests with an XRCETH naming this SRQ number.
+    xrc_srqn: Option<u32>,
 }
 
 struct Capture {
@@ -39,10 +42,22 @@ impl Capture {
         psns: u32,
     ) -> Psn {
         let psn = flow.psn;
+        let (opcode, ext) = match flow.xrc_srqn {
+            Some(srqn) => {
+                let x = opcode
+                    .on_transport(roxe_wire::Transport::Xrc)
+                    .unwrap_or_else(|| panic!("{opcode} has no XRC twin"));
+                let xrceth = (!x.is_response()).then_some(srqn);
+                (x, ExtHeaders { xrceth, ..ext })
+            }
+            None => (opcode, ext),
+        };
         let repr = PacketRepr {
             bth: BthRepr {
-                ack_req: opcode.transport() == roxe_wire::Transport::Rc
-                    && !opcode.is_response()
+                ack_req: matches!(
+                    opcode.transport(),
+                    roxe_wire::Transport::Rc | roxe_wire::Transport::Xrc
+                ) && !opcode.is_response()
                     && opcode.ends_message(),
                 solicited: opcode.has_immediate() && opcode.ends_message(),
                 becn: opcode == Opcode::Cnp,
@@ -101,118 +116,76 @@ fn aeth(s: AethSyndrome, msn: u32) -> ExtHeaders {
     }
 }
 
-/// A conversation that uses every opcode roxe knows, in valid message order.
-fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
-    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+/// Every RC request and response (or, on an XRC flow, their XRC twins),
+/// from `rc` and answered on `resp`.
+fn reliable(cap: &mut Capture, rc: &mut Flow, resp: &mut Flow, data: &[u8]) {
     let full = &data[..PMTU];
-    let mut rc = Flow {
-        src: a,
-        dst: b,
-        dest_qp: 0x12,
-        psn: start,
-    };
-    let mut rc_resp = Flow {
-        src: b,
-        dst: a,
-        dest_qp: 0x11,
-        psn: start,
-    };
-    let mut uc = Flow {
-        src: a,
-        dst: b,
-        dest_qp: 0x22,
-        psn: start,
-    };
-    let mut ud = Flow {
-        src: a,
-        dst: b,
-        dest_qp: 0x33,
-        psn: Psn::new(7),
-    };
     let ack = AethSyndrome::ACK;
     let mut msn = 0;
-    let mut acked = |cap: &mut Capture, rc_resp: &mut Flow, psn: Psn| {
+    let mut acked = |cap: &mut Capture, resp: &mut Flow, psn: Psn| {
         msn += 1;
-        rc_resp.psn = psn;
-        cap.push(rc_resp, Opcode::RcAcknowledge, aeth(ack, msn), &[], 1);
+        resp.psn = psn;
+        cap.push(resp, Opcode::RcAcknowledge, aeth(ack, msn), &[], 1);
     };
 
     // RC SENDs.
-    cap.push(&mut rc, Opcode::RcSendFirst, ext(), full, 1);
-    cap.push(&mut rc, Opcode::RcSendMiddle, ext(), full, 1);
-    let p = cap.push(&mut rc, Opcode::RcSendLast, ext(), &data[..13], 1);
-    acked(cap, &mut rc_resp, p);
-    cap.push(&mut rc, Opcode::RcSendFirst, ext(), full, 1);
-    let p = cap.push(&mut rc, Opcode::RcSendLastImm, imm(), &data[..PMTU], 1);
-    acked(cap, &mut rc_resp, p);
-    let p = cap.push(&mut rc, Opcode::RcSendOnly, ext(), &[], 1);
-    acked(cap, &mut rc_resp, p);
-    let p = cap.push(&mut rc, Opcode::RcSendOnlyImm, imm(), &data[..5], 1);
-    acked(cap, &mut rc_resp, p);
+    cap.push(rc, Opcode::RcSendFirst, ext(), full, 1);
+    cap.push(rc, Opcode::RcSendMiddle, ext(), full, 1);
+    let p = cap.push(rc, Opcode::RcSendLast, ext(), &data[..13], 1);
+    acked(cap, resp, p);
+    cap.push(rc, Opcode::RcSendFirst, ext(), full, 1);
+    let p = cap.push(rc, Opcode::RcSendLastImm, imm(), &data[..PMTU], 1);
+    acked(cap, resp, p);
+    let p = cap.push(rc, Opcode::RcSendOnly, ext(), &[], 1);
+    acked(cap, resp, p);
+    let p = cap.push(rc, Opcode::RcSendOnlyImm, imm(), &data[..5], 1);
+    acked(cap, resp, p);
     let inv = ExtHeaders {
         ieth: Some(0x5678),
         ..ext()
     };
-    let p = cap.push(&mut rc, Opcode::RcSendOnlyInv, inv, &data[..64], 1);
-    acked(cap, &mut rc_resp, p);
-    cap.push(&mut rc, Opcode::RcSendFirst, ext(), full, 1);
-    let p = cap.push(&mut rc, Opcode::RcSendLastInv, inv, &data[..3], 1);
-    acked(cap, &mut rc_resp, p);
+    let p = cap.push(rc, Opcode::RcSendOnlyInv, inv, &data[..64], 1);
+    acked(cap, resp, p);
+    cap.push(rc, Opcode::RcSendFirst, ext(), full, 1);
+    let p = cap.push(rc, Opcode::RcSendLastInv, inv, &data[..3], 1);
+    acked(cap, resp, p);
 
     // RC WRITEs.
-    cap.push(
-        &mut rc,
-        Opcode::RcWriteFirst,
-        reth(2 * PMTU as u32 + 5),
-        full,
-        1,
-    );
-    cap.push(&mut rc, Opcode::RcWriteMiddle, ext(), full, 1);
-    let p = cap.push(&mut rc, Opcode::RcWriteLast, ext(), &data[..5], 1);
-    acked(cap, &mut rc_resp, p);
-    cap.push(
-        &mut rc,
-        Opcode::RcWriteFirst,
-        reth(PMTU as u32 + 1),
-        full,
-        1,
-    );
-    let p = cap.push(&mut rc, Opcode::RcWriteLastImm, imm(), &data[..1], 1);
-    acked(cap, &mut rc_resp, p);
-    let p = cap.push(&mut rc, Opcode::RcWriteOnly, reth(18), &data[..18], 1);
-    acked(cap, &mut rc_resp, p);
+    cap.push(rc, Opcode::RcWriteFirst, reth(2 * PMTU as u32 + 5), full, 1);
+    cap.push(rc, Opcode::RcWriteMiddle, ext(), full, 1);
+    let p = cap.push(rc, Opcode::RcWriteLast, ext(), &data[..5], 1);
+    acked(cap, resp, p);
+    cap.push(rc, Opcode::RcWriteFirst, reth(PMTU as u32 + 1), full, 1);
+    let p = cap.push(rc, Opcode::RcWriteLastImm, imm(), &data[..1], 1);
+    acked(cap, resp, p);
+    let p = cap.push(rc, Opcode::RcWriteOnly, reth(18), &data[..18], 1);
+    acked(cap, resp, p);
     let wi = ExtHeaders {
         imm_dt: Some(1),
         ..reth(0)
     };
-    let p = cap.push(&mut rc, Opcode::RcWriteOnlyImm, wi, &[], 1);
-    acked(cap, &mut rc_resp, p);
+    let p = cap.push(rc, Opcode::RcWriteOnlyImm, wi, &[], 1);
+    acked(cap, resp, p);
 
     // RC READ of 2.5 PMTUs: three PSNs, answered FIRST/MIDDLE/LAST.
     let len = 2 * PMTU + PMTU / 2;
-    let p = cap.push(&mut rc, Opcode::RcReadRequest, reth(len as u32), &[], 3);
-    rc_resp.psn = p;
+    let p = cap.push(rc, Opcode::RcReadRequest, reth(len as u32), &[], 3);
+    resp.psn = p;
     msn += 1;
+    cap.push(resp, Opcode::RcReadResponseFirst, aeth(ack, msn), full, 1);
+    cap.push(resp, Opcode::RcReadResponseMiddle, ext(), full, 1);
     cap.push(
-        &mut rc_resp,
-        Opcode::RcReadResponseFirst,
-        aeth(ack, msn),
-        full,
-        1,
-    );
-    cap.push(&mut rc_resp, Opcode::RcReadResponseMiddle, ext(), full, 1);
-    cap.push(
-        &mut rc_resp,
+        resp,
         Opcode::RcReadResponseLast,
         aeth(ack, msn),
         &data[..PMTU / 2],
         1,
     );
-    let p = cap.push(&mut rc, Opcode::RcReadRequest, reth(8), &[], 1);
-    rc_resp.psn = p;
+    let p = cap.push(rc, Opcode::RcReadRequest, reth(8), &[], 1);
+    resp.psn = p;
     msn += 1;
     cap.push(
-        &mut rc_resp,
+        resp,
         Opcode::RcReadResponseOnly,
         aeth(ack, msn),
         &data[..8],
@@ -230,53 +203,95 @@ fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
             }),
             ..ext()
         };
-        let p = cap.push(&mut rc, op, at, &[], 1);
-        rc_resp.psn = p;
+        let p = cap.push(rc, op, at, &[], 1);
+        resp.psn = p;
         msn += 1;
         let ae = ExtHeaders {
             atomic_ack_eth: Some(AtomicAckEthRepr { orig: 42 }),
             ..aeth(ack, msn)
         };
-        cap.push(&mut rc_resp, Opcode::RcAtomicAcknowledge, ae, &[], 1);
+        cap.push(resp, Opcode::RcAtomicAcknowledge, ae, &[], 1);
     }
-    // IBA 1.5 FLUSH and ATOMIC_WRITE, answered by zero-length READ responses.
-    let fl = ExtHeaders {
-        feth: Some(FethRepr { raw: 0x11 }),
-        ..reth(64)
-    };
-    let p = cap.push(&mut rc, Opcode::RcFlush, fl, &[], 1);
-    rc_resp.psn = p;
-    msn += 1;
-    cap.push(
-        &mut rc_resp,
-        Opcode::RcReadResponseOnly,
-        aeth(ack, msn),
-        &[],
-        1,
-    );
-    let p = cap.push(&mut rc, Opcode::RcAtomicWrite, reth(8), &data[..8], 1);
-    rc_resp.psn = p;
-    msn += 1;
-    cap.push(
-        &mut rc_resp,
-        Opcode::RcReadResponseOnly,
-        aeth(ack, msn),
-        &[],
-        1,
-    );
+    // IBA 1.5 FLUSH and ATOMIC_WRITE (RC only), answered by zero-length READ
+    // responses.
+    if rc.xrc_srqn.is_none() {
+        let fl = ExtHeaders {
+            feth: Some(FethRepr { raw: 0x11 }),
+            ..reth(64)
+        };
+        let p = cap.push(rc, Opcode::RcFlush, fl, &[], 1);
+        resp.psn = p;
+        msn += 1;
+        cap.push(resp, Opcode::RcReadResponseOnly, aeth(ack, msn), &[], 1);
+        let p = cap.push(rc, Opcode::RcAtomicWrite, reth(8), &data[..8], 1);
+        resp.psn = p;
+        msn += 1;
+        cap.push(resp, Opcode::RcReadResponseOnly, aeth(ack, msn), &[], 1);
+    }
     // NAKs (an RNR NAK and a PSN sequence error) are responses too.
     let rnr = AethSyndrome::RnrNak(RnrTimer::new(12).unwrap());
-    let p = cap.push(&mut rc, Opcode::RcSendOnly, ext(), &data[..4], 1);
-    rc_resp.psn = p;
-    cap.push(&mut rc_resp, Opcode::RcAcknowledge, aeth(rnr, msn), &[], 1);
-    rc_resp.psn = p;
+    let p = cap.push(rc, Opcode::RcSendOnly, ext(), &data[..4], 1);
+    resp.psn = p;
+    cap.push(resp, Opcode::RcAcknowledge, aeth(rnr, msn), &[], 1);
+    resp.psn = p;
     cap.push(
-        &mut rc_resp,
+        resp,
         Opcode::RcAcknowledge,
         aeth(AethSyndrome::Nak(NakCode::PsnSequenceError), msn),
         &[],
         1,
     );
+}
+
+/// A conversation that uses every opcode roxe knows, in valid message order.
+fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let full = &data[..PMTU];
+    let mut rc = Flow {
+        src: a,
+        dst: b,
+        dest_qp: 0x12,
+        psn: start,
+        xrc_srqn: None,
+    };
+    let mut rc_resp = Flow {
+        src: b,
+        dst: a,
+        dest_qp: 0x11,
+        psn: start,
+        xrc_srqn: None,
+    };
+    let mut uc = Flow {
+        src: a,
+        dst: b,
+        dest_qp: 0x22,
+        psn: start,
+        xrc_srqn: None,
+    };
+    let mut ud = Flow {
+        src: a,
+        dst: b,
+        dest_qp: 0x33,
+        psn: Psn::new(7),
+        xrc_srqn: None,
+    };
+    reliable(cap, &mut rc, &mut rc_resp, &data);
+    // The same over XRC, to and from another QP pair.
+    let (mut xrc, mut xrc_resp) = (
+        Flow {
+            dest_qp: 0x44,
+            xrc_srqn: Some(0x2a),
+            ..rc
+        },
+        Flow {
+            dest_qp: 0x43,
+            xrc_srqn: Some(0),
+            psn: start,
+            ..rc_resp
+        },
+    );
+    xrc.psn = start;
+    reliable(cap, &mut xrc, &mut xrc_resp, &data);
 
     // UC.
     cap.push(&mut uc, Opcode::UcSendFirst, ext(), full, 1);
@@ -336,6 +351,7 @@ fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
         dst: b,
         dest_qp: 1,
         psn: Psn::new(0),
+        xrc_srqn: None,
     };
     cap.push(
         &mut gsi,
@@ -351,6 +367,7 @@ fn conversation(cap: &mut Capture, a: IpAddr, b: IpAddr, start: Psn) {
         dst: a,
         dest_qp: 0x11,
         psn: Psn::new(0),
+        xrc_srqn: None,
     };
     cap.push(
         &mut cnp,

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use roxe_provider::driver::{self, Device};
 pub use roxe_provider::engine::QpCap;
 pub use roxe_provider::engine::QpEvent;
-use roxe_provider::engine::{QpInitAttr, SrqId};
+use roxe_provider::engine::{QpInitAttr, SrqId, XrcdId};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
@@ -1106,6 +1106,32 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 imp,
                 _pd: self.clone(),
+                _xrc: None,
+            }),
+        })
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: a shared receive queue of
+    /// XRC domain `xrcd` whose receives complete in `cq`. Requests reach it
+    /// through any XRC_RECV QP of the domain whose XRCETH names
+    /// [`Srq::number`]; RDMA through it is checked against this PD.
+    pub fn create_xrc_srq(&self, xrcd: &Xrcd, cq: &Cq, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let (Half::Soft(d, pd), CqImp::Soft { id: cq_id, .. }) = (self.half(), &cq.inner.imp)
+        else {
+            return Err(verbs(
+                "ibv_create_srq_ex",
+                Errno::EOPNOTSUPP,
+                "XRC through the Rust API on a hardware device",
+            ));
+        };
+        let id = d
+            .engine()
+            .create_xrc_srq(pd, xrcd.inner.id, *cq_id, max_wr, max_sge)?;
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                imp: SrqImp::Soft(d.clone(), id),
+                _pd: self.clone(),
+                _xrc: Some((xrcd.clone(), cq.clone())),
             }),
         })
     }
@@ -1187,6 +1213,148 @@ impl Context {
                 _ctx: self.clone(),
             }),
         })
+    }
+}
+
+impl Context {
+    /// `ibv_open_xrcd`: an XRC domain, to group XRC SRQs and the XRC_RECV
+    /// QPs that deliver to them.
+    pub fn open_xrcd(&self) -> Result<Xrcd> {
+        let ContextImp::Soft(d) = &self.inner.imp else {
+            return Err(verbs(
+                "ibv_open_xrcd",
+                Errno::EOPNOTSUPP,
+                "XRC through the Rust API on a hardware device",
+            ));
+        };
+        let id = d.engine().open_xrcd();
+        Ok(Xrcd {
+            inner: Arc::new(XrcdInner {
+                dev: Arc::clone(d),
+                id,
+                _ctx: self.clone(),
+            }),
+        })
+    }
+}
+
+struct XrcdInner {
+    dev: Arc<Device>,
+    id: XrcdId,
+    _ctx: Context,
+}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        // Its SRQs and QPs each hold an Xrcd: none is left.
+        let _ = self.dev.engine().close_xrcd(self.id);
+    }
+}
+
+/// An XRC domain (`struct ibv_xrcd`). Closed when the last handle, SRQ and
+/// QP in it are dropped.
+#[derive(Clone)]
+pub struct Xrcd {
+    inner: Arc<XrcdInner>,
+}
+
+impl std::fmt::Debug for Xrcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Xrcd")
+            .field("id", &self.inner.id.0)
+            .finish()
+    }
+}
+
+impl Xrcd {
+    /// `ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`: the receiving half of
+    /// XRC connections. It has no queues: each request's XRCETH picks the
+    /// domain's SRQ that takes it, whose PD and CQ apply.
+    pub fn create_recv_qp(&self) -> Result<XrcRecvQp> {
+        let d = &self.inner.dev;
+        let qpn = d.engine().create_qp(QpInitAttr {
+            qp_type: QpType::XrcRecv,
+            pd: roxe_provider::types::PdId(0),
+            send_cq: CqId(0),
+            recv_cq: CqId(0),
+            srq: None,
+            xrcd: Some(self.inner.id),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })?;
+        Ok(XrcRecvQp {
+            dev: Arc::clone(d),
+            qpn,
+            _xrcd: self.clone(),
+        })
+    }
+}
+
+/// An XRC_RECV QP (`IBV_QPT_XRC_RECV`): connected like an RC QP to one
+/// XRC_SEND QP, with nothing to post.
+pub struct XrcRecvQp {
+    dev: Arc<Device>,
+    qpn: u32,
+    _xrcd: Xrcd,
+}
+
+impl Drop for XrcRecvQp {
+    fn drop(&mut self) {
+        let _ = self.dev.engine().destroy_qp(self.qpn);
+    }
+}
+
+impl XrcRecvQp {
+    /// The QP number (what the XRC_SEND side connects to).
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// `ibv_modify_qp` (the kernel's XRC_TGT rules).
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let mut attr = *attr;
+        if mask.contains(AttrMask::AV) {
+            if let Some(av) = self.dev.resolve_av(&attr.av) {
+                attr.av = av;
+            }
+        }
+        Ok(self.dev.engine().modify_qp(self.qpn, &attr, mask)?)
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<QpAttr> {
+        Ok(self.dev.engine().query_qp(self.qpn)?.0)
+    }
+
+    /// This side's endpoint, with `psn`.
+    pub fn endpoint(&self, psn: u32) -> Endpoint {
+        Endpoint {
+            lid: self.dev.lid(),
+            qpn: self.qpn,
+            psn,
+            gid: self.dev.gid(),
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS towards the XRC_SEND QP `remote`, as
+    /// [`Qp::connect`].
+    pub fn connect(
+        &self,
+        local_psn: u32,
+        remote: &Endpoint,
+        mtu: Mtu,
+        access: AccessFlags,
+        timeout: u8,
+    ) -> Result<()> {
+        let how = Connect {
+            qp_type: QpType::XrcRecv,
+            local_psn,
+            mtu,
+            access,
+            timeout,
+            sgid_index: 0,
+        };
+        how.run(remote, |a, m| self.modify(a, m))
     }
 }
 
@@ -1726,6 +1894,17 @@ struct SrqInner {
     imp: SrqImp,
     /// Kept alive while the SRQ is.
     _pd: Pd,
+    /// An XRC SRQ's domain and CQ, kept alive while it is.
+    _xrc: Option<(Xrcd, Cq)>,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // The QPs using it hold it: none is left.
+        if let SrqImp::Soft(d, id) = &self.imp {
+            let _ = d.engine().destroy_srq(*id);
+        }
+    }
 }
 
 enum SrqImp {
@@ -1740,6 +1919,19 @@ pub struct Srq {
 }
 
 impl Srq {
+    /// `ibv_get_srq_num`: the number an XRC sender puts in its WRs
+    /// (`SendWr::xrc_remote_srqn`) to reach this SRQ.
+    pub fn number(&self) -> Result<u32> {
+        match &self.inner.imp {
+            SrqImp::Soft(d, id) => Ok(d.engine().srq_number(*id)?),
+            SrqImp::Hw(_) => Err(verbs(
+                "ibv_get_srq_num",
+                Errno::EOPNOTSUPP,
+                "XRC through the Rust API on a hardware device",
+            )),
+        }
+    }
+
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         match &self.inner.imp {
@@ -1829,6 +2021,80 @@ impl Drop for QpInner {
         if let QpImp::Soft(d, qpn) = &self.imp {
             let _ = d.engine().destroy_qp(*qpn);
         }
+    }
+}
+
+/// How [`Qp::connect`] and [`XrcRecvQp::connect`] bring a QP to RTS.
+struct Connect {
+    qp_type: QpType,
+    local_psn: u32,
+    mtu: Mtu,
+    access: AccessFlags,
+    timeout: u8,
+    sgid_index: u8,
+}
+
+impl Connect {
+    /// The three modifies, with the masks `ibv_rc_pingpong` uses for RC/UC
+    /// and the kernel's XRC_INI/XRC_TGT rules for the XRC halves.
+    fn run(
+        &self,
+        remote: &Endpoint,
+        modify: impl Fn(&QpAttr, AttrMask) -> Result<()>,
+    ) -> Result<()> {
+        let t = self.qp_type;
+        // Which halves of a reliable connection this QP has.
+        let responder = matches!(t, QpType::Rc | QpType::XrcRecv);
+        let requester = matches!(t, QpType::Rc | QpType::XrcSend);
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: self.access,
+            ..QpAttr::default()
+        };
+        modify(
+            &a,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = self.mtu;
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn;
+        a.av = AddressVector {
+            dgid: remote.gid,
+            sgid_index: self.sgid_index,
+            is_global: true,
+            hop_limit: 64,
+            dlid: remote.lid,
+            port_num: 1,
+            ..AddressVector::default()
+        };
+        let mut mask = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        if responder {
+            a.max_dest_rd_atomic = 16;
+            a.min_rnr_timer = 12;
+            mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+        modify(&a, mask)?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = self.local_psn;
+        let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
+        if t.is_reliable() {
+            a.timeout = self.timeout;
+            mask = mask | AttrMask::TIMEOUT;
+        }
+        if requester {
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            a.max_rd_atomic = 16;
+            mask = mask | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        modify(&a, mask)
     }
 }
 
@@ -2022,18 +2288,6 @@ impl Qp {
         access: AccessFlags,
         timeout: u8,
     ) -> Result<()> {
-        let rc = self.inner.qp_type == QpType::Rc;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: access,
-            ..QpAttr::default()
-        };
-        self.modify(
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-        )?;
         let (mtu, sgid_index) = match self.half() {
             Half::Soft(..) => (mtu, 0),
             Half::Hw(h) => {
@@ -2041,45 +2295,15 @@ impl Qp {
                 (mtu.min(active), h.gid_index())
             }
         };
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = mtu;
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.av = AddressVector {
-            dgid: remote.gid,
+        let how = Connect {
+            qp_type: self.inner.qp_type,
+            local_psn,
+            mtu,
+            access,
+            timeout,
             sgid_index,
-            is_global: true,
-            hop_limit: 64,
-            dlid: remote.lid,
-            port_num: 1,
-            ..AddressVector::default()
         };
-        let mut mask = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN;
-        if rc {
-            a.max_dest_rd_atomic = 16;
-            a.min_rnr_timer = 12;
-            mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-        }
-        self.modify(&a, mask)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = local_psn;
-        let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
-        if rc {
-            a.timeout = timeout;
-            a.retry_cnt = 7;
-            a.rnr_retry = 7;
-            a.max_rd_atomic = 16;
-            mask = mask
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC;
-        }
-        self.modify(&a, mask)
+        how.run(remote, |a, m| self.modify(a, m))
     }
 
     /// RESET → INIT → RTR → RTS for a UD QP with `qkey`.
