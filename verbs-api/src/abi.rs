@@ -80,6 +80,8 @@ pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: u32 = 2;
 pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
 /// `IBV_DEVICE_MEM_WINDOW` in `device_cap_flags`.
 pub const IBV_DEVICE_MEM_WINDOW: c_uint = 1 << 17;
+/// `IBV_DEVICE_XRC` in `device_cap_flags`.
+pub const IBV_DEVICE_XRC: c_uint = 1 << 20;
 /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B` in `device_cap_flags`.
 pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: c_uint = 1 << 24;
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
@@ -156,11 +158,11 @@ pub struct verbs_context {
     /// ABI_placeholder1, open_qp.
     pub _unsupported1: [*const c_void; 5],
     pub create_qp_ex: Option<CreateQpExFn>,
-    /// get_srq_num.
-    pub _unsupported2: [*const c_void; 1],
+    pub get_srq_num: Option<GetSrqNumFn>,
     pub create_srq_ex: Option<CreateSrqExFn>,
-    /// open_xrcd, close_xrcd, placeholder3.
-    pub _unsupported3: [*const c_void; 3],
+    pub open_xrcd: Option<OpenXrcdFn>,
+    pub close_xrcd: Option<CloseXrcdFn>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -474,6 +476,32 @@ pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 pub type CreateSrqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+pub type OpenXrcdFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcdFn = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_SRQT_XRC: u32 = 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QPT_XRC_SEND: u32 = 9;
+pub const IBV_QPT_XRC_RECV: u32 = 10;
 
 /// `struct ibv_data_buf` (inline data lists of the `ibv_wr_*` API).
 #[repr(C)]
@@ -503,7 +531,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: *const c_void,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: *const c_void,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,

@@ -146,13 +146,17 @@ fn layouts() -> Vec<Layout> {
             query_device_ex,
             _unsupported1: starts_at "ibv_destroy_flow",
             create_qp_ex,
-            _unsupported2: starts_at "get_srq_num",
+            get_srq_num,
             create_srq_ex,
-            _unsupported3: starts_at "open_xrcd",
+            open_xrcd,
+            close_xrcd,
+            _abi_placeholder3: member "_ABI_placeholder3",
             sz,
             context,
         }
         ibv_pd { context, handle }
+        ibv_xrcd { context }
+        ibv_xrcd_init_attr { comp_mask, fd, oflags }
         ibv_mr { context, pd, addr, length, handle, lkey, rkey }
         ibv_mw { context, pd, rkey, handle, type_: member "type" }
         ibv_mw_bind_info { mr, addr, length, mw_access_flags }
@@ -380,6 +384,14 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_SRQ_INIT_ATTR_PD,
         IBV_SRQ_INIT_ATTR_CQ,
         IBV_SRQT_BASIC,
+        IBV_SRQT_XRC,
+        IBV_DEVICE_XRC,
+        IBV_SRQ_INIT_ATTR_XRCD,
+        IBV_QP_INIT_ATTR_XRCD,
+        IBV_QPT_XRC_SEND,
+        IBV_QPT_XRC_RECV,
+        IBV_XRCD_INIT_ATTR_FD,
+        IBV_XRCD_INIT_ATTR_OFLAGS,
         IBV_WC_EX_WITH_BYTE_LEN,
         IBV_WC_EX_WITH_IMM,
         IBV_WC_EX_WITH_QP_NUM,

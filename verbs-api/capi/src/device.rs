@@ -273,6 +273,9 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.free_dm = Some(crate::verbs::free_dm);
         vctx.reg_dm_mr = Some(crate::verbs::reg_dm_mr);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
+        vctx.get_srq_num = Some(crate::xrc::get_srq_num);
+        vctx.open_xrcd = Some(crate::xrc::open_xrcd);
+        vctx.close_xrcd = Some(crate::xrc::close_xrcd);
         let c = &mut vctx.context;
         c.device = device;
         let cmd_fd: Option<OwnedFd> = std::fs::OpenOptions::new()
@@ -491,6 +494,9 @@ fn device_attr(c: &RoxeContext) -> ibv_device_attr {
     // with memory regions.
     d.max_mw = clamp(a.max_mr);
     d.device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+    if c.ctx.backend() == roxe_verbs::Backend::Soft {
+        d.device_cap_flags |= IBV_DEVICE_XRC;
+    }
     d.max_pd = clamp(a.max_pd);
     d.max_qp_rd_atom = clamp(a.max_qp_rd_atom);
     d.max_res_rd_atom = clamp(a.max_qp_rd_atom.saturating_mul(a.max_qp.min(1024)));
@@ -570,6 +576,13 @@ unsafe extern "C" fn query_device_ex(
             let dm = roxe_provider::memory::MAX_DM_SIZE as u64;
             ex._ext[35] = dm as u32;
             ex._ext[36] = (dm >> 32) as u32;
+            // xrc_odp_caps (u32 at offset 392): XRC requests and XRC SRQ
+            // receives reach ODP regions as RC's do.
+            ex._ext[39] = IBV_ODP_SUPPORT_SEND
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC
+                | IBV_ODP_SUPPORT_SRQ_RECV;
         }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; zero all of

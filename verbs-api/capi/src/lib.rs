@@ -31,6 +31,7 @@ mod rsocket;
 mod stubs;
 mod symbols;
 mod verbs;
+mod xrc;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

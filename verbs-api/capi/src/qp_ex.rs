@@ -8,7 +8,7 @@
 
 use crate::abi::*;
 use crate::guard;
-use crate::verbs::{bind_mr, obj, RoxeAh, RoxeMw, RoxeQp};
+use crate::verbs::{bind_mr, obj, qp_obj, RoxeAh, RoxeMw, RoxeQp};
 use roxe_verbs::{AccessFlags, Mr, MwBind, SendFlags, SendOpcode, SendWr, Sge};
 use std::ffi::{c_int, c_void};
 
@@ -25,6 +25,7 @@ pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
     q.wr_set_sge = Some(wr_set_sge);
@@ -41,7 +42,7 @@ fn with_batch(qpx: *mut ibv_qp_ex, f: impl FnOnce(&RoxeQp, &mut Vec<SendWr>, &mu
     guard((), || {
         // SAFETY: qpx is NULL or the ibv_qp_ex of one of our QPs (its
         // qp_base is the RoxeQp's first member).
-        let Some(q) = (unsafe { obj::<RoxeQp, _>(qpx) }) else {
+        let Some(q) = (unsafe { qp_obj(qpx) }) else {
             return;
         };
         let mut b = q.batch.lock();
@@ -265,6 +266,13 @@ unsafe extern "C" fn wr_set_ud_addr(
         // SAFETY: ah is NULL or from ibv_create_ah.
         let a = unsafe { obj::<RoxeAh, _>(ah) }.ok_or(libc::EINVAL)?;
         w.ud = Some(a.ah.dest(remote_qpn, remote_qkey));
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, remote_srqn: u32) {
+    last(qpx, |w| {
+        w.xrc_remote_srqn = remote_srqn;
         Ok(())
     });
 }

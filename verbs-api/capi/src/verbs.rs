@@ -36,7 +36,7 @@ pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
 }
 
 /// Hand a container to C: its address is the public struct's.
-fn leak<T>(v: T) -> *mut T {
+pub(crate) fn leak<T>(v: T) -> *mut T {
     Box::into_raw(Box::new(v))
 }
 
@@ -50,6 +50,22 @@ pub(crate) unsafe fn obj<'a, T, C>(p: *mut C) -> Option<&'a T> {
     unsafe { p.cast::<T>().as_ref() }
 }
 
+/// The `RoxeQp` behind a QP pointer: `None` for NULL and for an XRC_RECV
+/// QP (a different container, see `crate::xrc`).
+///
+/// # Safety
+/// `qp` must be NULL or the `ibv_qp` (or `ibv_qp_ex`) of a live QP of
+/// this library.
+pub(crate) unsafe fn qp_obj<'a, C>(qp: *mut C) -> Option<&'a RoxeQp> {
+    let qp = qp.cast::<ibv_qp>();
+    // SAFETY: per the contract.
+    if unsafe { crate::xrc::is_recv_qp(qp) } {
+        return None;
+    }
+    // SAFETY: per the contract, a QP that is not XRC_RECV is a RoxeQp.
+    unsafe { obj::<RoxeQp, _>(qp) }
+}
+
 fn fail_null<T>(errno: i32) -> *mut T {
     set_errno(errno);
     null_mut()
@@ -58,9 +74,9 @@ fn fail_null<T>(errno: i32) -> *mut T {
 // ---------------------------------------------------------------- PD, MR
 
 #[repr(C)]
-struct RoxePd {
+pub(crate) struct RoxePd {
     c: ibv_pd,
-    pd: Pd,
+    pub(crate) pd: Pd,
     users: AtomicUsize,
     /// A parent domain (`ibv_alloc_parent_domain`): the PD it stands for,
     /// whose objects it creates (roxe has no device buffers for the
@@ -669,7 +685,7 @@ unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw
     guard(libc::EIO, || {
         // SAFETY: qp, mw and bind are the caller's (the C contract).
         let (Some(q), Some(m), Some(b)) =
-            (unsafe { (obj::<RoxeQp, _>(qp), obj::<RoxeMw, _>(mw), bind.as_ref()) })
+            (unsafe { (qp_obj(qp), obj::<RoxeMw, _>(mw), bind.as_ref()) })
         else {
             return libc::EINVAL;
         };
@@ -770,10 +786,10 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 /// `ibv_cq`), so one created by `ibv_create_cq_ex` is polled through
 /// `ibv_start_poll` & co, and any CQ through `ibv_poll_cq`.
 #[repr(C)]
-struct RoxeCq {
+pub(crate) struct RoxeCq {
     c: ibv_cq_ex,
-    cq: Cq,
-    users: AtomicUsize,
+    pub(crate) cq: Cq,
+    pub(crate) users: AtomicUsize,
     /// Completions taken from the CQ by `start_poll`/`next_poll` and not
     /// yet handed over (the first is the current one), in order, each
     /// with its wall-clock time (0 unless `wallclock`).
@@ -1299,12 +1315,53 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
 // ------------------------------------------------------------------- SRQ
 
 #[repr(C)]
-struct RoxeSrq {
+pub(crate) struct RoxeSrq {
     c: ibv_srq,
-    srq: Srq,
+    pub(crate) srq: Srq,
     attr: ibv_srq_attr,
     pd: *const RoxePd,
     users: AtomicUsize,
+    /// An XRC SRQ's domain and CQ (it counts as their user).
+    xrc: Option<(*const crate::xrc::RoxeXrcd, *const RoxeCq)>,
+}
+
+impl RoxeSrq {
+    /// Hand `srq` (created on `p`, whose public pointer is `pd`) to C.
+    ///
+    /// # Safety
+    /// `p` is `pd`'s container; the XRC domain and CQ, if any, are live
+    /// objects of this library that already count this SRQ as a user.
+    pub(crate) unsafe fn hand_out(
+        p: &RoxePd,
+        pd: *mut ibv_pd,
+        srq_context: *mut c_void,
+        srq: Srq,
+        a: ibv_srq_attr,
+        xrc: Option<(&crate::xrc::RoxeXrcd, &RoxeCq)>,
+    ) -> *mut ibv_srq {
+        p.users.fetch_add(1, Ordering::AcqRel);
+        leak(RoxeSrq {
+            c: ibv_srq {
+                context: p.c.context,
+                srq_context,
+                pd,
+                handle: 0,
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            },
+            srq,
+            attr: ibv_srq_attr {
+                max_wr: a.max_wr,
+                max_sge: a.max_sge,
+                srq_limit: 0,
+            },
+            pd: p,
+            users: AtomicUsize::new(0),
+            xrc: xrc.map(|(x, c)| (x as *const _, c as *const _)),
+        })
+        .cast()
+    }
 }
 
 #[no_mangle]
@@ -1327,38 +1384,17 @@ pub unsafe extern "C" fn ibv_create_srq(
         };
         let a = init.attr;
         match p.pd.create_srq(a.max_wr, a.max_sge) {
-            Ok(srq) => {
-                p.users.fetch_add(1, Ordering::AcqRel);
-                leak(RoxeSrq {
-                    c: ibv_srq {
-                        context: p.c.context,
-                        srq_context: init.srq_context,
-                        pd,
-                        handle: 0,
-                        mutex: libc::PTHREAD_MUTEX_INITIALIZER,
-                        cond: libc::PTHREAD_COND_INITIALIZER,
-                        events_completed: 0,
-                    },
-                    srq,
-                    attr: ibv_srq_attr {
-                        max_wr: a.max_wr,
-                        max_sge: a.max_sge,
-                        srq_limit: 0,
-                    },
-                    pd: p,
-                    users: AtomicUsize::new(0),
-                })
-                .cast()
-            }
+            // SAFETY: p is pd's container; a basic SRQ.
+            Ok(srq) => unsafe { RoxeSrq::hand_out(p, pd, init.srq_context, srq, a, None) },
             Err(e) => fail_null(e.errno()),
         }
     })
 }
 
 /// `vctx->create_srq_ex`, which the inline `ibv_create_srq_ex` calls for
-/// anything beyond a basic SRQ with a PD: basic SRQs only (XRC and
-/// tag-matching SRQs: EOPNOTSUPP); a CQ is accepted and unused, as it only
-/// matters to those types.
+/// anything beyond a basic SRQ with a PD: basic and XRC SRQs
+/// (tag-matching SRQs: EOPNOTSUPP); a basic SRQ accepts a CQ and leaves it
+/// unused, as it only matters to the other types.
 pub(crate) unsafe extern "C" fn create_srq_ex(
     _ctx: *mut ibv_context,
     attr: *mut ibv_srq_init_attr_ex,
@@ -1368,10 +1404,16 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
         let Some(a) = (unsafe { attr.as_mut() }) else {
             return fail_null(libc::EINVAL);
         };
-        let known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
-        if a.comp_mask & !known != 0
-            || (a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type != IBV_SRQT_BASIC)
-        {
+        let known = IBV_SRQ_INIT_ATTR_TYPE
+            | IBV_SRQ_INIT_ATTR_PD
+            | IBV_SRQ_INIT_ATTR_CQ
+            | IBV_SRQ_INIT_ATTR_XRCD;
+        let typed = a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0;
+        if typed && a.srq_type == IBV_SRQT_XRC {
+            // SAFETY: a is the caller's; its PD, XRCD and CQ NULL or ours.
+            return unsafe { crate::xrc::create_xrc_srq(a) };
+        }
+        if a.comp_mask & !known != 0 || (typed && a.srq_type != IBV_SRQT_BASIC) {
             return fail_null(libc::EOPNOTSUPP);
         }
         if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 {
@@ -1390,7 +1432,7 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
 /// `qp` must be NULL or a live QP of this library.
 pub(crate) unsafe fn qp_parts(qp: *mut ibv_qp) -> Option<(Qp, Pd)> {
     // SAFETY: per the contract; a live QP's PD outlives it (users count).
-    let q = unsafe { obj::<RoxeQp, _>(qp) }?;
+    let q = unsafe { qp_obj(qp) }?;
     // SAFETY: as above.
     let pd = unsafe { q.pd.as_ref() }?;
     Some((q.qp.clone(), pd.pd.clone()))
@@ -1461,12 +1503,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if s.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        let pd = s.pd;
-        // SAFETY: created by leak(RoxeSrq), destroyed once; the PD
-        // outlives it.
+        let (pd, xrc) = (s.pd, s.xrc);
+        // SAFETY: created by leak(RoxeSrq), destroyed once; the PD (and an
+        // XRC SRQ's domain and CQ) outlive it.
         unsafe {
             drop(Box::from_raw(srq.cast::<RoxeSrq>()));
             (*pd).users.fetch_sub(1, Ordering::AcqRel);
+            if let Some((x, cq)) = xrc {
+                (*x).users.fetch_sub(1, Ordering::AcqRel);
+                (*cq).users.fetch_sub(1, Ordering::AcqRel);
+            }
         }
         0
     })
@@ -1576,7 +1622,7 @@ pub unsafe extern "C" fn ibv_create_qp(
 /// attributes; XRC, RSS, TSO, source QPN and creation flags are not
 /// supported (EOPNOTSUPP).
 pub(crate) unsafe extern "C" fn create_qp_ex(
-    _ctx: *mut ibv_context,
+    ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     guard(null_mut(), || {
@@ -1584,6 +1630,13 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         let Some(a) = (unsafe { attr.as_mut() }) else {
             return fail_null(libc::EINVAL);
         };
+        if a.qp_type == IBV_QPT_XRC_RECV {
+            if a.comp_mask & !(IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_PD) != 0 {
+                return fail_null(libc::EOPNOTSUPP);
+            }
+            // SAFETY: a is the caller's; its XRCD NULL or ours.
+            return unsafe { crate::xrc::create_recv_qp(ctx, a) };
+        }
         let known =
             IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
@@ -1639,13 +1692,22 @@ unsafe fn create_qp(
                 obj::<RoxeSrq, _>(init.srq),
             )
         };
+        // An XRC_SEND QP has no receive side: its receive CQ may be NULL
+        // (it is stored as the send CQ, as the engine does).
+        let rcq = if init.qp_type == IBV_QPT_XRC_SEND && init.recv_cq.is_null() {
+            scq
+        } else {
+            rcq
+        };
         let (Some(scq), Some(rcq)) = (scq, rcq) else {
             return fail_null(libc::EINVAL);
         };
         let qp_type = match QpType::try_from(init.qp_type) {
+            // XRC_RECV QPs come from ibv_create_qp_ex with an XRCD.
+            Ok(QpType::XrcRecv) => return fail_null(libc::EINVAL),
             Ok(t) => t,
-            // XRC and raw packet QPs are types roxe does not implement.
-            Err(_) if matches!(init.qp_type, 8..=10) => return fail_null(libc::EOPNOTSUPP),
+            // Raw packet QPs are a type roxe does not implement.
+            Err(_) if init.qp_type == 8 => return fail_null(libc::EOPNOTSUPP),
             Err(_) => return fail_null(libc::EINVAL),
         };
         let mut qi = QpInit::new(qp_type, &scq.cq, &rcq.cq);
@@ -1721,6 +1783,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         (qp),
         libc::EOPNOTSUPP
     );
+    // SAFETY: qp is NULL or a live QP (the C contract).
+    if unsafe { crate::xrc::is_recv_qp(qp) } {
+        // SAFETY: an XRC_RECV QP on one of our contexts is ours.
+        return unsafe { crate::xrc::destroy(qp) };
+    }
     guard(libc::EIO, || {
         if qp.is_null() {
             return libc::EINVAL;
@@ -1759,9 +1826,14 @@ pub unsafe extern "C" fn ibv_modify_qp(
         (qp, attr, mask),
         libc::EOPNOTSUPP
     );
+    // SAFETY: qp is NULL or a live QP (the C contract).
+    if unsafe { crate::xrc::is_recv_qp(qp) } {
+        // SAFETY: an XRC_RECV QP on one of our contexts is ours.
+        return unsafe { crate::xrc::modify(qp, attr, mask) };
+    }
     guard(libc::EIO, || {
         // SAFETY: qp NULL or ours; attr is the caller's.
-        let (Some(q), Some(a)) = (unsafe { obj::<RoxeQp, _>(qp) }, unsafe { attr.as_ref() }) else {
+        let (Some(q), Some(a)) = (unsafe { qp_obj(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
         let attr_r = match qp_attr_from_c(a, mask) {
@@ -1795,9 +1867,14 @@ pub unsafe extern "C" fn ibv_query_qp(
         (qp, attr, _mask, init),
         libc::EOPNOTSUPP
     );
+    // SAFETY: qp is NULL or a live QP (the C contract).
+    if unsafe { crate::xrc::is_recv_qp(qp) } {
+        // SAFETY: an XRC_RECV QP on one of our contexts is ours.
+        return unsafe { crate::xrc::query(qp, attr, init) };
+    }
     guard(libc::EIO, || {
         // SAFETY: qp NULL or ours.
-        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+        let Some(q) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
         if attr.is_null() || init.is_null() {
@@ -1837,7 +1914,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
         null_mut()
     );
     // SAFETY: qp NULL or ours.
-    match unsafe { obj::<RoxeQp, _>(qp) } {
+    match unsafe { qp_obj(qp) } {
         Some(q) if q.send_ops.is_some() => qp.cast(),
         _ => null_mut(),
     }
@@ -1903,6 +1980,9 @@ pub(crate) unsafe fn send_wr_from_c(
         }
         _ => {}
     }
+    if qp_type == IBV_QPT_XRC_SEND {
+        wr.xrc_remote_srqn = w.remote_srqn;
+    }
     if qp_type == IBV_QPT_UD {
         // SAFETY: the union's ud member for a UD QP.
         let ud = unsafe { w.wr.ud };
@@ -1951,7 +2031,7 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours (found through its context's ops).
-        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+        let Some(q) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
         let fail = |at: *mut ibv_send_wr, e: c_int| {
@@ -2012,7 +2092,7 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours.
-        let Some(q) = (unsafe { obj::<RoxeQp, _>(qp) }) else {
+        let Some(q) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
         // SAFETY: wr is the caller's list.
