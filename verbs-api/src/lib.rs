@@ -2086,7 +2086,7 @@ impl Connect {
         let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
         if t.is_reliable() {
             a.timeout = self.timeout;
-            mask = mask | AttrMask::TIMEOUT;
+            mask |= AttrMask::TIMEOUT;
         }
         if requester {
             a.retry_cnt = 7;

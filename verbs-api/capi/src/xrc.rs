@@ -26,13 +26,16 @@ pub(crate) struct RoxeXrcd {
     pub(crate) users: AtomicUsize,
     /// Opens not yet closed (several through the same file).
     opens: AtomicUsize,
-    /// (device name, st_dev, st_ino) of the file it was opened through.
-    file: Option<(String, u64, u64)>,
+    /// The file it was opened through.
+    file: Option<FileKey>,
 }
+
+/// (device name, st_dev, st_ino): the file a domain is shared through.
+type FileKey = (String, u64, u64);
 
 /// Domains opened through a file, by (device, st_dev, st_ino): the address
 /// of their `RoxeXrcd`. Also serialises open against close.
-static BY_FILE: Mutex<Option<HashMap<(String, u64, u64), usize>>> = Mutex::new(None);
+static BY_FILE: Mutex<Option<HashMap<FileKey, usize>>> = Mutex::new(None);
 
 /// `vctx->open_xrcd`. `fd` -1 (or no `IBV_XRCD_INIT_ATTR_FD`): a private
 /// domain. Otherwise the domain of that file: without one yet, `O_CREAT`
