@@ -1212,6 +1212,101 @@ cq_ex_done:
 		check(rc == 0, "async.teardown", "a destroy returned nonzero");
 	}
 
+	/* ----------------------------------------------------------- XRC */
+	{
+		/* An XRC domain shared through a file: a second open without
+		 * O_CREAT finds it, O_EXCL refuses it; without one, no O_CREAT
+		 * is EAGAIN (the kernel's rules). Its last close is EBUSY while
+		 * an SRQ is in it; XRC_RECV QPs take no receives. */
+		char path[] = "/tmp/roxe-xrcd-XXXXXX";
+		int fd = mkstemp(path);
+		struct ibv_xrcd_init_attr xa = {
+			.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+			.fd = fd,
+			.oflags = 0,
+		};
+		struct ibv_xrcd *x0 = ibv_open_xrcd(c.ctx, &xa);
+		check(!x0 && errno == EAGAIN, "xrc.open_without_o_creat_is_eagain",
+		      "returned %p, errno %d (%s), expected NULL and EAGAIN", (void *)x0, errno,
+		      strerror(errno));
+		xa.oflags = O_CREAT;
+		struct ibv_xrcd *x1 = ibv_open_xrcd(c.ctx, &xa);
+		xa.oflags = 0;
+		struct ibv_xrcd *x2 = x1 ? ibv_open_xrcd(c.ctx, &xa) : NULL;
+		xa.oflags = O_CREAT | O_EXCL;
+		struct ibv_xrcd *x3 = x1 ? ibv_open_xrcd(c.ctx, &xa) : NULL;
+		check(x1 && x2 && !x3 && errno == EINVAL, "xrc.open_shared_by_file",
+		      "opens %p %p %p, errno %d (%s): expected two opens and EINVAL for O_EXCL",
+		      (void *)x1, (void *)x2, (void *)x3, errno, strerror(errno));
+		struct ibv_cq *xcq = ibv_create_cq(c.ctx, 16, NULL, NULL, 0);
+		struct ibv_srq_init_attr_ex sa = {
+			.attr = { .max_wr = 8, .max_sge = 1 },
+			.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+				     IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ,
+			.srq_type = IBV_SRQT_XRC,
+			.pd = c.pd,
+			.xrcd = x1,
+			.cq = xcq,
+		};
+		struct ibv_srq *xsrq = x1 && xcq ? ibv_create_srq_ex(c.ctx, &sa) : NULL;
+		uint32_t srqn = 0;
+		rc = xsrq ? ibv_get_srq_num(xsrq, &srqn) : -1;
+		check(xsrq && rc == 0 && srqn != 0 && srqn < (1u << 24), "xrc.srq_and_its_number",
+		      "srq %p, get_srq_num returned %d, number %u", (void *)xsrq, rc, srqn);
+		struct ibv_qp_init_attr_ex qa_ex = {
+			.qp_type = IBV_QPT_XRC_RECV,
+			.comp_mask = IBV_QP_INIT_ATTR_XRCD,
+			.xrcd = x1,
+		};
+		struct ibv_qp *tgt = x1 ? ibv_create_qp_ex(c.ctx, &qa_ex) : NULL;
+		check(tgt && tgt->qp_type == IBV_QPT_XRC_RECV && !tgt->pd && !tgt->srq,
+		      "xrc.recv_qp_created", "qp %p, errno %d (%s)", (void *)tgt, errno,
+		      strerror(errno));
+		if (tgt) {
+			struct ibv_recv_wr rw = { .wr_id = 1 }, *bad = NULL;
+			rc = ibv_post_recv(tgt, &rw, &bad);
+			check(rc == EINVAL, "xrc.recv_qp_takes_no_receives",
+			      "ibv_post_recv returned %d (%s), expected EINVAL", rc, strerror(rc));
+			struct ibv_qp_attr qattr = {
+				.qp_state = IBV_QPS_INIT,
+				.pkey_index = 0,
+				.port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
+			};
+			rc = ibv_modify_qp(tgt, &qattr,
+					   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						   IBV_QP_ACCESS_FLAGS);
+			struct ibv_qp_init_attr qinit;
+			int qrc = ibv_query_qp(tgt, &qattr, IBV_QP_STATE, &qinit);
+			check(rc == 0 && qrc == 0 && qattr.qp_state == IBV_QPS_INIT &&
+				      qinit.qp_type == IBV_QPT_XRC_RECV,
+			      "xrc.recv_qp_modify_query", "modify %d, query %d, state %d, type %d",
+			      rc, qrc, qattr.qp_state, qinit.qp_type);
+		}
+		/* XRC_SEND: a send CQ and no receive CQ. */
+		struct ibv_qp_init_attr_ex sa_ex = {
+			.qp_type = IBV_QPT_XRC_SEND,
+			.send_cq = xcq,
+			.cap = { .max_send_wr = 4, .max_send_sge = 1 },
+			.comp_mask = IBV_QP_INIT_ATTR_PD,
+			.pd = c.pd,
+		};
+		struct ibv_qp *ini = ibv_create_qp_ex(c.ctx, &sa_ex);
+		check(ini && ini->qp_type == IBV_QPT_XRC_SEND, "xrc.send_qp_created",
+		      "qp %p, errno %d (%s)", (void *)ini, errno, strerror(errno));
+		rc = x1 ? ibv_close_xrcd(x1) : -1;
+		int rc2 = x2 ? ibv_close_xrcd(x2) : -1;
+		check(rc == 0 && rc2 == EBUSY, "xrc.last_close_busy_while_in_use",
+		      "closes returned %d and %d, expected 0 then EBUSY", rc, rc2);
+		rc = (ini ? ibv_destroy_qp(ini) : 0) | (tgt ? ibv_destroy_qp(tgt) : 0);
+		rc |= xsrq ? ibv_destroy_srq(xsrq) : 0;
+		rc |= xcq ? ibv_destroy_cq(xcq) : 0;
+		rc |= x2 ? ibv_close_xrcd(x2) : 0;
+		check(rc == 0, "xrc.teardown", "a destroy or close returned nonzero");
+		close(fd);
+		unlink(path);
+	}
+
 	/* ------------------------------------------------------ teardown */
 	rc = ibv_destroy_qp(qa);
 	check(rc == 0, "teardown.destroy_qp", "returned %d (%s)", rc, strerror(rc));

@@ -1138,3 +1138,90 @@ fn roxe_perf_takes_an_ib_write_bw_script() {
         );
     }
 }
+
+/// libibverbs' XRC example `ibv_xsrq_pingpong` (XRC domain shared through a
+/// file, an XRC SRQ, XRC_RECV and XRC_SEND QPs, `ibv_get_srq_num`, CQ
+/// events), 10,000-byte messages over a 1024-byte MTU, as two processes:
+/// both succeed, and both captures pass `roce-check --strict`, every
+/// request an XRC opcode whose XRCETH names the SRQ number the peer
+/// printed, every response an XRC one.
+#[test]
+fn xsrq_pingpong_runs_xrc_on_the_wire() {
+    if !common::programs_installed("xsrq_pingpong_runs_xrc_on_the_wire") {
+        return;
+    }
+    let net = Net(61);
+    let dir = scratch("xsrq_pingpong");
+    let (p, files) = captured(&dir, "xsrq", |pcap| {
+        let port = net.port(0).to_string();
+        let args = [
+            "-d", "roxe0", "-g", "0", "-p", &port, "-s", "10000", "-m", "1024", "-n", "20", "-e",
+        ];
+        let server = pcap(
+            Side::new("ibv_xsrq_pingpong", &net.server(0), &args),
+            "server",
+        );
+        let client = pcap(
+            Side::new("ibv_xsrq_pingpong", &net.client(0), &args).arg(net.server(0)),
+            "client",
+        );
+        run_pair(&server, &client, net.port(0))
+    });
+    p.assert_ok();
+    p.assert_both_contain("success");
+    // "  remote: LID 0000, QPN RECV 000011 SEND 000012, PSN .., SRQN 000001, GID .."
+    let srqn = |out: &str| -> u32 {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("remote:"))
+            .expect("a remote line");
+        let at = line.find("SRQN ").expect("an SRQN") + 5;
+        u32::from_str_radix(&line[at..at + 6], 16).expect("a hex SRQN")
+    };
+    let (to_server, to_client) = (srqn(&p.client.stdout), srqn(&p.server.stdout));
+    for (file, peer_srqn) in [(&files[0], to_client), (&files[1], to_server)] {
+        let (requests, responses) = xrc_packets(file, peer_srqn);
+        assert!(
+            requests >= 20 * 10 && responses > 0,
+            "{}: {requests} XRC requests, {responses} XRC responses\n{p:?}",
+            file.display()
+        );
+    }
+    match roce_check() {
+        Some(tool) => {
+            let problems = check_captures(&tool, &files);
+            assert!(problems.is_empty(), "{}\n{p:?}", problems.join("\n"));
+        }
+        None => eprintln!("SKIPPED roce-check: ../shared/tools/roce-check not found"),
+    }
+}
+
+/// In a capture of what one side sent: its XRC requests (each must carry
+/// an XRCETH naming `srqn`) and XRC responses; any RoCE packet of another
+/// transport fails.
+fn xrc_packets(path: &Path, srqn: u32) -> (usize, usize) {
+    use roxe_wire::frame::Datagram;
+    use roxe_wire::pcap::{self, L3};
+    use roxe_wire::{Packet, Transport};
+    let file = std::fs::File::open(path).expect("open the capture");
+    let reader = pcap::CaptureReader::new(std::io::BufReader::new(file)).expect("a pcap file");
+    let (mut requests, mut responses) = (0, 0);
+    for rec in reader {
+        let rec = rec.expect("a pcap record");
+        let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = pcap::link_payload(rec.link, &rec.data) else {
+            continue;
+        };
+        let dg = Datagram::parse(ip).expect("a UDP datagram");
+        let pkt = Packet::new_checked(dg.payload).expect("a RoCE packet");
+        let op = pkt.opcode();
+        assert_eq!(op.transport(), Transport::Xrc, "{op} in {}", path.display());
+        if op.is_response() {
+            assert_eq!(pkt.xrc_srqn(), None, "{op}");
+            responses += 1;
+        } else {
+            assert_eq!(pkt.xrc_srqn(), Some(srqn), "{op} in {}", path.display());
+            requests += 1;
+        }
+    }
+    (requests, responses)
+}
