@@ -12,10 +12,10 @@
 //! Keys are built like rxe's: `index << 8 | key_byte`. Indices run from 1
 //! (so key 0 is never valid) and are handed out cyclically, as rxe's pool
 //! does (`xa_alloc_cyclic`), so a freed index is reused as late as
-//! possible; the key byte is a per-index generation bumped on every
-//! registration of that index. A stale key (kept by a peer across a
-//! deregistration) therefore only names a new region after the same index
-//! was re-registered 256 times. `lkey == rkey`, as in rxe.
+//! possible; the key byte is random (rxe: `get_random_u32() & 0xff`) and
+//! never the byte that index had last, so a peer cannot predict a key from
+//! the ones it saw, and a stale key (kept across a deregistration) never
+//! names the region that next takes its index. `lkey == rkey`, as in rxe.
 //!
 //! # Concurrency and deregistration
 //!
@@ -526,8 +526,11 @@ pub struct MemoryTable {
     /// Device memory buffers by handle.
     dms: HashMap<u32, DmBuf>,
     next_dm: u32,
-    /// Key byte last used by each index (`generations[index - 1]`).
-    generations: Vec<u8>,
+    /// Key byte last used by each index (`key_bytes[index - 1]`).
+    key_bytes: Vec<u8>,
+    /// State of the generator of key bytes (SplitMix64, seeded from the
+    /// process's hash randomness and the clock).
+    key_rng: u64,
     /// Next index to try (cyclic in `1..=max_regions`).
     next_index: u32,
     /// Limit on live regions, and highest index.
@@ -554,7 +557,17 @@ impl MemoryTable {
             windows: HashMap::new(),
             dms: HashMap::new(),
             next_dm: 1,
-            generations: Vec::new(),
+            key_bytes: Vec::new(),
+            key_rng: {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos()),
+                );
+                h.finish()
+            },
             next_index: 1,
             max_regions: max.clamp(1, MAX_KEY_INDEX),
         }
@@ -1243,14 +1256,8 @@ impl MemoryTable {
                 format!("too many memory regions (limit {max})"),
             )
         };
-        let index = self.alloc_index().ok_or_else(full)?;
-        let slot = usize::try_from(index - 1).map_err(|_| full())?;
-        if self.generations.len() <= slot {
-            self.generations.resize(slot + 1, 0);
-        }
-        let generation = self.generations.get_mut(slot).ok_or_else(full)?;
-        *generation = generation.wrapping_add(1);
-        let key = (index << 8) | u32::from(*generation);
+        let key = self.fresh_key().ok_or_else(full)?;
+        let index = key >> 8;
         let info = MrInfo {
             lkey: key,
             rkey: key,
@@ -1272,6 +1279,30 @@ impl MemoryTable {
     }
 
     /// The next free index, cycling through `1..=max_regions`.
+    /// A key for a new region or window: the next free index and a random
+    /// key byte other than the one that index had last. `None` when full.
+    fn fresh_key(&mut self) -> Option<u32> {
+        let index = self.alloc_index()?;
+        let slot = usize::try_from(index - 1).ok()?;
+        if self.key_bytes.len() <= slot {
+            self.key_bytes.resize(slot + 1, 0);
+        }
+        let last = self.key_bytes[slot];
+        let byte = loop {
+            // SplitMix64.
+            self.key_rng = self.key_rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.key_rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            let b = ((z ^ (z >> 31)) >> 56) as u8;
+            if b != last {
+                break b;
+            }
+        };
+        self.key_bytes[slot] = byte;
+        Some((index << 8) | u32::from(byte))
+    }
+
     fn alloc_index(&mut self) -> Option<u32> {
         if self.regions.len() + self.windows.len() >= self.max_regions as usize {
             return None;
@@ -1373,14 +1404,8 @@ impl MemoryTable {
                 format!("too many memory regions and windows (limit {max})"),
             )
         };
-        let index = self.alloc_index().ok_or_else(full)?;
-        let slot = usize::try_from(index - 1).map_err(|_| full())?;
-        if self.generations.len() <= slot {
-            self.generations.resize(slot + 1, 0);
-        }
-        let generation = self.generations.get_mut(slot).ok_or_else(full)?;
-        *generation = generation.wrapping_add(1);
-        let rkey = (index << 8) | u32::from(*generation);
+        let rkey = self.fresh_key().ok_or_else(full)?;
+        let index = rkey >> 8;
         self.windows.insert(
             index,
             Window {
@@ -1858,16 +1883,17 @@ mod tests {
 
     #[test]
     fn stale_keys_refused_after_slot_reuse() {
-        // One index only: every registration reuses the same slot.
+        // One index only: every registration reuses the same slot, with a
+        // random key byte that is never the previous one.
         let mut t = MemoryTable::with_max_regions(1);
-        let mut stale: Vec<MrInfo> = Vec::new();
-        for _ in 0..255 {
+        let mut prev: Option<MrInfo> = None;
+        let mut bytes = Vec::new();
+        for _ in 0..300 {
             let mr = owned(&mut t, 16, all());
             assert_ne!(mr.lkey, 0);
-            if let Some(first) = stale.first() {
-                assert_eq!(mr.lkey >> 8, first.lkey >> 8, "same slot");
-            }
-            for old in &stale {
+            bytes.push(mr.lkey as u8);
+            if let Some(old) = prev {
+                assert_eq!(mr.lkey >> 8, old.lkey >> 8, "same slot");
                 assert_ne!(old.lkey, mr.lkey);
                 assert_eq!(t.query(old.lkey), None);
                 let mut out = [0u8; 8];
@@ -1892,14 +1918,17 @@ mod tests {
                 assert_eq!(t.deregister(old.lkey).unwrap_err().errno, Errno::EINVAL);
             }
             t.deregister(mr.lkey).unwrap();
-            stale.push(mr);
+            prev = Some(mr);
         }
-        // The key byte wraps through 0 without producing key 0.
-        for _ in 0..300 {
-            let mr = owned(&mut t, 1, LW);
-            assert_ne!(mr.lkey, 0);
-            t.deregister(mr.lkey).unwrap();
-        }
+        // Not a counter: the next byte does not follow from the last (a
+        // sequence of +1 steps throughout has probability 255^-299).
+        let steps = bytes
+            .windows(2)
+            .filter(|w| w[1] == w[0].wrapping_add(1))
+            .count();
+        assert!(steps < bytes.len() - 1, "key bytes count up: {bytes:?}");
+        let distinct: std::collections::BTreeSet<u8> = bytes.iter().copied().collect();
+        assert!(distinct.len() > 64, "{} distinct key bytes", distinct.len());
     }
 
     /// A region with a distinct byte pattern, plus the refused-access
