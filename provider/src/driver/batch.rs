@@ -67,10 +67,14 @@ pub(crate) struct TxPkt {
     /// The IPv4 identification its ICRC is computed for (the engine signs
     /// for 0; a GSO send re-signs segment `k` for `k`).
     pub ident: u16,
+    /// Which of the sockets passed to [`TxBatch::flush`] sends it.
+    pub sock: u8,
+    /// That socket's UDP source port (the ICRC covers it).
+    pub sport: u16,
 }
 
 /// How many packets from the start of `pkts` form one GSO send: consecutive
-/// packets to the same destination, contiguous in the arena, all as long as
+/// packets from one socket to one destination, contiguous in the arena, all as long as
 /// the first except the last, which may be shorter; at most `max_segs`
 /// packets and `max_bytes` bytes. Always at least 1 for a non-empty slice.
 pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usize {
@@ -89,6 +93,7 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
         if short_head_of_run
             || n >= max_segs
             || p.dst != first.dst
+            || p.sock != first.sock
             || p.len > first.len
             || p.len == 0
             || bytes + p.len > max_bytes
@@ -131,10 +136,10 @@ pub(crate) struct TxBatch {
     /// a GSO send uncut.
     gso_loopback: bool,
     port: u16,
-    /// The IPv4 source address and UDP source port the socket sends from:
-    /// segment `k` of a GSO send is signed with the ICRC for IPv4
-    /// identification `k` (see the module documentation).
-    source: Option<(std::net::Ipv4Addr, u16)>,
+    /// The IPv4 source address the sockets send from: segment `k` of a
+    /// GSO send is signed with the ICRC for IPv4 identification `k` (see
+    /// the module documentation).
+    source: Option<std::net::Ipv4Addr>,
     /// Destination socket addresses, built once per destination.
     addrs: Vec<(IpAddr, socket2::SockAddr)>,
     pub(crate) counters: TxCounters,
@@ -167,12 +172,12 @@ impl TxBatch {
         }
     }
 
-    /// The socket's IPv4 source address and port, so GSO segments carry
-    /// the ICRC of the identification the kernel gives them; and whether
-    /// GSO may go to loopback destinations.
-    pub(crate) fn set_source(&mut self, src: IpAddr, sport: u16, gso_loopback: bool) {
+    /// The sockets' IPv4 source address, so GSO segments carry the ICRC
+    /// of the identification the kernel gives them; and whether GSO may go
+    /// to loopback destinations.
+    pub(crate) fn set_source(&mut self, src: IpAddr, gso_loopback: bool) {
         self.source = match src {
-            IpAddr::V4(a) => Some((a, sport)),
+            IpAddr::V4(a) => Some(a),
             IpAddr::V6(_) => None,
         };
         self.gso_loopback = gso_loopback;
@@ -184,9 +189,10 @@ impl TxBatch {
     /// another value are recomputed (after a partial send or a refused GSO
     /// send, a packet may move between runs). IPv6 has no identification.
     fn sign_for_idents(&mut self, first: usize, n: usize) {
-        let (Some((src, sport)), IpAddr::V4(dst)) = (self.source, self.pkts[first].dst) else {
+        let (Some(src), IpAddr::V4(dst)) = (self.source, self.pkts[first].dst) else {
             return;
         };
+        let sport = self.pkts[first].sport;
         for k in 0..n {
             // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
             let ident = if n > 1 { k as u16 } else { 0 };
@@ -222,8 +228,9 @@ impl TxBatch {
         &mut self.arena[self.end..self.end + TX_SLOT]
     }
 
-    /// Queue the `len` bytes written into [`slot`](Self::slot); returns them.
-    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr) -> &[u8] {
+    /// Queue the `len` bytes written into [`slot`](Self::slot), to leave
+    /// from socket `sock` (UDP source port `sport`); returns them.
+    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr, sock: u8, sport: u16) -> &[u8] {
         assert!(len <= TX_SLOT && !self.is_full());
         let off = self.end;
         self.pkts.push(TxPkt {
@@ -231,22 +238,32 @@ impl TxBatch {
             len,
             dst,
             ident: 0,
+            sock,
+            sport,
         });
         self.end += len;
         &self.arena[off..off + len]
     }
 
-    /// Queue a copy of `p`, flushing first if the batch is full.
-    pub(crate) fn push(&mut self, sock: &impl AsFd, p: &[u8], dst: IpAddr) {
+    /// Queue a copy of `p` for `socks[sock]`, flushing first if the batch
+    /// is full.
+    pub(crate) fn push(
+        &mut self,
+        socks: &[impl AsFd],
+        p: &[u8],
+        dst: IpAddr,
+        sock: u8,
+        sport: u16,
+    ) {
         if p.len() > TX_SLOT {
             self.counters.errors += 1;
             return;
         }
         if self.is_full() {
-            self.flush(sock);
+            self.flush(socks);
         }
         self.slot()[..p.len()].copy_from_slice(p);
-        self.commit(p.len(), dst);
+        self.commit(p.len(), dst, sock, sport);
     }
 
     fn addr_index(&mut self, dst: IpAddr) -> usize {
@@ -262,23 +279,37 @@ impl TxBatch {
         self.addrs.len() - 1
     }
 
-    /// Send everything queued: one `sendmmsg` per up to `MAX_BATCH`
-    /// messages, waiting a bounded time when the socket buffer is full.
-    pub(crate) fn flush(&mut self, sock: &impl AsFd) {
-        let fd = sock.as_fd();
+    /// Send everything queued, each packet from `socks[its sock]`: one
+    /// `sendmmsg` per up to `MAX_BATCH` messages from one socket, waiting a
+    /// bounded time when a socket buffer is full. A packet naming no socket
+    /// of `socks` is counted as an error.
+    pub(crate) fn flush(&mut self, socks: &[impl AsFd]) {
         if self.pkts.len() == 1 {
             // One packet (the latency path): a plain sendto.
-            self.flush_one(fd);
+            match socks.get(usize::from(self.pkts[0].sock)) {
+                Some(s) => self.flush_one(s.as_fd()),
+                None => {
+                    self.counters.errors += 1;
+                    self.pkts.clear();
+                    self.end = 0;
+                }
+            }
             return;
         }
         let mut i = 0;
         let mut deadline: Option<Instant> = None;
         while i < self.pkts.len() {
+            let Some(sock) = socks.get(usize::from(self.pkts[i].sock)) else {
+                self.counters.errors += 1;
+                i += 1;
+                continue;
+            };
+            let (fd, sock_index) = (sock.as_fd(), self.pkts[i].sock);
             // The messages of this call: (first packet, packets, gso size).
             let mut plan = [(0usize, 0usize, 0u16); MAX_BATCH];
             let mut m = 0;
             let mut j = i;
-            while j < self.pkts.len() && m < MAX_BATCH {
+            while j < self.pkts.len() && m < MAX_BATCH && self.pkts[j].sock == sock_index {
                 let dst = self.pkts[j].dst;
                 let n = if self.gso && (self.gso_loopback || !dst.is_loopback()) {
                     gso_run(&self.pkts[j..], MAX_GSO_SEGMENTS, MAX_GSO_BYTES)
@@ -650,6 +681,8 @@ mod tests {
                     len,
                     dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
                     ident: 0,
+                    sock: 0,
+                    sport: 0,
                 };
                 off += len;
                 p
@@ -724,6 +757,14 @@ mod tests {
     }
 
     #[test]
+    fn gso_runs_stay_on_one_socket() {
+        let mut p = pkts(&[(64, 1); 4]);
+        p[2].sock = 1;
+        p[3].sock = 1;
+        assert_eq!(runs(&p, 64, 1 << 20), [2, 2]);
+    }
+
+    #[test]
     fn gso_runs_need_contiguous_packets() {
         let mut p = pkts(&[(64, 1); 4]);
         p[2].off += 8;
@@ -742,10 +783,15 @@ mod tests {
 
     fn exchange(gso: bool, gro: bool) {
         let (a, b) = pair();
+        // A second sending socket: packets 40..60 leave from it.
+        let a2 = super::super::socket::bind("127.0.0.1".parse().unwrap(), 0).unwrap();
+        let sock_of = |i: usize| u8::from((40..60).contains(&i));
+        let from = [a.local_addr().unwrap(), a2.local_addr().unwrap()];
         if gro {
             super::super::socket::enable_gro(&b).unwrap();
         }
         let port = b.local_addr().unwrap().port();
+        let socks = [&a, &a2];
         let mut tx = TxBatch::new(port, gso);
         let dst: IpAddr = "127.0.0.1".parse().unwrap();
         // 100 packets: more than one batch; equal sizes with a short one
@@ -755,14 +801,15 @@ mod tests {
             .collect();
         for (i, &len) in sizes.iter().enumerate() {
             if tx.is_full() {
-                tx.flush(&a);
+                tx.flush(&socks);
             }
             let s = tx.slot();
             s[..len].fill(i as u8);
             s[..4].copy_from_slice(&(i as u32).to_be_bytes());
-            tx.commit(len, dst);
+            let k = sock_of(i);
+            tx.commit(len, dst, k, from[usize::from(k)].port());
         }
-        tx.flush(&a);
+        tx.flush(&socks);
         assert!(tx.is_empty());
         assert_eq!(tx.counters.datagrams, 100, "{:?}", tx.counters);
         assert_eq!(tx.counters.errors, 0);
@@ -775,18 +822,23 @@ mod tests {
         while seen.len() < 100 && Instant::now() < give_up {
             let n = rx.recv(&b).unwrap();
             for k in 0..n {
-                let (from, d, seg) = rx.get(k);
-                assert_eq!(from, Some(a.local_addr().unwrap()));
+                let (sender, d, seg) = rx.get(k);
                 assert!(gro || seg == 0);
                 for d in d.chunks(if seg == 0 { d.len() } else { seg }) {
                     let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+                    assert_eq!(sender, Some(from[usize::from(sock_of(i))]), "packet {i}");
                     assert_eq!(d.len(), sizes[i], "packet {i}");
                     assert!(d[4..].iter().all(|&x| x == i as u8));
                     seen.push(i);
                 }
             }
         }
-        assert_eq!(seen, (0..100).collect::<Vec<_>>());
+        // In order from each socket (the two are not ordered between them).
+        for k in [0, 1] {
+            let mine: Vec<usize> = seen.iter().copied().filter(|&i| sock_of(i) == k).collect();
+            let want: Vec<usize> = (0..100).filter(|&i| sock_of(i) == k).collect();
+            assert_eq!(mine, want, "socket {k}");
+        }
     }
 
     #[test]

@@ -165,6 +165,13 @@ pub type CmEventSink = dyn Fn(crate::cm::CmEvent) + Send + Sync;
 struct Shared {
     addr: IpAddr,
     socket: UdpSocket,
+    /// The sockets packets leave from, one per UDP source port of
+    /// `EngineConfig::src_ports` (same order): a pool bound to ephemeral
+    /// ports, so QPs spread over source ports as on rxe and NICs; in
+    /// shared mode, the device socket alone.
+    send: Vec<UdpSocket>,
+    /// Their UDP source ports, in the same order.
+    send_ports: Vec<u16>,
     /// `ROXE_ICRC=raw` on an IPv4 device: the `AF_PACKET` socket packets
     /// are received from (see `raw.rs`).
     raw: Option<OwnedFd>,
@@ -260,6 +267,10 @@ impl Drop for EngineGuard<'_> {
 /// The UDP port a device sends from, and holds as its claim on its
 /// address, where port 4791 belongs to the kernel's rxe (see [`Shared4791`]).
 pub const SHARED_MODE_PORT: u16 = 47910;
+
+/// Sockets a device sends from (each on its own ephemeral UDP port): the
+/// source ports its QPs spread over.
+const SEND_SOCKETS: usize = 8;
 
 /// How a device owns its address: its own socket on port 4791, or, where
 /// the kernel's rxe holds `0.0.0.0:4791`, a claim on [`SHARED_MODE_PORT`]
@@ -410,12 +421,19 @@ impl Device {
             (IcrcMode::Warn, false) => IcrcPolicy::Warn,
             (IcrcMode::Strict | IcrcMode::Raw, false) => IcrcPolicy::AssumeLinuxSender,
         };
-        // The ICRC covers the UDP source port: the socket's own.
-        let ec_sport = match shared {
-            Shared4791::No => ROCEV2_PORT,
-            Shared4791::Yes => SHARED_MODE_PORT,
+        // The ICRC covers the UDP source port: each packet's socket's own.
+        // Beside rxe (raw receive) everything leaves from the claim port,
+        // as before; otherwise from a pool of sockets on ephemeral ports.
+        let send: Vec<UdpSocket> = match shared {
+            Shared4791::Yes => vec![socket.try_clone()?],
+            Shared4791::No => (0..SEND_SOCKETS)
+                .map(|_| socket::bind(addr, 0))
+                .collect::<io::Result<_>>()?,
         };
-        ec.fixed_src_port = Some(ec_sport);
+        ec.src_ports = send
+            .iter()
+            .map(|s| s.local_addr().map(|a| a.port()))
+            .collect::<io::Result<_>>()?;
         // Peers on this host that receive through raw sockets too (beside
         // rxe) drop bursts of 1,024 (`tools/tests/shared_port.rs`).
         ec.wide_loopback_window = raw.is_none();
@@ -440,6 +458,8 @@ impl Device {
         let shared = Arc::new(Shared {
             addr,
             socket,
+            send,
+            send_ports: ec.src_ports.clone(),
             raw,
             epoch,
             epoch_wall_ns,
@@ -449,7 +469,7 @@ impl Device {
                     let mut tx = TxBatch::new(ROCEV2_PORT, gso);
                     // Beside rxe the peers on this host receive through raw
                     // sockets, which see a GSO send uncut: none to them.
-                    tx.set_source(addr, ec_sport, gso_loopback);
+                    tx.set_source(addr, gso_loopback);
                     tx
                 },
                 tx_buf: vec![0; TX_SLOT],
@@ -789,41 +809,42 @@ impl Shared {
             event_sinks,
             ..
         } = core;
-        let sock = &self.socket;
-        // The source port the socket sends from (4791, or the claim port
-        // where the kernel's rxe holds 4791), as the capture must show it.
-        let sport = engine.config().fixed_src_port.unwrap_or(ROCEV2_PORT);
+        let socks = &self.send[..];
+        // Which socket sends from a packet's source port (the engine took
+        // it from this pool, in this order).
+        let ports = &self.send_ports;
+        let sock_of = |sport: u16| ports.iter().position(|&p| p == sport).unwrap_or(0) as u8;
         match faults.as_mut() {
             None => loop {
                 // The engine writes straight into the batch.
                 if tx.is_full() {
-                    tx.flush(sock);
+                    tx.flush(socks);
                 }
                 let Some(t) = engine.poll_transmit(now, tx.slot()) else {
                     break;
                 };
-                let p = tx.commit(t.len, t.dst);
+                let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.src_port);
                 if let Some(tap) = tap.as_mut() {
-                    tap.write(self.addr, sport, t.dst, ROCEV2_PORT, p);
+                    tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, p);
                 }
             },
             Some(f) => {
                 // Each packet through the injector, one at a time; what it
                 // lets through (now or later) joins the batch.
-                let mut emit = |p: &[u8], dst: IpAddr| {
+                let mut emit = |p: &[u8], dst: IpAddr, sport: u16| {
                     if let Some(t) = tap.as_mut() {
                         t.write(self.addr, sport, dst, ROCEV2_PORT, p);
                     }
-                    tx.push(sock, p, dst);
+                    tx.push(socks, p, dst, sock_of(sport), sport);
                 };
                 f.release_due(now, &mut emit);
                 while let Some(t) = engine.poll_transmit(now, tx_buf) {
-                    f.submit(now, &mut tx_buf[..t.len], t.dst, &mut emit);
+                    f.submit(now, &mut tx_buf[..t.len], t.dst, t.src_port, &mut emit);
                 }
             }
         }
         if !tx.is_empty() {
-            tx.flush(sock);
+            tx.flush(socks);
         }
         for (cq, ch) in channels.iter() {
             if engine.cq_mut(*cq).map(|c| c.take_events()).unwrap_or(0) > 0 {

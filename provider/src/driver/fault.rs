@@ -30,7 +30,7 @@ pub struct FaultStats {
 pub struct Faults {
     spec: FaultSpec,
     state: u64,
-    held: Vec<(Nanos, IpAddr, Vec<u8>)>,
+    held: Vec<(Nanos, IpAddr, u16, Vec<u8>)>,
     stats: FaultStats,
 }
 
@@ -71,7 +71,8 @@ impl Faults {
         now: Nanos,
         pkt: &mut [u8],
         dst: IpAddr,
-        send: &mut dyn FnMut(&[u8], IpAddr),
+        sport: u16,
+        send: &mut dyn FnMut(&[u8], IpAddr, u16),
     ) {
         if self.chance(self.spec.loss) {
             self.stats.lost += 1;
@@ -98,20 +99,20 @@ impl Faults {
                 hold += REORDER_HOLD_NS + self.next() % REORDER_HOLD_NS;
             }
             if hold == 0 {
-                send(pkt, dst);
+                send(pkt, dst, sport);
             } else {
-                self.held.push((now + hold, dst, pkt.to_vec()));
+                self.held.push((now + hold, dst, sport, pkt.to_vec()));
             }
         }
     }
 
     /// Send every held packet whose time has come.
-    pub fn release_due(&mut self, now: Nanos, send: &mut dyn FnMut(&[u8], IpAddr)) {
+    pub fn release_due(&mut self, now: Nanos, send: &mut dyn FnMut(&[u8], IpAddr, u16)) {
         let mut i = 0;
         while i < self.held.len() {
             if self.held[i].0 <= now {
-                let (_, dst, p) = self.held.swap_remove(i);
-                send(&p, dst);
+                let (_, dst, sport, p) = self.held.swap_remove(i);
+                send(&p, dst, sport);
             } else {
                 i += 1;
             }
@@ -134,9 +135,9 @@ mod tests {
         let mut sent = 0;
         for i in 0..n {
             let mut p = [i as u8; 64];
-            f.submit(i as u64, &mut p, dst, &mut |_, _| sent += 1);
+            f.submit(i as u64, &mut p, dst, 7, &mut |_, _, _| sent += 1);
         }
-        f.release_due(u64::MAX, &mut |_, _| sent += 1);
+        f.release_due(u64::MAX, &mut |_, _, _| sent += 1);
         (sent, f.stats())
     }
 
@@ -165,11 +166,12 @@ mod tests {
         });
         let dst: IpAddr = "::1".parse().unwrap();
         let mut sent = 0;
-        f.submit(1_000, &mut [1, 2, 3], dst, &mut |_, _| sent += 1);
+        f.submit(1_000, &mut [1, 2, 3], dst, 7, &mut |_, _, _| sent += 1);
         assert_eq!((sent, f.next_release()), (0, Some(51_000)));
-        f.release_due(50_999, &mut |_, _| sent += 1);
+        f.release_due(50_999, &mut |_, _, _| sent += 1);
         assert_eq!(sent, 0);
-        f.release_due(51_000, &mut |p, _| {
+        f.release_due(51_000, &mut |p, _, sport| {
+            assert_eq!(sport, 7, "a held packet keeps its source port");
             assert_eq!(p, [1, 2, 3]);
             sent += 1
         });

@@ -45,10 +45,13 @@ pub struct EngineConfig {
     pub qp_limits: QpLimits,
     /// ICRC check on received IPv4 packets.
     pub icrc_policy: IcrcPolicy,
-    /// Every packet leaves from this UDP source port (a driver with one
-    /// socket bound to 4791); `None`: a per-QP port, as rxe spreads flows.
-    /// The ICRC covers the source port, so it must be the real one.
-    pub fixed_src_port: Option<u16>,
+    /// The UDP source ports the driver can send from (one socket each).
+    /// A QP always leaves from the same one, `src_ports[p % len]` for its
+    /// rxe-style port `p` = 0xC000 + its QPN's low 14 bits, so QPs spread
+    /// over the pool as ECMP and RSS expect. Empty: that rxe-style port
+    /// itself (the sans-IO tests). The ICRC covers the source port, so it
+    /// must be the real one.
+    pub src_ports: Vec<u16>,
     /// The port's active MTU (from the link; 4096 on loopback): the
     /// largest UD message, and what `ibv_query_port` reports.
     pub active_mtu: Mtu,
@@ -71,7 +74,7 @@ impl EngineConfig {
             max_cqe: 0x1_0000,
             qp_limits: QpLimits::default(),
             icrc_policy: IcrcPolicy::AssumeLinuxSender,
-            fixed_src_port: None,
+            src_ports: Vec::new(),
             active_mtu: Mtu::Mtu4096,
             wide_loopback_window: true,
         }

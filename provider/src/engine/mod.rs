@@ -897,8 +897,9 @@ impl Engine {
 
     /// Fill in the ICRC of a packet about to leave.
     fn finish_transmit(&mut self, mut t: Transmit, buf: &mut [u8]) -> Transmit {
-        if let Some(port) = self.config.fixed_src_port {
-            t.src_port = port;
+        let pool = &self.config.src_ports;
+        if !pool.is_empty() {
+            t.src_port = pool[usize::from(t.src_port) % pool.len()];
         }
         let body = &buf[..t.len - ICRC_LEN];
         let c = match (self.config.addr, t.dst) {
