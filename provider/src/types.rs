@@ -27,6 +27,8 @@ impl Errno {
     pub const EINVAL: Errno = Errno(22);
     /// Function not implemented.
     pub const ENOSYS: Errno = Errno(38);
+    /// No data available (an empty GID table entry).
+    pub const ENODATA: Errno = Errno(61);
     /// Operation not supported.
     pub const EOPNOTSUPP: Errno = Errno(95);
     /// Timed out (a bounded wait ran out).

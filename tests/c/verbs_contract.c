@@ -1057,10 +1057,26 @@ qp_ex_done:
 		struct timespec wall;
 		int64_t end;
 
-		errno = 0;
-		cx = ibv_create_cq_ex(c.ctx, &ca);
-		check(cx == NULL && errno == EOPNOTSUPP, "cq_ex.timestamp_refused",
-		      "returned %p errno %d, expected NULL + EOPNOTSUPP", (void *)cx, errno);
+		struct ibv_device_attr_ex dx;
+		struct ibv_values_ex rt = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+		uint64_t rt_ns = 0;
+		int same_clock = 1;
+
+		/* The device clock: nanoseconds (hca_core_clock 1 GHz), 64 bits. */
+		rc = ibv_query_device_ex(c.ctx, NULL, &dx);
+		check(rc == 0 && dx.completion_timestamp_mask == UINT64_MAX &&
+			      dx.hca_core_clock == 1000000,
+		      "cq_ex.device_clock_attrs", "rc %d, mask %#" PRIx64 ", hca_core_clock %" PRIu64,
+		      rc, dx.completion_timestamp_mask, dx.hca_core_clock);
+		ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+		rc = ibv_query_rt_values_ex(c.ctx, &rt);
+		clock_gettime(CLOCK_REALTIME, &wall);
+		after_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
+		rt_ns = (uint64_t)rt.raw_clock.tv_nsec;
+		check(rc == 0 && (rt.comp_mask & IBV_VALUES_MASK_RAW_CLOCK) &&
+			      rt_ns + 50000000u >= after_ns && rt_ns <= after_ns + 50000000u,
+		      "cq_ex.query_rt_values", "rc %d, comp_mask %u, clock %" PRIu64 " vs wall %" PRIu64,
+		      rc, rt.comp_mask, rt_ns, after_ns);
 		ca.wc_flags = IBV_WC_STANDARD_FLAGS;
 		ca.cqe = 0;
 		errno = 0;
@@ -1068,8 +1084,9 @@ qp_ex_done:
 		check(cx == NULL && errno == EINVAL, "cq_ex.zero_cqe_einval",
 		      "returned %p errno %d, expected NULL + EINVAL", (void *)cx, errno);
 		ca.cqe = 64;
-		/* Wall-clock completion times: when the device made each one. */
-		ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+		/* Completion times on both clocks: when the device made each. */
+		ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK |
+			      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
 		cx = ibv_create_cq_ex(c.ctx, &ca);
 		if (!check(cx != NULL, "cq_ex.create", "NULL errno %d (%s)", errno, strerror(errno)))
 			goto cq_ex_done;
@@ -1091,6 +1108,8 @@ qp_ex_done:
 				continue;
 			do {
 				uint64_t ts = ibv_wc_read_completion_wallclock_ns(cx);
+
+				same_clock &= ibv_wc_read_completion_ts(cx) == ts;
 
 				clock_gettime(CLOCK_REALTIME, &wall);
 				after_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
@@ -1119,6 +1138,8 @@ qp_ex_done:
 		      "a completion's wall-clock time is not between the post and the poll");
 		check(got >= 2 && in_order, "cq_ex.wallclock_monotonic",
 		      "wall-clock completion times went backwards");
+		check(got >= 2 && same_clock, "cq_ex.device_clock_is_nanoseconds",
+		      "ibv_wc_read_completion_ts differs from the wall-clock nanoseconds");
 		check(diff_at(bs.p, br.p, 300) < 0, "cq_ex.data", "byte %ld differs",
 		      diff_at(bs.p, br.p, 300));
 		rc = ibv_destroy_qp(qs);

@@ -149,8 +149,9 @@ pub struct verbs_context {
     /// modify_flow_action_esp .. modify_qp_rate_limit: not supported.
     pub _unsupported0: [*const c_void; 4],
     pub alloc_parent_domain: Option<AllocParentDomainFn>,
-    /// dealloc_td .. query_rt_values: not supported (NULL: EOPNOTSUPP).
-    pub _unsupported0b: [*const c_void; 10],
+    /// dealloc_td .. create_wq: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0b: [*const c_void; 9],
+    pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
@@ -476,6 +477,19 @@ pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 pub type CreateSrqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`: the device clock's ticks.
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
 pub type OpenXrcdFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;

@@ -537,7 +537,7 @@ impl Context {
             max_mtu: Mtu::Mtu4096,
             // From the link the address is on, as rxe's from its netdev.
             active_mtu: d.engine().config().active_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: SOFT_GID_TABLE_LEN,
             pkey_tbl_len: 1,
             lid: d.lid(),
             link_layer: 2,
@@ -546,20 +546,26 @@ impl Context {
     }
 
     /// `ibv_query_gid`: on a soft device, index 0 is the RoCEv2 GID of
-    /// the device's address.
+    /// the device's address; the rest of its table (as rxe's, room for
+    /// more addresses) is empty: ENODATA.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
         let d = match &self.inner.imp {
             ContextImp::Soft(d) => d,
             ContextImp::Hw(h) => return h.query_gid(port, index),
         };
-        if port != 1 || index != 0 {
-            return Err(verbs(
+        match (port, index) {
+            (1, 0) => Ok(d.gid()),
+            (1, i) if i < SOFT_GID_TABLE_LEN => Err(verbs(
+                "ibv_query_gid",
+                Errno::ENODATA,
+                format!("GID index {i} is empty"),
+            )),
+            _ => Err(verbs(
                 "ibv_query_gid",
                 Errno::EINVAL,
                 format!("no GID {index} on port {port}"),
-            ));
+            )),
         }
-        Ok(d.gid())
     }
 
     /// `ibv_alloc_pd`.
@@ -677,6 +683,10 @@ impl Context {
         })
     }
 }
+
+/// Entries in a soft device's GID table (`gid_tbl_len`): index 0 holds
+/// its address's GID, the others are empty, as unused entries of rxe's.
+pub const SOFT_GID_TABLE_LEN: u32 = 16;
 
 /// A completion channel (`struct ibv_comp_channel`): its fd (`AsFd`)
 /// becomes readable when a CQ attached to it has an event.

@@ -141,6 +141,7 @@ fn layouts() -> Vec<Layout> {
             _unsupported0: starts_at "modify_flow_action_esp",
             alloc_parent_domain,
             _unsupported0b: starts_at "dealloc_td",
+            query_rt_values,
             create_cq_ex,
             priv_: member "priv",
             query_device_ex,
@@ -156,6 +157,7 @@ fn layouts() -> Vec<Layout> {
         }
         ibv_pd { context, handle }
         ibv_xrcd { context }
+        ibv_values_ex { comp_mask, raw_clock }
         ibv_xrcd_init_attr { comp_mask, fd, oflags }
         ibv_mr { context, pd, addr, length, handle, lkey, rkey }
         ibv_mw { context, pd, rkey, handle, type_: member "type" }
@@ -400,6 +402,8 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_WC_EX_WITH_SL,
         IBV_WC_EX_WITH_DLID_PATH_BITS,
         IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK,
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+        IBV_VALUES_MASK_RAW_CLOCK,
         IBV_WC_STANDARD_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_FLAGS,
         IBV_CQ_INIT_ATTR_MASK_PD,

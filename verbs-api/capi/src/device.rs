@@ -274,6 +274,7 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.reg_dm_mr = Some(crate::verbs::reg_dm_mr);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
         vctx.get_srq_num = Some(crate::xrc::get_srq_num);
+        vctx.query_rt_values = Some(query_rt_values);
         vctx.open_xrcd = Some(crate::xrc::open_xrcd);
         vctx.close_xrcd = Some(crate::xrc::close_xrcd);
         let c = &mut vctx.context;
@@ -576,6 +577,13 @@ unsafe extern "C" fn query_device_ex(
             let dm = roxe_provider::memory::MAX_DM_SIZE as u64;
             ex._ext[35] = dm as u32;
             ex._ext[36] = (dm >> 32) as u32;
+            // completion_timestamp_mask and hca_core_clock (u64s at 264
+            // and 272): the device clock counts nanoseconds, 64 bits wide.
+            let (mask, khz) = (u64::MAX, 1_000_000u64);
+            ex._ext[7] = mask as u32;
+            ex._ext[8] = (mask >> 32) as u32;
+            ex._ext[9] = khz as u32;
+            ex._ext[10] = (khz >> 32) as u32;
             // xrc_odp_caps (u32 at offset 392): XRC requests and XRC SRQ
             // receives reach ODP regions as RC's do.
             ex._ext[39] = IBV_ODP_SUPPORT_SEND
@@ -590,6 +598,32 @@ unsafe extern "C" fn query_device_ex(
         unsafe {
             ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
             ptr::copy_nonoverlapping(ptr::addr_of!(ex).cast::<u8>(), attr.cast::<u8>(), n);
+        }
+        0
+    })
+}
+
+/// `vctx->query_rt_values` (`ibv_query_rt_values_ex`): the device clock
+/// now, in its ticks (nanoseconds since the Unix epoch, the clock of
+/// `ibv_wc_read_completion_ts`), in `raw_clock.tv_nsec` as mlx5 reports
+/// cycles.
+unsafe extern "C" fn query_rt_values(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is one of ours (the op is only in our contexts);
+        // values is the caller's.
+        let (Some(c), Some(v)) = (unsafe { context(ctx) }, unsafe { values.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        if v.comp_mask & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        let Some(d) = c.ctx.soft_device() else {
+            return libc::EOPNOTSUPP;
+        };
+        if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            let ticks = d.wallclock_ns(d.now());
+            v.raw_clock.tv_sec = 0;
+            v.raw_clock.tv_nsec = ticks as libc::c_long;
         }
         0
     })
@@ -704,6 +738,13 @@ pub unsafe extern "C" fn ibv_query_gid(
             Ok(raw) => {
                 // SAFETY: gid points to a caller's ibv_gid.
                 unsafe { gid.write(ibv_gid { raw }) };
+                0
+            }
+            // An empty entry of the table reads as the zero GID, as
+            // libibverbs reads an unused entry's sysfs file.
+            Err(e) if e.errno() == libc::ENODATA => {
+                // SAFETY: as above.
+                unsafe { gid.write(ibv_gid { raw: [0; 16] }) };
                 0
             }
             Err(e) => {

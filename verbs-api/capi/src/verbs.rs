@@ -847,13 +847,20 @@ fn cq_ex_header(
 ///
 /// # Safety
 /// `ctx` is NULL or an open context; `channel` NULL or one of its channels.
+/// Which completion times a CQ reports (`ibv_create_cq_ex`'s flags).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CqTimes {
+    wallclock: bool,
+    device_clock: bool,
+}
+
 unsafe fn create_roxe_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
-    wallclock: bool,
+    times: CqTimes,
 ) -> Result<*mut RoxeCq, c_int> {
     // SAFETY: per the contract.
     let Some(c) = (unsafe { context(ctx) }) else {
@@ -870,9 +877,14 @@ unsafe fn create_roxe_cq(
         .map_err(|e| e.errno())?;
     let id = cq.id().0;
     let mut header = cq_ex_header(ctx, channel, cq_context, id, cqe);
-    if wallclock {
+    if times.wallclock {
         header.read_completion_wallclock_ns = Some(cq_ex::read_completion_wallclock_ns);
     }
+    if times.device_clock {
+        // The device clock's ticks are those nanoseconds.
+        header.read_completion_ts = Some(cq_ex::read_completion_wallclock_ns);
+    }
+    let wallclock = times.wallclock || times.device_clock;
     let raw = leak(RoxeCq {
         c: header,
         cq,
@@ -892,12 +904,15 @@ unsafe fn create_roxe_cq(
 }
 
 /// `ibv_create_cq_ex` (the `verbs_context` op): the standard
-/// work-completion fields (`IBV_WC_STANDARD_FLAGS`) and wall-clock
-/// completion times (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`, read
-/// with `ibv_wc_read_completion_wallclock_ns`); the device's free-running
-/// clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, which only a vendor call
-/// turns into time), CVLAN, flow tags and TM are refused with EOPNOTSUPP,
-/// as by a device without them.
+/// work-completion fields (`IBV_WC_STANDARD_FLAGS`) and completion times,
+/// wall-clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`, read with
+/// `ibv_wc_read_completion_wallclock_ns`) and on the device's clock
+/// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, `ibv_wc_read_completion_ts`):
+/// a soft device's clock ticks in nanoseconds since the Unix epoch
+/// (`hca_core_clock` 1,000,000 kHz), monotonic because it advances with the
+/// device's monotonic clock from the wall-clock time it was opened at, so
+/// both reads give the same value. CVLAN, flow tags and TM are refused with
+/// EOPNOTSUPP, as by a device without them.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -914,7 +929,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return fail_null(libc::EINVAL);
         }
         if (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !SINGLE_THREADED != 0)
-            || a.wc_flags & !(IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+            || a.wc_flags
+                & !(IBV_WC_STANDARD_FLAGS
+                    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+                    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
                 != 0
         {
             return fail_null(libc::EOPNOTSUPP);
@@ -931,10 +949,13 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
             return fail_null(libc::EINVAL);
         };
-        let wallclock = a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0;
+        let times = CqTimes {
+            wallclock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0,
+            device_clock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP != 0,
+        };
         // SAFETY: ctx is the context the inline wrapper passed; the
         // channel is the caller's.
-        match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector, wallclock) } {
+        match unsafe { create_roxe_cq(ctx, cqe, a.cq_context, a.channel, vector, times) } {
             Ok(raw) => raw.cast(),
             Err(e) => fail_null(e),
         }
@@ -1109,7 +1130,16 @@ pub unsafe extern "C" fn ibv_create_cq(
     );
     guard(null_mut(), || {
         // SAFETY: ctx NULL or open, channel NULL or its channel (C contract).
-        match unsafe { create_roxe_cq(ctx, cqe, cq_context, channel, comp_vector, false) } {
+        match unsafe {
+            create_roxe_cq(
+                ctx,
+                cqe,
+                cq_context,
+                channel,
+                comp_vector,
+                CqTimes::default(),
+            )
+        } {
             Ok(raw) => raw.cast(),
             Err(e) => fail_null(e),
         }

@@ -210,27 +210,50 @@ fn rc_pingpong_new_send_api() {
     check_pingpong(&p, 100, 4096);
 }
 
+/// `-t`: completion timestamps on the device clock
+/// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, `ibv_wc_read_completion_ts`,
+/// `hca_core_clock`). Both sides report their receive-to-receive times in
+/// clock cycles; a soft device's clock ticks in nanoseconds, so the
+/// average is the time per iteration the program measured itself (within
+/// a wide factor: the two clocks are read at different points).
 #[test]
-fn rc_pingpong_timestamps_are_refused() {
-    if !common::programs_installed("rc_pingpong_timestamps_are_refused") {
+fn rc_pingpong_timestamps() {
+    if !common::programs_installed("rc_pingpong_timestamps") {
         return;
     }
-    // -t needs completion timestamps, which roxe does not offer: the
-    // program must say so and stop before it listens, as on a device
-    // without them.
-    let net = Net(49);
-    let port = net.port(0).to_string();
-    let side = Side::new(
+    let p = pingpong(
+        Net(49),
+        0,
         "ibv_rc_pingpong",
-        &net.server(0),
-        &["-d", "roxe0", "-p", &port, "-g", "0", "-t"],
+        &["-g", "0", "-t", "-n", "100"],
     );
-    let r = run_one(&side);
-    assert_eq!(r.status.and_then(|s| s.code()), Some(1), "{r:?}");
-    assert!(
-        format!("{}{}", r.stdout, r.stderr).contains("isn't completion timestamp capable"),
-        "{r:?}"
-    );
+    check_pingpong(&p, 100, 4096);
+    for out in [&p.server.stdout, &p.client.stdout] {
+        let value = |label: &str| -> f64 {
+            out.lines()
+                .find_map(|l| l.strip_prefix(label))
+                .and_then(|v| v.trim().split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {label:?} line\n{p:?}"))
+        };
+        let min = value("Min receive completion clock cycles =");
+        let avg = value("Average receive completion clock cycles =");
+        let max = value("Max receive completion clock cycles =");
+        let usec_per_iter = out
+            .lines()
+            .find_map(|l| l.split(" = ").nth(1)?.strip_suffix(" usec/iter"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no usec/iter\n{p:?}"));
+        assert!(
+            0.0 < min && min <= avg && avg <= max,
+            "{min} {avg} {max}\n{p:?}"
+        );
+        let ratio = avg / (usec_per_iter * 1000.0);
+        assert!(
+            (0.2..5.0).contains(&ratio),
+            "average {avg} cycles against {usec_per_iter} µs per iteration: not nanoseconds\n{p:?}"
+        );
+    }
 }
 
 #[test]
