@@ -232,7 +232,7 @@ fn rc_pingpong_timestamps() {
         let value = |label: &str| -> f64 {
             out.lines()
                 .find_map(|l| l.strip_prefix(label))
-                .and_then(|v| v.trim().split_whitespace().next())
+                .and_then(|v| v.split_whitespace().next())
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no {label:?} line\n{p:?}"))
         };
