@@ -3607,3 +3607,58 @@ fn xrc_send_reaches_the_srq_its_xrceth_names() {
     e1.close_xrcd(xrcd).unwrap();
     assert_eq!(errno(e1.close_xrcd(xrcd)), Errno::EINVAL);
 }
+
+/// The ACK-clocked pass after a verb (`poll_transmit_ack_clocked`): new
+/// messages start until 16 PSNs are unacknowledged, then wait; a normal
+/// pass (what an arriving ACK triggers) sends them. A message already
+/// started is never held.
+#[test]
+fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
+    use WcStatus::Success;
+    let mut net = Net::new(2, 53, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    for i in 0..8u64 {
+        // 4 KiB at MTU 1024: four packets, four PSNs each.
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, i, SendOpcode::RdmaWrite, i * 4096, 4096, b, i * 4096),
+        );
+    }
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    let mut sent = 0;
+    while net.engines[0]
+        .poll_transmit_ack_clocked(now, &mut buf)
+        .is_some()
+    {
+        sent += 1;
+    }
+    assert_eq!(
+        sent, 16,
+        "four messages, then the rest wait for the ACK clock"
+    );
+    // A single new message with little in flight is not held: a fresh QP.
+    let c = add_qp(&mut net, a, |_| {});
+    let d = add_qp(&mut net, b, |_| {});
+    link(&mut net, c, d, QpType::Rc, Mtu::Mtu1024);
+    post(
+        &mut net,
+        c,
+        rdma_wr(c, 99, SendOpcode::RdmaWrite, 0, 64, d, 0),
+    );
+    assert!(
+        net.engines[0]
+            .poll_transmit_ack_clocked(now, &mut buf)
+            .is_some(),
+        "a ping-pong's message goes at once"
+    );
+    // The rest go with the normal passes that ACKs bring.
+    let wcs = wait_wcs(&mut net, a, 9);
+    assert_eq!(
+        wcs.iter().filter(|w| w.status == Success).count(),
+        9,
+        "{wcs:?}"
+    );
+    assert_eq!(read(&net, b, 4096 * 7, 4096), read(&net, a, 4096 * 7, 4096));
+}

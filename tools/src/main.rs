@@ -77,6 +77,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "A poll_cq that finds nothing receives in the caller's thread (default on)",
     ),
     (
+        "ROXE_ACK_CLOCKED",
+        "roxe-ack-clocked",
+        "on|off",
+        "After a post, a new message waits for the ACK of 16+ PSNs in flight (default on)",
+    ),
+    (
         "ROXE_LOG",
         "roxe-log",
         "FILTER",

@@ -168,6 +168,11 @@ pub struct DeviceConfig {
     /// the socket itself, in the caller's thread, so a completion needs no
     /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
     pub caller_progress: bool,
+    /// After a verb, a reliable QP's new message waits while 16 or more of
+    /// its PSNs are unacknowledged: the coming ACK's pass sends it with
+    /// the others posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
+    /// `Engine::poll_transmit_ack_clocked`).
+    pub ack_clocked: bool,
 }
 
 impl Default for DeviceConfig {
@@ -180,6 +185,7 @@ impl Default for DeviceConfig {
             busy_poll: false,
             gso: true,
             caller_progress: true,
+            ack_clocked: true,
         }
     }
 }
@@ -202,7 +208,8 @@ impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
-    /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off` (switches:
+    /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off`,
+    /// `ROXE_ACK_CLOCKED=on|off` (switches:
     /// [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
@@ -228,6 +235,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("ROXE_CALLER_PROGRESS") {
             base.caller_progress = parse_switch("ROXE_CALLER_PROGRESS", &v)?;
+        }
+        if let Some(v) = var("ROXE_ACK_CLOCKED") {
+            base.ack_clocked = parse_switch("ROXE_ACK_CLOCKED", &v)?;
         }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);

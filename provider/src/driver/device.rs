@@ -203,6 +203,8 @@ struct Shared {
     rx: Mutex<RxBatch>,
     /// Callers of `poll_cq` receive themselves ([`Device::progress_here`]).
     caller_progress: bool,
+    /// ACK-clocked sends after verbs (`DeviceConfig::ack_clocked`).
+    ack_clocked: bool,
     /// Tests: the progress thread does nothing while set
     /// ([`Device::pause_progress_thread`]).
     progress_paused: AtomicBool,
@@ -258,7 +260,8 @@ impl std::ops::DerefMut for EngineGuard<'_> {
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
-            self.shared.after_work(&mut core);
+            // After a verb: new messages may wait for the ACK clock.
+            self.shared.after_work(&mut core, self.shared.ack_clocked);
             MutexGuard::unlock_fair(core);
         }
     }
@@ -488,6 +491,7 @@ impl Device {
             busy_poll: config.busy_poll,
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
+            ack_clocked: config.ack_clocked,
             progress_paused: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
@@ -534,7 +538,7 @@ impl Device {
         match guard {
             Some(mut core) => {
                 core.stats.rx_caller_batches += 1;
-                s.after_work(&mut core);
+                s.after_work(&mut core, false);
                 MutexGuard::unlock_fair(core);
                 true
             }
@@ -796,7 +800,7 @@ impl Shared {
         }
     }
 
-    fn after_work(&self, core: &mut Core) {
+    fn after_work(&self, core: &mut Core, ack_clocked: bool) {
         self.run_deferred(core);
         let now = self.now();
         let Core {
@@ -820,7 +824,12 @@ impl Shared {
                 if tx.is_full() {
                     tx.flush(socks);
                 }
-                let Some(t) = engine.poll_transmit(now, tx.slot()) else {
+                let t = if ack_clocked {
+                    engine.poll_transmit_ack_clocked(now, tx.slot())
+                } else {
+                    engine.poll_transmit(now, tx.slot())
+                };
+                let Some(t) = t else {
                     break;
                 };
                 let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.src_port);
@@ -1037,7 +1046,7 @@ impl Shared {
                 }
                 // A full burst: send what it produced and let verbs calls in.
                 if let Some(mut g) = guard.take() {
-                    self.after_work(&mut g);
+                    self.after_work(&mut g, false);
                     MutexGuard::unlock_fair(g);
                 }
             }
@@ -1064,7 +1073,7 @@ impl Shared {
                     st.serve(|| self.stat_answer(&core));
                 }
             }
-            self.after_work(&mut core);
+            self.after_work(&mut core, false);
             let deadline = earliest(
                 core.engine.poll_timeout(),
                 core.faults.as_ref().and_then(Faults::next_release),

@@ -205,6 +205,8 @@ pub struct Engine {
     timers: BTreeSet<(Nanos, u32)>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
+    /// Set for the duration of `poll_transmit_ack_clocked`.
+    ack_clocked: bool,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
     cm: crate::cm::Cm,
     /// The PSN of the next MAD sent from QP1.
@@ -256,6 +258,7 @@ impl Engine {
             active: BTreeSet::new(),
             timers: BTreeSet::new(),
             events: Vec::new(),
+            ack_clocked: false,
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
                 ca_guid: u64::from_be_bytes([
                     gid[8], gid[9], gid[10], gid[11], gid[12], gid[13], gid[14], gid[15],
@@ -664,10 +667,12 @@ impl Engine {
             stats,
             events,
             clock,
+            ack_clocked,
             ..
         } = self;
         let q = qps.get_mut(&qpn)?;
         let mut cx = QpCtx {
+            ack_clocked: *ack_clocked,
             now: *clock,
             config,
             memory,
@@ -893,6 +898,18 @@ impl Engine {
             // Nothing until a verb, a packet or a timer touches it again.
             self.active.remove(&qpn);
         }
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) for a pass right after a verb
+    /// (`ibv_post_send`): a reliable QP's new message waits while enough of
+    /// its PSNs are unacknowledged, since the ACK on its way starts a pass
+    /// that sends it (doorbell batching, clocked by ACKs). Responses,
+    /// retransmissions and messages already started are not held.
+    pub fn poll_transmit_ack_clocked(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        self.ack_clocked = true;
+        let t = self.poll_transmit(now, buf);
+        self.ack_clocked = false;
+        t
     }
 
     /// Fill in the ICRC of a packet about to leave.

@@ -68,6 +68,8 @@ pub(crate) struct QpCtx<'a> {
     pub srqs: &'a mut HashMap<u32, Srq>,
     pub stats: &'a mut Stats,
     pub events: &'a mut Vec<QpEvent>,
+    /// An ACK-clocked transmit pass (see `Engine::poll_transmit_ack_clocked`).
+    pub ack_clocked: bool,
     /// CQs a completion did not fit in during this call: afterwards the
     /// engine moves every QP feeding them to ERR (rxe's class G).
     pub overflowed: Vec<CqId>,
