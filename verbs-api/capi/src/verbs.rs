@@ -1862,25 +1862,44 @@ pub unsafe extern "C" fn ibv_modify_qp(
         return unsafe { crate::xrc::modify(qp, attr, mask) };
     }
     guard(libc::EIO, || {
-        // SAFETY: qp NULL or ours; attr is the caller's.
-        let (Some(q), Some(a)) = (unsafe { qp_obj(qp) }, unsafe { attr.as_ref() }) else {
+        // SAFETY: qp NULL or ours.
+        let Some(q) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
-        let attr_r = match qp_attr_from_c(a, mask) {
-            Ok(v) => v,
-            Err(e) => return e,
-        };
-        match q.qp.modify(&attr_r, AttrMask(mask as u32)) {
-            Ok(()) => {
-                if mask & IBV_QP_STATE != 0 {
-                    // SAFETY: the public state field programs read.
-                    unsafe { (*qp).state = a.qp_state };
-                }
-                0
-            }
-            Err(e) => e.errno(),
-        }
+        // SAFETY: qp is live; attr NULL or the caller's.
+        unsafe { modify_with(qp, attr, mask, |a, m| q.qp.modify(a, m)) }
     })
+}
+
+/// `ibv_modify_qp`'s common part: the C attributes converted, `modify`
+/// run, and on success the public `state` field updated.
+///
+/// # Safety
+/// `qp` is a live QP of this library; `attr` NULL or the caller's.
+pub(crate) unsafe fn modify_with(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+    modify: impl FnOnce(&roxe_verbs::QpAttr, AttrMask) -> roxe_verbs::Result<()>,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return libc::EINVAL;
+    };
+    let attr_r = match qp_attr_from_c(a, mask) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    match modify(&attr_r, AttrMask(mask as u32)) {
+        Ok(()) => {
+            if mask & IBV_QP_STATE != 0 {
+                // SAFETY: the public state field programs read.
+                unsafe { (*qp).state = a.qp_state };
+            }
+            0
+        }
+        Err(e) => e.errno(),
+    }
 }
 
 #[no_mangle]

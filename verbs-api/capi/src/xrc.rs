@@ -6,13 +6,13 @@
 //! `ibv_query_qp` and `ibv_destroy_qp` come here for it (they tell it by
 //! its public `qp_type`), and posting on it is EINVAL.
 
-use crate::abi::convert::{qp_attr_from_c, qp_attr_to_c};
+use crate::abi::convert::qp_attr_to_c;
 use crate::abi::*;
 use crate::device::context;
 use crate::verbs::{leak, obj, RoxeCq, RoxePd, RoxeSrq};
 use crate::{guard, set_errno};
 use parking_lot::Mutex;
-use roxe_verbs::{AttrMask, QpState, XrcRecvQp, Xrcd};
+use roxe_verbs::{QpState, XrcRecvQp, Xrcd};
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::ptr::null_mut;
@@ -267,25 +267,11 @@ pub(crate) unsafe fn create_recv_qp(
 pub(crate) unsafe fn modify(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: per the contract.
-        let (Some(q), Some(a)) = (unsafe { obj::<RoxeXrcRecvQp, _>(qp) }, unsafe {
-            attr.as_ref()
-        }) else {
+        let Some(q) = (unsafe { obj::<RoxeXrcRecvQp, _>(qp) }) else {
             return libc::EINVAL;
         };
-        let attr_r = match qp_attr_from_c(a, mask) {
-            Ok(v) => v,
-            Err(e) => return e,
-        };
-        match q.qp.modify(&attr_r, AttrMask(mask as u32)) {
-            Ok(()) => {
-                if mask & IBV_QP_STATE != 0 {
-                    // SAFETY: the public state field programs read.
-                    unsafe { (*qp).state = a.qp_state };
-                }
-                0
-            }
-            Err(e) => e.errno(),
-        }
+        // SAFETY: as above.
+        unsafe { crate::verbs::modify_with(qp, attr, mask, |a, m| q.qp.modify(a, m)) }
     })
 }
 
