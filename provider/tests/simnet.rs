@@ -3608,10 +3608,10 @@ fn xrc_send_reaches_the_srq_its_xrceth_names() {
     assert_eq!(errno(e1.close_xrcd(xrcd)), Errno::EINVAL);
 }
 
-/// The ACK-clocked pass after a verb (`poll_transmit_ack_clocked`): new
-/// messages start until 16 PSNs are unacknowledged, then wait; a normal
-/// pass (what an arriving ACK triggers) sends them. A message already
-/// started is never held.
+/// The ACK-clocked pass after a single post (`poll_transmit_ack_clocked`):
+/// while only this QP has PSNs in flight, new messages start until 16 PSNs
+/// are unacknowledged, then wait; a normal pass (what an arriving ACK
+/// triggers) sends them. With two QPs in flight nothing is held.
 #[test]
 fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
     use WcStatus::Success;
@@ -3653,11 +3653,27 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
             .is_some(),
         "a ping-pong's message goes at once"
     );
-    // The rest go with the normal passes that ACKs bring.
-    let wcs = wait_wcs(&mut net, a, 9);
+    // Two QPs now have PSNs in flight: nothing is held any more (holding
+    // each QP's messages for its own ACK starves many-QP programs). A post
+    // on the first QP sends its held messages and the new one.
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 8, SendOpcode::RdmaWrite, 8 * 4096, 4096, b, 8 * 4096),
+    );
+    let mut more = 0;
+    while net.engines[0]
+        .poll_transmit_ack_clocked(now, &mut buf)
+        .is_some()
+    {
+        more += 1;
+    }
+    assert_eq!(more, 20, "the four held messages and the new one");
+    // Everything completes with the passes that ACKs bring.
+    let wcs = wait_wcs(&mut net, a, 10);
     assert_eq!(
         wcs.iter().filter(|w| w.status == Success).count(),
-        9,
+        10,
         "{wcs:?}"
     );
     assert_eq!(read(&net, b, 4096 * 7, 4096), read(&net, a, 4096 * 7, 4096));

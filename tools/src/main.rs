@@ -80,7 +80,7 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "ROXE_ACK_CLOCKED",
         "roxe-ack-clocked",
         "on|off",
-        "After a post, a new message waits for the ACK of 16+ PSNs in flight (default on)",
+        "After a single post, a new message waits for the ACK of 16+ PSNs in flight (default on)",
     ),
     (
         "ROXE_LOG",

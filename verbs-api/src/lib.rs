@@ -2170,7 +2170,7 @@ impl Qp {
     /// `ibv_post_send`.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         match self.half() {
-            Half::Soft(d, qpn) => Ok(d.engine().post_send(qpn, wr)?),
+            Half::Soft(d, qpn) => Ok(d.engine_for_post().post_send(qpn, wr)?),
             Half::Hw(h) => h.post_send(&wr),
         }
     }

@@ -168,10 +168,11 @@ pub struct DeviceConfig {
     /// the socket itself, in the caller's thread, so a completion needs no
     /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
     pub caller_progress: bool,
-    /// After a verb, a reliable QP's new message waits while 16 or more of
-    /// its PSNs are unacknowledged: the coming ACK's pass sends it with
-    /// the others posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
-    /// `Engine::poll_transmit_ack_clocked`).
+    /// After posting a single send WR, a reliable QP's new message waits
+    /// while 16 or more of its PSNs are unacknowledged (and no other QP
+    /// has PSNs in flight): the coming ACK's pass sends it with the others
+    /// posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
+    /// `Device::engine_for_post`).
     pub ack_clocked: bool,
 }
 
