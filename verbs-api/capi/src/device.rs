@@ -558,39 +558,38 @@ unsafe extern "C" fn query_device_ex(
         ex.orig_attr = device_attr(c);
         ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
         if c.ctx.backend() == roxe_verbs::Backend::Soft {
-            // On-demand paging (`odp_caps`, 8-aligned after comp_mask):
-            // every region of a soft device is reached without pinning, so
-            // every operation of RC, UC and UD works on ODP regions, and an
-            // implicit region may cover the whole address space.
+            // On-demand paging: every region of a soft device is reached
+            // without pinning, so every operation of RC, UC, UD and XRC
+            // works on ODP regions, and an implicit region may cover the
+            // whole address space.
             let general = u64::from(IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT);
-            ex._ext[1] = general as u32;
-            ex._ext[2] = (general >> 32) as u32;
-            ex._ext[3] = IBV_ODP_SUPPORT_SEND
+            put_u64(&mut ex, EX_ODP_GENERAL_CAPS, general);
+            let rc = IBV_ODP_SUPPORT_SEND
                 | IBV_ODP_SUPPORT_RECV
                 | IBV_ODP_SUPPORT_WRITE
                 | IBV_ODP_SUPPORT_READ
                 | IBV_ODP_SUPPORT_ATOMIC
                 | IBV_ODP_SUPPORT_SRQ_RECV;
-            ex._ext[4] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
-            ex._ext[5] = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
-            // max_dm_size (u64 at offset 376).
-            let dm = roxe_provider::memory::MAX_DM_SIZE as u64;
-            ex._ext[35] = dm as u32;
-            ex._ext[36] = (dm >> 32) as u32;
-            // completion_timestamp_mask and hca_core_clock (u64s at 264
-            // and 272): the device clock counts nanoseconds, 64 bits wide.
-            let (mask, khz) = (u64::MAX, 1_000_000u64);
-            ex._ext[7] = mask as u32;
-            ex._ext[8] = (mask >> 32) as u32;
-            ex._ext[9] = khz as u32;
-            ex._ext[10] = (khz >> 32) as u32;
-            // xrc_odp_caps (u32 at offset 392): XRC requests and XRC SRQ
-            // receives reach ODP regions as RC's do.
-            ex._ext[39] = IBV_ODP_SUPPORT_SEND
-                | IBV_ODP_SUPPORT_WRITE
-                | IBV_ODP_SUPPORT_READ
-                | IBV_ODP_SUPPORT_ATOMIC
-                | IBV_ODP_SUPPORT_SRQ_RECV;
+            put_u32(&mut ex, EX_RC_ODP_CAPS, rc);
+            put_u32(
+                &mut ex,
+                EX_UC_ODP_CAPS,
+                IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE,
+            );
+            put_u32(
+                &mut ex,
+                EX_UD_ODP_CAPS,
+                IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV,
+            );
+            put_u32(&mut ex, EX_XRC_ODP_CAPS, rc & !IBV_ODP_SUPPORT_RECV);
+            // The device clock counts nanoseconds, 64 bits wide.
+            put_u64(&mut ex, EX_COMPLETION_TIMESTAMP_MASK, u64::MAX);
+            put_u64(&mut ex, EX_HCA_CORE_CLOCK_KHZ, 1_000_000);
+            put_u64(
+                &mut ex,
+                EX_MAX_DM_SIZE,
+                roxe_provider::memory::MAX_DM_SIZE as u64,
+            );
         }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; zero all of
@@ -601,6 +600,35 @@ unsafe extern "C" fn query_device_ex(
         }
         0
     })
+}
+
+// Byte offsets in `struct ibv_device_attr_ex` (rdma-core 44, x86_64 and
+// aarch64) of the members roxe fills beyond `orig_attr`; they lie in the
+// `_ext` words of the mirror (`offsetof` measured from verbs.h).
+const EX_ODP_GENERAL_CAPS: usize = 240;
+const EX_RC_ODP_CAPS: usize = 248;
+const EX_UC_ODP_CAPS: usize = 252;
+const EX_UD_ODP_CAPS: usize = 256;
+const EX_COMPLETION_TIMESTAMP_MASK: usize = 264;
+const EX_HCA_CORE_CLOCK_KHZ: usize = 272;
+const EX_MAX_DM_SIZE: usize = 376;
+const EX_XRC_ODP_CAPS: usize = 392;
+
+/// The `_ext` word at byte offset `c_offset` of the C struct.
+fn ext_word(c_offset: usize) -> usize {
+    (c_offset - std::mem::offset_of!(ibv_device_attr_ex, _ext)) / 4
+}
+
+fn put_u32(ex: &mut ibv_device_attr_ex, c_offset: usize, v: u32) {
+    ex._ext[ext_word(c_offset)] = v;
+}
+
+/// A u64 member, as two native-endian words (x86_64 and aarch64 are
+/// little-endian).
+fn put_u64(ex: &mut ibv_device_attr_ex, c_offset: usize, v: u64) {
+    let i = ext_word(c_offset);
+    ex._ext[i] = v as u32;
+    ex._ext[i + 1] = (v >> 32) as u32;
 }
 
 /// `vctx->query_rt_values` (`ibv_query_rt_values_ex`): the device clock
