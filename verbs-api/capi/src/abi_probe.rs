@@ -437,11 +437,54 @@ const NOT_IN_VERBS_H: &[&str] = &[
 
 /// Values checked through a C expression: (key, C expression, Rust value).
 fn extras() -> Vec<(&'static str, &'static str, i64)> {
-    vec![(
-        "COMPAT_PORT_ATTR_SIZE",
-        "offsetof(struct ibv_port_attr, port_cap_flags2)",
-        COMPAT_PORT_ATTR_SIZE as i64,
-    )]
+    use crate::device::*;
+    vec![
+        (
+            "COMPAT_PORT_ATTR_SIZE",
+            "offsetof(struct ibv_port_attr, port_cap_flags2)",
+            COMPAT_PORT_ATTR_SIZE as i64,
+        ),
+        (
+            "EX_ODP_GENERAL_CAPS",
+            "offsetof(struct ibv_device_attr_ex, odp_caps.general_caps)",
+            EX_ODP_GENERAL_CAPS as i64,
+        ),
+        (
+            "EX_RC_ODP_CAPS",
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.rc_odp_caps)",
+            EX_RC_ODP_CAPS as i64,
+        ),
+        (
+            "EX_UC_ODP_CAPS",
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.uc_odp_caps)",
+            EX_UC_ODP_CAPS as i64,
+        ),
+        (
+            "EX_UD_ODP_CAPS",
+            "offsetof(struct ibv_device_attr_ex, odp_caps.per_transport_caps.ud_odp_caps)",
+            EX_UD_ODP_CAPS as i64,
+        ),
+        (
+            "EX_COMPLETION_TIMESTAMP_MASK",
+            "offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)",
+            EX_COMPLETION_TIMESTAMP_MASK as i64,
+        ),
+        (
+            "EX_HCA_CORE_CLOCK_KHZ",
+            "offsetof(struct ibv_device_attr_ex, hca_core_clock)",
+            EX_HCA_CORE_CLOCK_KHZ as i64,
+        ),
+        (
+            "EX_MAX_DM_SIZE",
+            "offsetof(struct ibv_device_attr_ex, max_dm_size)",
+            EX_MAX_DM_SIZE as i64,
+        ),
+        (
+            "EX_XRC_ODP_CAPS",
+            "offsetof(struct ibv_device_attr_ex, xrc_odp_caps)",
+            EX_XRC_ODP_CAPS as i64,
+        ),
+    ]
 }
 
 /// The lines the C probe must print, computed on the Rust side.

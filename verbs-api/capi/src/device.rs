@@ -604,15 +604,15 @@ unsafe extern "C" fn query_device_ex(
 
 // Byte offsets in `struct ibv_device_attr_ex` (rdma-core 44, x86_64 and
 // aarch64) of the members roxe fills beyond `orig_attr`; they lie in the
-// `_ext` words of the mirror (`offsetof` measured from verbs.h).
-const EX_ODP_GENERAL_CAPS: usize = 240;
-const EX_RC_ODP_CAPS: usize = 248;
-const EX_UC_ODP_CAPS: usize = 252;
-const EX_UD_ODP_CAPS: usize = 256;
-const EX_COMPLETION_TIMESTAMP_MASK: usize = 264;
-const EX_HCA_CORE_CLOCK_KHZ: usize = 272;
-const EX_MAX_DM_SIZE: usize = 376;
-const EX_XRC_ODP_CAPS: usize = 392;
+// `_ext` words of the mirror (`abi_probe.rs` checks them against verbs.h).
+pub(crate) const EX_ODP_GENERAL_CAPS: usize = 240;
+pub(crate) const EX_RC_ODP_CAPS: usize = 248;
+pub(crate) const EX_UC_ODP_CAPS: usize = 252;
+pub(crate) const EX_UD_ODP_CAPS: usize = 256;
+pub(crate) const EX_COMPLETION_TIMESTAMP_MASK: usize = 264;
+pub(crate) const EX_HCA_CORE_CLOCK_KHZ: usize = 272;
+pub(crate) const EX_MAX_DM_SIZE: usize = 376;
+pub(crate) const EX_XRC_ODP_CAPS: usize = 392;
 
 /// The `_ext` word at byte offset `c_offset` of the C struct.
 fn ext_word(c_offset: usize) -> usize {
