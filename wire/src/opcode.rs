@@ -485,6 +485,10 @@ impl Opcode {
     /// `t` (a responder answers an XRC request with XRC responses).
     /// `None` where `t` has no such opcode.
     pub fn on_transport(self, t: Transport) -> Option<Opcode> {
+        // The common case, every RC response: no table lookup.
+        if self.transport() == t {
+            return Some(self);
+        }
         let base = match t {
             Transport::Rc => 0x00,
             Transport::Uc => 0x20,

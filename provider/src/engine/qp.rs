@@ -192,7 +192,8 @@ impl Qp {
     }
 
     pub fn src_port(&self) -> u16 {
-        // Like rxe, a fixed source port per QP in 0xC000..0xFFFF.
+        // rxe's per-QP source port, 0xC000 + QPN bits; the driver's pool of
+        // send sockets is indexed by it (`EngineConfig::src_ports`).
         0xC000 | (self.qpn as u16 & 0x3FFF)
     }
 

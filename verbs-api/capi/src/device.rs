@@ -635,6 +635,9 @@ fn put_u64(ex: &mut ibv_device_attr_ex, c_offset: usize, v: u64) {
 /// now, in its ticks (nanoseconds since the Unix epoch, the clock of
 /// `ibv_wc_read_completion_ts`), in `raw_clock.tv_nsec` as mlx5 reports
 /// cycles.
+///
+/// # Safety
+/// `ctx` is one of this library's contexts; `values` NULL or the caller's.
 unsafe extern "C" fn query_rt_values(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: ctx is one of ours (the op is only in our contexts);

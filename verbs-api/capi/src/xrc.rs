@@ -13,7 +13,7 @@ use crate::verbs::{leak, obj, RoxeCq, RoxePd, RoxeSrq};
 use crate::{guard, set_errno};
 use parking_lot::Mutex;
 use roxe_verbs::{QpState, XrcRecvQp, Xrcd};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,12 +35,16 @@ type FileKey = (String, u64, u64);
 
 /// Domains opened through a file, by (device, st_dev, st_ino): the address
 /// of their `RoxeXrcd`. Also serialises open against close.
-static BY_FILE: Mutex<Option<HashMap<FileKey, usize>>> = Mutex::new(None);
+static BY_FILE: Mutex<BTreeMap<FileKey, usize>> = Mutex::new(BTreeMap::new());
 
 /// `vctx->open_xrcd`. `fd` -1 (or no `IBV_XRCD_INIT_ATTR_FD`): a private
 /// domain. Otherwise the domain of that file: without one yet, `O_CREAT`
 /// makes it (else EAGAIN); with one, `O_EXCL` is EINVAL (the kernel's
 /// rules); a bad descriptor is EBADF.
+///
+/// # Safety
+/// `ctx` is one of this library's contexts (the op is only in their
+/// tables); `attr` NULL or the caller's.
 pub(crate) unsafe extern "C" fn open_xrcd(
     ctx: *mut ibv_context,
     attr: *mut ibv_xrcd_init_attr,
@@ -78,7 +82,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(
             Some((c.ctx.name().to_string(), st.st_dev, st.st_ino))
         };
         if let Some(k) = &key {
-            let existing = by_file.get_or_insert_with(HashMap::new).get(k).copied();
+            let existing = by_file.get(k).copied();
             match existing {
                 Some(_) if oflags & libc::O_EXCL != 0 => return fail(libc::EINVAL),
                 Some(p) => {
@@ -104,9 +108,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(
             file: key.clone(),
         });
         if let Some(k) = key {
-            by_file
-                .get_or_insert_with(HashMap::new)
-                .insert(k, raw as usize);
+            by_file.insert(k, raw as usize);
         }
         raw.cast()
     })
@@ -114,6 +116,9 @@ pub(crate) unsafe extern "C" fn open_xrcd(
 
 /// `vctx->close_xrcd`: the last close of a domain with SRQs or QPs left is
 /// EBUSY.
+///
+/// # Safety
+/// `xrcd` is NULL or from [`open_xrcd`], not closed for good.
 pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
     guard(libc::EIO, || {
         let mut by_file = BY_FILE.lock();
@@ -129,8 +134,8 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
         if x.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        if let (Some(k), Some(m)) = (&x.file, by_file.as_mut()) {
-            m.remove(k);
+        if let Some(k) = &x.file {
+            by_file.remove(k);
         }
         // SAFETY: created by leak(RoxeXrcd); this was its last open.
         drop(unsafe { Box::from_raw(xrcd.cast::<RoxeXrcd>()) });
@@ -177,6 +182,9 @@ pub(crate) unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
 }
 
 /// `vctx->get_srq_num`.
+///
+/// # Safety
+/// `srq` is NULL or an SRQ of this library; `num` NULL or the caller's.
 pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: srq NULL or ours; num is the caller's.
