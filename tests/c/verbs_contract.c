@@ -1328,6 +1328,148 @@ cq_ex_done:
 		unlink(path);
 	}
 
+	/* ------------------------------------------------------- imports */
+	{
+		/* A context imported through a dup of cmd_fd shares the
+		 * objects, found by handle: QPs made with the imported PD
+		 * WRITE with an imported MR into an MR of the original PD (one
+		 * protection domain); deregistering through the imported struct
+		 * revokes the keys for every struct; device memory is shared;
+		 * handles that name nothing give ENOENT. */
+		int fd = dup(c.ctx->cmd_fd);
+		struct ibv_context *ic = fd >= 0 ? ibv_import_device(fd) : NULL;
+
+		check(ic != NULL && ic->cmd_fd == fd, "import.device",
+		      "fd %d: context %p (cmd_fd %d), errno %d (%s)", fd, (void *)ic,
+		      ic ? ic->cmd_fd : -1, errno, strerror(errno));
+		errno = 0;
+		{
+			int nfd = open("/dev/null", O_RDWR);
+			struct ibv_context *bad = nfd >= 0 ? ibv_import_device(nfd) : NULL;
+
+			check(!bad && errno == EOPNOTSUPP, "import.device_of_another_file",
+			      "context %p, errno %d (%s), expected NULL and EOPNOTSUPP",
+			      (void *)bad, errno, strerror(errno));
+			if (nfd >= 0)
+				close(nfd);
+		}
+		if (ic) {
+			struct ibv_pd *ipd = ibv_import_pd(ic, c.pd->handle);
+			struct buf src = { 0 }, dst = { 0 };
+			struct ibv_mr *imr = NULL;
+
+			check(ipd && ipd->handle == c.pd->handle && ipd->context == ic, "import.pd",
+			      "pd %p for handle %u, errno %d (%s)", (void *)ipd, c.pd->handle,
+			      errno, strerror(errno));
+			errno = 0;
+			struct ibv_pd *none = ibv_import_pd(ic, 0xfffffff0u);
+			check(!none && errno == ENOENT, "import.unknown_handle_enoent",
+			      "pd %p, errno %d (%s)", (void *)none, errno, strerror(errno));
+			buf_init(&c, &src);
+			buf_init(&c, &dst);
+			if (ipd)
+				imr = ibv_import_mr(ipd, src.mr->handle);
+			check(imr && imr->lkey == src.mr->lkey && imr->rkey == src.mr->rkey &&
+				      imr->length == BUF_SIZE && imr->pd == ipd &&
+				      imr->handle == src.mr->handle,
+			      "import.mr", "mr %p, errno %d (%s)", (void *)imr, errno,
+			      strerror(errno));
+			struct ibv_cq *icq = ibv_create_cq(ic, 16, NULL, NULL, 0);
+			struct ibv_qp *ix = NULL, *iy = NULL;
+
+			if (icq && ipd && imr) {
+				struct ibv_qp_init_attr ia = {
+					.send_cq = icq,
+					.recv_cq = icq,
+					.cap = { .max_send_wr = 8, .max_recv_wr = 8,
+						 .max_send_sge = 1, .max_recv_sge = 1 },
+					.qp_type = IBV_QPT_RC,
+				};
+				ix = ibv_create_qp(ipd, &ia);
+				iy = ibv_create_qp(ipd, &ia);
+			}
+			check(ix && iy, "import.qps_on_imported_pd", "errno %d (%s)", errno,
+			      strerror(errno));
+			if (ix && iy) {
+				struct ibv_sge sge = { .addr = (uintptr_t)src.p, .length = 4096,
+						       .lkey = imr->lkey };
+				struct ibv_send_wr wr = { .wr_id = 901, .sg_list = &sge,
+							  .num_sge = 1,
+							  .opcode = IBV_WR_RDMA_WRITE,
+							  .send_flags = IBV_SEND_SIGNALED };
+				struct ibv_send_wr *bad = NULL;
+				struct ibv_wc iwc[2];
+
+				connect_pair(&c, ix, iy, "import", 0);
+				fill(src.p, 4096, 91);
+				wr.wr.rdma.remote_addr = (uintptr_t)dst.p;
+				wr.wr.rdma.rkey = dst.mr->rkey;
+				rc = ibv_post_send(ix, &wr, &bad);
+				n = rc == 0 ? poll_n(icq, iwc, 1) : 0;
+				check(n == 1 && iwc[0].status == IBV_WC_SUCCESS &&
+					      diff_at(src.p, dst.p, 4096) < 0,
+				      "import.write_with_imported_keys",
+				      "post %d, %d completions (status %d), first difference at %ld",
+				      rc, n, n ? iwc[0].status : -1, diff_at(src.p, dst.p, 4096));
+				/* Deregistered through the import: the original
+				 * struct's rkey is refused. */
+				rc = ibv_dereg_mr(imr);
+				imr = NULL;
+				memset(src.p, 0, 4096);
+				sge = (struct ibv_sge){ .addr = (uintptr_t)dst.p, .length = 64,
+							.lkey = dst.mr->lkey };
+				wr.wr.rdma.remote_addr = (uintptr_t)src.p;
+				wr.wr.rdma.rkey = src.mr->rkey;
+				wr.wr_id = 902;
+				rc |= ibv_post_send(ix, &wr, &bad);
+				n = rc == 0 ? poll_n(icq, iwc, 1) : 0;
+				check(n == 1 && iwc[0].status == IBV_WC_REM_ACCESS_ERR &&
+					      src.p[0] == 0,
+				      "import.dereg_through_import_revokes_keys",
+				      "rc %d, %d completions (status %d %s), byte %d",
+				      rc, n, n ? iwc[0].status : -1,
+				      n ? ibv_wc_status_str(iwc[0].status) : "-", src.p[0]);
+			}
+			rc = (ix ? ibv_destroy_qp(ix) : 0) | (iy ? ibv_destroy_qp(iy) : 0);
+			rc |= icq ? ibv_destroy_cq(icq) : 0;
+			if (imr)
+				ibv_unimport_mr(imr);
+			/* The original struct of a region deregistered elsewhere
+			 * is freed; the other MR is the original's to free. */
+			rc |= ibv_dereg_mr(src.mr) | ibv_dereg_mr(dst.mr);
+			free(src.p);
+			free(dst.p);
+
+			struct ibv_alloc_dm_attr da = { .length = 256 };
+			struct ibv_dm *dm = ibv_alloc_dm(c.ctx, &da);
+			struct ibv_dm *idm = dm ? ibv_import_dm(ic, dm->handle) : NULL;
+			char out[256], in[256];
+
+			fill(out, sizeof(out), 92);
+			memset(in, 0, sizeof(in));
+			if (dm && idm) {
+				rc |= ibv_memcpy_to_dm(dm, 0, out, sizeof(out));
+				rc |= ibv_memcpy_from_dm(in, idm, 0, sizeof(in));
+			}
+			check(dm && idm && memcmp(in, out, sizeof(in)) == 0, "import.dm",
+			      "dm %p, imported %p, data %s", (void *)dm, (void *)idm,
+			      memcmp(in, out, sizeof(in)) ? "differs" : "equal");
+			if (idm)
+				ibv_unimport_dm(idm);
+			rc |= dm ? ibv_free_dm(dm) : 0;
+			if (ipd)
+				ibv_unimport_pd(ipd);
+			rc |= ibv_close_device(ic);
+			check(rc == 0, "import.teardown", "a destroy or close returned nonzero");
+			/* The original context and its PD are untouched. */
+			check(fcntl(c.ctx->cmd_fd, F_GETFD) >= 0 && fcntl(fd, F_GETFD) < 0,
+			      "import.close_closes_only_the_imported_fd",
+			      "original fd %s, imported fd %s",
+			      fcntl(c.ctx->cmd_fd, F_GETFD) >= 0 ? "open" : "closed",
+			      fcntl(fd, F_GETFD) >= 0 ? "open" : "closed");
+		}
+	}
+
 	/* ------------------------------------------------------ teardown */
 	rc = ibv_destroy_qp(qa);
 	check(rc == 0, "teardown.destroy_qp", "returned %d (%s)", rc, strerror(rc));

@@ -1220,6 +1220,7 @@ impl Context {
                 dev: Arc::clone(d),
                 handle,
                 len,
+                regions: Default::default(),
                 _ctx: self.clone(),
             }),
         })
@@ -1372,7 +1373,31 @@ struct DmInner {
     dev: Arc<Device>,
     handle: u32,
     len: usize,
+    /// Regions registered over it (not every clone is one: imported
+    /// structs of the drop-in hold clones too).
+    regions: std::sync::atomic::AtomicUsize,
     _ctx: Context,
+}
+
+/// A region's hold on its device memory, counted in `DmInner::regions`.
+struct DmRegion(Dm);
+
+impl DmRegion {
+    fn new(dm: &Dm) -> Self {
+        dm.inner
+            .regions
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        DmRegion(dm.clone())
+    }
+}
+
+impl Drop for DmRegion {
+    fn drop(&mut self) {
+        self.0
+            .inner
+            .regions
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Drop for DmInner {
@@ -1417,7 +1442,10 @@ impl Dm {
 
     /// Regions are registered over it (`ibv_free_dm` refuses then).
     pub fn has_regions(&self) -> bool {
-        Arc::strong_count(&self.inner) > 1
+        self.inner
+            .regions
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
     }
 }
 
@@ -1456,7 +1484,7 @@ impl Pd {
                 len,
             },
             pd: self.clone(),
-            _dm: Some(dm.clone()),
+            _dm: Some(DmRegion::new(dm)),
         })
     }
 }
@@ -1534,7 +1562,7 @@ pub struct Mr {
     imp: MrImp,
     pd: Pd,
     /// A region over device memory keeps the memory alive.
-    _dm: Option<Dm>,
+    _dm: Option<DmRegion>,
 }
 
 enum MrImp {

@@ -11,7 +11,7 @@ use roxe_verbs::{Context, DeviceInfo};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of, zeroed};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::{self, null_mut};
 use std::sync::{Arc, OnceLock};
 
@@ -186,11 +186,12 @@ pub(crate) struct RoxeContext {
     pub ctx: Context,
     /// The read end of the async event pipe (`context.async_fd`).
     async_read: OwnedFd,
-    /// `context.cmd_fd`: roxe has no kernel command channel, but programs
-    /// (pyverbs' shared-PD tests) `dup` it before `ibv_import_device`,
-    /// which then fails with EOPNOTSUPP; `/dev/null` keeps that a clean
-    /// "not supported" rather than EBADF.
-    _cmd_fd: Option<OwnedFd>,
+    /// `context.cmd_fd`: a memfd standing for the kernel's command file
+    /// (see `crate::import`): a context imported through a `dup` of it
+    /// shares this one's objects.
+    _cmd_fd: OwnedFd,
+    /// The objects of the command file, by handle.
+    pub handles: Arc<crate::import::Handles>,
     /// QPN → `ibv_qp*` of this context's QPs, which async events name.
     pub qps: Arc<Mutex<HashMap<u32, usize>>>,
     /// Writes the device's QP events into the pipe while the context lives.
@@ -239,7 +240,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 return null_mut();
             }
         };
-        match open_context(device, ctx) {
+        match open_context(device, ctx, CmdFile::New) {
             Ok(c) => c,
             Err(e) => {
                 set_errno(e);
@@ -249,9 +250,36 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     })
 }
 
+/// The command file of a context being opened.
+pub(crate) enum CmdFile {
+    /// A new one (`ibv_open_device`).
+    New,
+    /// The caller's descriptor of an existing one (`ibv_import_device`),
+    /// owned by the context once it is open (not on failure).
+    Imported {
+        fd: std::os::fd::RawFd,
+        handles: Arc<crate::import::Handles>,
+    },
+}
+
 /// The C context of an opened device.
-fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_context, i32> {
+pub(crate) fn open_context(
+    device: *mut ibv_device,
+    ctx: Context,
+    cmd: CmdFile,
+) -> Result<*mut ibv_context, i32> {
     {
+        let new_cmd_fd = match cmd {
+            CmdFile::New => Some(command_memfd()?),
+            CmdFile::Imported { .. } => None,
+        };
+        let handles = match (&cmd, &new_cmd_fd) {
+            (CmdFile::Imported { handles, .. }, _) => Arc::clone(handles),
+            (CmdFile::New, Some(fd)) => {
+                crate::import::Handles::register(fd.as_fd(), device, ctx.clone())?
+            }
+            (CmdFile::New, None) => return Err(libc::EIO),
+        };
         let (async_read, async_write) = rustix_pipe()?;
         let qps: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
         let event_sink = async_sink(async_write, Arc::clone(&qps));
@@ -279,13 +307,15 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
         vctx.close_xrcd = Some(crate::xrc::close_xrcd);
         let c = &mut vctx.context;
         c.device = device;
-        let cmd_fd: Option<OwnedFd> = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/null")
-            .ok()
-            .map(OwnedFd::from);
-        c.cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // Nothing fails from here on: an imported descriptor becomes ours.
+        let cmd_fd = match (new_cmd_fd, cmd) {
+            (Some(fd), _) => fd,
+            // SAFETY: the caller's open descriptor, which libibverbs'
+            // contract hands to the imported context (closed with it).
+            (None, CmdFile::Imported { fd, .. }) => unsafe { OwnedFd::from_raw_fd(fd) },
+            (None, CmdFile::New) => return Err(libc::EIO),
+        };
+        c.cmd_fd = cmd_fd.as_raw_fd();
         c.async_fd = async_read.as_raw_fd();
         c.num_comp_vectors = 1;
         c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
@@ -297,6 +327,7 @@ fn open_context(device: *mut ibv_device, ctx: Context) -> Result<*mut ibv_contex
             ctx,
             async_read,
             _cmd_fd: cmd_fd,
+            handles,
             qps,
             _event_sink: event_sink,
         });
@@ -350,7 +381,7 @@ pub(crate) fn shared_device(ctx: &Context) -> Result<SharedDevice, i32> {
             }
         }
     };
-    let c = open_context(entry.dev, ctx.clone())?;
+    let c = open_context(entry.dev, ctx.clone(), CmdFile::New)?;
     // SAFETY: c is the context just opened.
     let pd = unsafe { crate::verbs::ibv_alloc_pd(c) };
     if pd.is_null() {
@@ -395,6 +426,19 @@ pub(crate) fn all_shared_devices() -> Result<Vec<*mut ibv_context>, i32> {
         shared_device(&ctx)?;
     }
     Ok(SHARED.lock().iter().map(|(_, d)| d.ctx).collect())
+}
+
+/// A context's command file: an anonymous memfd (its inode names it).
+fn command_memfd() -> Result<OwnedFd, i32> {
+    // SAFETY: a NUL-terminated name and valid flags.
+    let fd = unsafe { libc::memfd_create(c"roxe-context".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: memfd_create just returned this descriptor, owned by nobody.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The async event pipe: the read end blocking (programs may make it

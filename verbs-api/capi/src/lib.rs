@@ -9,6 +9,8 @@
 //!   table (the inline `ibv_post_send`/`ibv_poll_cq`/... jump through it),
 //!   queries, async events;
 //! - `verbs`: PD, MR, CQ, completion channels, SRQ, QP, AH and the data path;
+//! - `import`: sharing objects between contexts on one command file
+//!   (`ibv_import_device`, `ibv_import_pd`/`_mr`/`_dm`);
 //! - `qp_ex`: the `ibv_wr_*` post-send API of QPs from `ibv_create_qp_ex`;
 //! - `stubs`: the rest of the 146 exported symbols (helpers, strings,
 //!   kernel-only and private entry points) with a real provider's answer
@@ -25,6 +27,7 @@ pub use roxe_verbs::abi;
 mod abi_probe;
 mod cm;
 mod device;
+mod import;
 mod passthrough;
 mod qp_ex;
 mod rsocket;

@@ -153,7 +153,7 @@ unsafe extern "C" fn wr_bind_mw(
             Some(MwBind {
                 mw_rkey: m.mw.rkey(),
                 new_rkey: rkey,
-                mr_lkey: mr.map_or(0, Mr::lkey),
+                mr_lkey: mr.as_deref().map_or(0, Mr::lkey),
                 addr: info.addr,
                 length: info.length,
                 access: AccessFlags(info.mw_access_flags),

@@ -335,42 +335,6 @@ fn eopnotsupp() -> c_int {
     EOPNOTSUPP
 }
 
-/// `ibv_import_device`: there is no uverbs command fd to import from.
-#[no_mangle]
-pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut c_void {
-    null_eopnotsupp()
-}
-
-/// `ibv_import_pd`: objects cannot be shared across processes.
-#[no_mangle]
-pub extern "C" fn ibv_import_pd(_context: *mut c_void, _pd_handle: u32) -> *mut c_void {
-    null_eopnotsupp()
-}
-
-/// `ibv_import_mr`: objects cannot be shared across processes.
-#[no_mangle]
-pub extern "C" fn ibv_import_mr(_pd: *mut c_void, _mr_handle: u32) -> *mut c_void {
-    null_eopnotsupp()
-}
-
-/// `ibv_import_dm`: no device memory, nothing to import.
-#[no_mangle]
-pub extern "C" fn ibv_import_dm(_context: *mut c_void, _dm_handle: u32) -> *mut c_void {
-    null_eopnotsupp()
-}
-
-/// `ibv_unimport_pd`: no import ever succeeds, so there is nothing to undo.
-#[no_mangle]
-pub extern "C" fn ibv_unimport_pd(_pd: *mut c_void) {}
-
-/// `ibv_unimport_mr`: no import ever succeeds, so there is nothing to undo.
-#[no_mangle]
-pub extern "C" fn ibv_unimport_mr(_mr: *mut c_void) {}
-
-/// `ibv_unimport_dm`: no import ever succeeds, so there is nothing to undo.
-#[no_mangle]
-pub extern "C" fn ibv_unimport_dm(_dm: *mut c_void) {}
-
 /// `ibv_reg_dmabuf_mr`: dma-buf fds are device memory roxe cannot read.
 #[no_mangle]
 pub extern "C" fn ibv_reg_dmabuf_mr(
@@ -1045,7 +1009,7 @@ mod tests {
     #[test]
     fn unsupported_sets_errno() {
         set_errno(0);
-        assert!(ibv_import_device(3).is_null());
+        assert!(verbs_open_device(ptr::null_mut(), ptr::null_mut()).is_null());
         // SAFETY: reading this thread's errno.
         assert_eq!(unsafe { *libc::__errno_location() }, EOPNOTSUPP);
         // SAFETY: a NULL QP (refused without being read).

@@ -11,7 +11,7 @@ use crate::abi::convert::{av_from_c, qp_attr_from_c, qp_attr_to_c, wc_to_c};
 use crate::abi::*;
 use crate::device::context;
 use crate::{guard, set_errno};
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use roxe_verbs::{
     AccessFlags, AttrMask, CompChannel, Cq, Mr, Mw, MwBind, MwType, Pd, Qp, QpInit, QpState,
     QpType, RecvWr, SendFlags, SendOpcode, SendWr, Sge, Srq, WorkCompletion,
@@ -22,6 +22,7 @@ use std::mem::zeroed;
 use std::os::fd::AsRawFd;
 use std::ptr::{self, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Fill the ops the inline data-path wrappers call.
 pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
@@ -66,7 +67,7 @@ pub(crate) unsafe fn qp_obj<'a, C>(qp: *mut C) -> Option<&'a RoxeQp> {
     unsafe { obj::<RoxeQp, _>(qp) }
 }
 
-fn fail_null<T>(errno: i32) -> *mut T {
+pub(crate) fn fail_null<T>(errno: i32) -> *mut T {
     set_errno(errno);
     null_mut()
 }
@@ -82,6 +83,30 @@ pub(crate) struct RoxePd {
     /// whose objects it creates (roxe has no device buffers for the
     /// allocators to place, so they are not called, as a provider may).
     parent_of: Option<*const RoxePd>,
+}
+
+impl RoxePd {
+    /// The struct for `pd` on `ctx`, named `handle` on its command file.
+    pub(crate) fn new(ctx: *mut ibv_context, handle: u32, pd: Pd) -> Self {
+        RoxePd {
+            c: ibv_pd {
+                context: ctx,
+                handle,
+            },
+            pd,
+            users: AtomicUsize::new(0),
+            parent_of: None,
+        }
+    }
+
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        self.c.context
+    }
+
+    /// How many objects made through this struct live.
+    pub(crate) fn users(&self) -> usize {
+        self.users.load(Ordering::Acquire)
+    }
 }
 
 /// `ibv_alloc_parent_domain` (the `verbs_context` op): a PD object that
@@ -139,16 +164,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             return fail_null(libc::EINVAL);
         };
         match c.ctx.alloc_pd() {
-            Ok(pd) => leak(RoxePd {
-                c: ibv_pd {
-                    context: ctx,
-                    handle: 0,
-                },
-                pd,
-                users: AtomicUsize::new(0),
-                parent_of: None,
-            })
-            .cast(),
+            Ok(pd) => {
+                let handle = c.handles.add_pd(&pd);
+                leak(RoxePd::new(ctx, handle, pd)).cast()
+            }
             Err(e) => fail_null(e.errno()),
         }
     })
@@ -175,6 +194,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             // SAFETY: the PD a parent domain stands for outlives it (its
             // users count refuses dealloc until then).
             unsafe { (*parent).users.fetch_sub(1, Ordering::AcqRel) };
+        } else {
+            forget_handle(p.c.context, p.c.handle);
         }
         // SAFETY: pd came from leak(RoxePd) and is destroyed once.
         drop(unsafe { Box::from_raw(pd.cast::<RoxePd>()) });
@@ -182,11 +203,68 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// The 0 handle names nothing (handles start at 1): parent domains.
+fn forget_handle(ctx: *mut ibv_context, handle: u32) {
+    if handle == 0 {
+        return;
+    }
+    // SAFETY: an object's context outlives it (the C contract).
+    if let Some(c) = unsafe { context(ctx) } {
+        c.handles.forget(handle);
+    }
+}
+
+/// A registration, shared by the MR structs that name it (`ibv_import_mr`):
+/// `None` once deregistered through any of them.
+pub(crate) type MrSlot = Mutex<Option<Mr>>;
+
 #[repr(C)]
-struct RoxeMr {
+pub(crate) struct RoxeMr {
     c: ibv_mr,
-    mr: Mr,
+    mr: Arc<MrSlot>,
     pd: *const RoxePd,
+}
+
+impl RoxeMr {
+    /// The struct `c` for the registration in `mr`, made through `pd`
+    /// (whose users it counts until it is freed).
+    pub(crate) fn new(c: ibv_mr, mr: Arc<MrSlot>, pd: &RoxePd) -> Self {
+        pd.users.fetch_add(1, Ordering::AcqRel);
+        RoxeMr { c, mr, pd }
+    }
+
+    /// A new registration through `pd` (PD pointer `pd_ptr`), named by a
+    /// new handle of the context's command file.
+    fn register(
+        mr: Mr,
+        pd: &RoxePd,
+        pd_ptr: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+    ) -> Self {
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+        let slot = Arc::new(Mutex::new(Some(mr)));
+        // SAFETY: a PD's context outlives it.
+        let handle = unsafe { context(pd.c.context) }.map_or(0, |c| c.handles.add_mr(&slot));
+        let c = ibv_mr {
+            context: pd.c.context,
+            pd: pd_ptr,
+            addr,
+            length,
+            handle,
+            lkey,
+            rkey,
+        };
+        RoxeMr::new(c, slot, pd)
+    }
+}
+
+impl Drop for RoxeMr {
+    fn drop(&mut self) {
+        // SAFETY: a PD outlives the MRs made through it (dealloc and
+        // unimport keep it while users > 0).
+        unsafe { (*self.pd).users.fetch_sub(1, Ordering::AcqRel) };
+    }
 }
 
 #[no_mangle]
@@ -263,23 +341,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             unsafe { p.pd.reg_mr_raw(addr.cast(), length, iova, access) }
         };
         match r {
-            Ok(mr) => {
-                p.users.fetch_add(1, Ordering::AcqRel);
-                leak(RoxeMr {
-                    c: ibv_mr {
-                        context: p.c.context,
-                        pd,
-                        addr,
-                        length,
-                        handle: mr.lkey(),
-                        lkey: mr.lkey(),
-                        rkey: mr.rkey(),
-                    },
-                    mr,
-                    pd: p,
-                })
-                .cast()
-            }
+            Ok(mr) => leak(RoxeMr::register(mr, p, pd, addr, length)).cast(),
             Err(e) => fail_null(e.errno()),
         }
     })
@@ -336,13 +398,19 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         };
         let access = (flags & CHANGE_ACCESS != 0)
             .then_some(AccessFlags(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE));
+        let slot = Arc::clone(&m.mr);
+        let mut slot = slot.lock();
+        // Deregistered through an imported struct.
+        let Some(region) = slot.as_mut() else {
+            return input(libc::EINVAL);
+        };
         let r = if flags & CHANGE_TRANSLATION != 0 {
             if addr.is_null() && length > 0 {
                 return input(libc::EINVAL);
             }
             // SAFETY: the C contract, as for ibv_reg_mr, for the new range.
             unsafe {
-                m.mr.rereg_translation(
+                region.rereg_translation(
                     addr.cast(),
                     length,
                     addr as u64,
@@ -351,7 +419,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                 )
             }
         } else {
-            m.mr.rereg(new_pd.map(|p| &p.pd), access)
+            region.rereg(new_pd.map(|p| &p.pd), access)
         };
         if let Err(e) = r {
             set_errno(e.errno());
@@ -373,8 +441,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             m.pd = p;
             m.c.pd = pd;
         }
-        m.c.lkey = m.mr.lkey();
-        m.c.rkey = m.mr.rkey();
+        m.c.lkey = region.lkey();
+        m.c.rkey = region.rkey();
         0
     })
 }
@@ -393,19 +461,22 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: mr is from ibv_reg_mr (the C contract).
-        if unsafe { obj::<RoxeMr, _>(mr) }.is_some_and(|m| m.mr.bound_windows() > 0) {
+        if unsafe { obj::<RoxeMr, _>(mr) }
+            .is_some_and(|m| m.mr.lock().as_ref().is_some_and(|r| r.bound_windows() > 0))
+        {
             // As the kernel: not while memory windows are bound into it.
             return libc::EBUSY;
         }
         // SAFETY: mr came from leak(RoxeMr) and is destroyed once; its PD
         // outlives it (dealloc_pd refuses while users > 0).
         let m = unsafe { Box::from_raw(mr.cast::<RoxeMr>()) };
-        let pd = m.pd;
+        forget_handle(m.c.context, m.c.handle);
         // Dropping the Mr deregisters it under the engine lock: no remote
-        // access reaches the memory after this returns.
+        // access reaches the memory after this returns, whichever structs
+        // (imports) still name it.
+        let region = m.mr.lock().take();
+        drop(region);
         drop(m);
-        // SAFETY: see above, the PD is still alive.
-        unsafe { (*pd).users.fetch_sub(1, Ordering::AcqRel) };
         0
     })
 }
@@ -447,9 +518,25 @@ pub(crate) unsafe extern "C" fn advise_mr(
 // -------------------------------------------------------- device memory
 
 #[repr(C)]
-struct RoxeDm {
+pub(crate) struct RoxeDm {
     c: ibv_dm,
     dm: roxe_verbs::Dm,
+}
+
+impl RoxeDm {
+    /// The struct for `dm` on `ctx`, named `handle` on its command file.
+    pub(crate) fn new(ctx: *mut ibv_context, handle: u32, dm: roxe_verbs::Dm) -> Self {
+        RoxeDm {
+            c: ibv_dm {
+                context: ctx,
+                memcpy_to_dm: Some(memcpy_to_dm),
+                memcpy_from_dm: Some(memcpy_from_dm),
+                comp_mask: 0,
+                handle,
+            },
+            dm,
+        }
+    }
 }
 
 /// `ibv_alloc_dm` (the `verbs_context` op): EINVAL for an unknown
@@ -467,17 +554,10 @@ pub(crate) unsafe extern "C" fn alloc_dm(
             return fail_null(libc::EINVAL);
         }
         match c.ctx.alloc_dm(a.length, a.log_align_req) {
-            Ok(dm) => leak(RoxeDm {
-                c: ibv_dm {
-                    context: ctx,
-                    memcpy_to_dm: Some(memcpy_to_dm),
-                    memcpy_from_dm: Some(memcpy_from_dm),
-                    comp_mask: 0,
-                    handle: 0,
-                },
-                dm,
-            })
-            .cast(),
+            Ok(dm) => {
+                let handle = c.handles.add_dm(&dm);
+                leak(RoxeDm::new(ctx, handle, dm)).cast()
+            }
             Err(e) => fail_null(e.errno()),
         }
     })
@@ -493,6 +573,7 @@ pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
         if d.dm.has_regions() {
             return libc::EBUSY;
         }
+        forget_handle(d.c.context, d.c.handle);
         // SAFETY: dm came from leak(RoxeDm) and is freed once.
         drop(unsafe { Box::from_raw(dm.cast::<RoxeDm>()) });
         0
@@ -575,24 +656,8 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
         }
         let access = AccessFlags(access & !IBV_ACCESS_OPTIONAL_RANGE);
         match p.pd.reg_dm_mr(&d.dm, offset, length, access) {
-            Ok(mr) => {
-                p.users.fetch_add(1, Ordering::AcqRel);
-                leak(RoxeMr {
-                    c: ibv_mr {
-                        context: p.c.context,
-                        pd,
-                        // Zero-based: the region's addresses start at 0.
-                        addr: null_mut(),
-                        length,
-                        handle: mr.lkey(),
-                        lkey: mr.lkey(),
-                        rkey: mr.rkey(),
-                    },
-                    mr,
-                    pd: p,
-                })
-                .cast()
-            }
+            // Zero-based: the region's addresses start at 0.
+            Ok(mr) => leak(RoxeMr::register(mr, p, pd, null_mut(), length)).cast(),
             Err(e) => fail_null(e.errno()),
         }
     })
@@ -667,7 +732,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
 pub(crate) unsafe fn bind_mr<'a>(
     mr: *mut ibv_mr,
     ctx: *mut ibv_context,
-) -> Result<Option<&'a Mr>, c_int> {
+) -> Result<Option<MappedMutexGuard<'a, Mr>>, c_int> {
     if mr.is_null() {
         return Ok(None);
     }
@@ -676,7 +741,13 @@ pub(crate) unsafe fn bind_mr<'a>(
         return Err(libc::EINVAL);
     }
     // SAFETY: an MR of this library's context is a RoxeMr.
-    Ok(unsafe { obj::<RoxeMr, _>(mr) }.map(|m| &m.mr))
+    let Some(m) = (unsafe { obj::<RoxeMr, _>(mr) }) else {
+        return Ok(None);
+    };
+    // Deregistered through another struct (an import): no region.
+    MutexGuard::try_map(m.mr.lock(), Option::as_mut)
+        .map(Some)
+        .map_err(|_| libc::EINVAL)
 }
 
 /// `ibv_bind_mw` (type 1, through the op): posts the bind; on success the
@@ -700,7 +771,7 @@ unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw
         };
         let r = q.qp.bind_mw(
             &m.mw,
-            mr,
+            mr.as_deref(),
             info.addr,
             info.length,
             AccessFlags(info.mw_access_flags),
@@ -2021,7 +2092,7 @@ pub(crate) unsafe fn send_wr_from_c(
             wr.bind = Some(MwBind {
                 mw_rkey: m.mw.rkey(),
                 new_rkey: b.rkey,
-                mr_lkey: mr.map_or(0, Mr::lkey),
+                mr_lkey: mr.as_deref().map_or(0, Mr::lkey),
                 addr: b.bind_info.addr,
                 length: b.bind_info.length,
                 access: AccessFlags(b.bind_info.mw_access_flags),
