@@ -161,6 +161,11 @@ pub enum WcStatus {
     RespTimeoutErr = 20,
     /// `IBV_WC_GENERAL_ERR`.
     GeneralErr = 21,
+    /// `IBV_WC_TM_ERR`: a tag operation failed (a tag removed that was
+    /// consumed or never added).
+    TmErr = 22,
+    /// `IBV_WC_TM_RNDV_INCOMPLETE`.
+    TmRndvIncomplete = 23,
 }
 
 impl WcStatus {
@@ -190,6 +195,8 @@ impl WcStatus {
             WcStatus::FatalErr => c"fatal error",
             WcStatus::RespTimeoutErr => c"response timeout error",
             WcStatus::GeneralErr => c"general error",
+            WcStatus::TmErr => c"TM error",
+            WcStatus::TmRndvIncomplete => c"TM software rendezvous",
         }
     }
 
@@ -224,4 +231,14 @@ pub enum WcOpcode {
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM` (receive side of WRITE_WITH_IMM).
     RecvRdmaWithImm = 129,
+    /// `IBV_WC_TM_ADD`: a tag added to a tag-matching SRQ.
+    TmAdd = 130,
+    /// `IBV_WC_TM_DEL`: a tag removed.
+    TmDel = 131,
+    /// `IBV_WC_TM_SYNC`: the unexpected-message count synchronized.
+    TmSync = 132,
+    /// `IBV_WC_TM_RECV`: a tagged message (matched, or unexpected).
+    TmRecv = 133,
+    /// `IBV_WC_TM_NO_TAG`: a message to a tag-matching SRQ without a tag.
+    TmNoTag = 134,
 }

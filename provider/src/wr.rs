@@ -185,6 +185,13 @@ pub mod wc_flags {
     pub const WITH_IMM: u32 = 1 << 1;
     /// `IBV_WC_WITH_INV`.
     pub const WITH_INV: u32 = 1 << 3;
+    /// `IBV_WC_TM_SYNC_REQ`: the tag-matching SRQ wants the count of
+    /// unexpected messages synchronized before new tags match.
+    pub const TM_SYNC_REQ: u32 = 1 << 4;
+    /// `IBV_WC_TM_MATCH`: a message matched a posted tag.
+    pub const TM_MATCH: u32 = 1 << 5;
+    /// `IBV_WC_TM_DATA_VALID`: the tag's buffer holds the message's data.
+    pub const TM_DATA_VALID: u32 = 1 << 6;
 }
 
 /// A work completion (`struct ibv_wc`).
@@ -208,6 +215,10 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// `wc_flags` bits.
     pub wc_flags: u32,
+    /// Tag matching (`ibv_wc_read_tm_info`): the tag of a matched message.
+    pub tm_tag: u64,
+    /// Tag matching: the TMH's opaque application context.
+    pub tm_priv: u32,
 }
 
 impl WorkCompletion {
@@ -223,6 +234,8 @@ impl WorkCompletion {
             qp_num,
             src_qp: 0,
             wc_flags: 0,
+            tm_tag: 0,
+            tm_priv: 0,
         }
     }
 }

@@ -3678,3 +3678,256 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
     );
     assert_eq!(read(&net, b, 4096 * 7, 4096), read(&net, a, 4096 * 7, 4096));
 }
+
+/// One tag-matching scenario's packets on a network with `faults`: EAGER
+/// into a tag (three packets, TMH skipped), unexpected and NO_TAG into
+/// ordinary receives, the synchronization rule, DEL, and a rendezvous
+/// (MATCH, the responder's READ, DATA_VALID, the FIN back to the sender).
+fn tag_matching_on(faults: Faults, seed: u64) {
+    use roxe_provider::engine::{tmh_op, SrqOp, SrqOpKind, Tmh};
+    use WcStatus::Success;
+    println!("seed {seed}");
+    let mut net = Net::new(2, seed, faults);
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    let e1 = &mut net.engines[1];
+    let ops_cq = e1.create_cq(64).unwrap();
+    let srq = e1.create_tm_srq(b.pd, ops_cq, 16, 2, 4).unwrap();
+    let mut init = QpInitAttr {
+        qp_type: QpType::Uc,
+        pd: b.pd,
+        send_cq: b.cq,
+        recv_cq: b.cq,
+        srq: Some(srq),
+        xrcd: None,
+        cap: QpCap {
+            max_send_wr: 0,
+            max_recv_wr: 0,
+            max_send_sge: 0,
+            max_recv_sge: 0,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    // Rendezvous READs: RC only.
+    assert_eq!(errno(e1.create_qp(init)), Errno::EINVAL);
+    init.qp_type = QpType::Rc;
+    // No send queue of its own: the READ and FIN are the QP's.
+    let tgt = Side {
+        qpn: e1.create_qp(init).unwrap(),
+        ..b
+    };
+    link(&mut net, a, tgt, QpType::Rc, Mtu::Mtu1024);
+    // An ordinary SRQ has no tag list.
+    let plain = net.engines[1].create_srq(b.pd, 4, 1).unwrap();
+    let sync_op = |wr_id, n| SrqOp {
+        wr_id,
+        kind: SrqOpKind::Sync,
+        signaled: true,
+        sync: Some(n),
+    };
+    assert_eq!(
+        errno(net.engines[1].post_srq_op(plain, sync_op(1, 0))),
+        Errno::EINVAL
+    );
+    for i in 0..4 {
+        net.engines[1]
+            .post_srq_recv(
+                srq,
+                RecvWr {
+                    wr_id: 100 + i,
+                    sg_list: vec![sge(b, 0x80000 + i * 0x1000, 0x1000)],
+                },
+            )
+            .unwrap();
+    }
+    let add = |net: &mut Net, tag: u64, off: u64, len: u32| {
+        net.engines[1]
+            .post_srq_op(
+                srq,
+                SrqOp {
+                    wr_id: 1000 + tag,
+                    kind: SrqOpKind::Add {
+                        recv_wr_id: tag,
+                        sg_list: vec![sge(b, off, len)],
+                        tag,
+                        mask: 0xFFFF,
+                    },
+                    signaled: true,
+                    sync: None,
+                },
+            )
+            .unwrap()
+    };
+    let ops = |net: &mut Net| poll(net, Side { cq: ops_cq, ..b });
+    let tm_msg = |op: u8, ctx: u32, tag: u64, body: &[u8]| {
+        let mut m = Tmh {
+            op,
+            app_ctx: ctx,
+            tag,
+        }
+        .to_bytes()
+        .to_vec();
+        m.extend_from_slice(body);
+        m
+    };
+    // `a` sends `msg` from offset 0 of its MR; returns b's completion.
+    let send = |net: &mut Net, wr_id: u64, msg: &[u8]| {
+        fill(net, a, 0, msg);
+        post(
+            net,
+            a,
+            local_wr(a, wr_id, SendOpcode::Send, 0, msg.len() as u32),
+        );
+        let got = wait_wcs(net, a, 1);
+        let sent = wc(wr_id, Success, WcOpcode::Send, a.qpn, msg.len() as u32);
+        assert_eq!(got, vec![sent]);
+        wait_wcs(net, b, 1)
+    };
+
+    // EAGER, 3,000 bytes over three packets: the TMH is not placed.
+    let h5 = add(&mut net, 5, 0x1000, 0x1000);
+    let mut want = wc(1005, Success, WcOpcode::TmAdd, 0, 0);
+    assert_eq!(ops(&mut net), vec![want]);
+    let body = pattern(seed, 3000);
+    let got = send(&mut net, 1, &tm_msg(tmh_op::EAGER, 9, 5, &body));
+    let mut w = wc(5, Success, WcOpcode::TmRecv, tgt.qpn, 3000);
+    w.wc_flags = wc_flags::TM_MATCH | wc_flags::TM_DATA_VALID;
+    w.tm_tag = 5;
+    w.tm_priv = 9;
+    assert_eq!(got, vec![w]);
+    assert_eq!(read(&net, b, 0x1000, 3000), body);
+
+    // Unexpected (no tag 77): the whole message to an ordinary receive.
+    let m = tm_msg(tmh_op::EAGER, 1, 77, &[7; 100]);
+    let got = send(&mut net, 2, &m);
+    assert_eq!(got, vec![wc(100, Success, WcOpcode::TmRecv, tgt.qpn, 116)]);
+    assert_eq!(read(&net, b, 0x80000, 116), m);
+    // A tag added before software has seen it: SYNC_REQ, and no match.
+    add(&mut net, 6, 0x3000, 0x100);
+    want = wc(1006, Success, WcOpcode::TmAdd, 0, 0);
+    want.wc_flags = wc_flags::TM_SYNC_REQ;
+    assert_eq!(ops(&mut net), vec![want]);
+    let got = send(&mut net, 3, &tm_msg(tmh_op::EAGER, 1, 6, &[6; 20]));
+    assert_eq!(got, vec![wc(101, Success, WcOpcode::TmRecv, tgt.qpn, 36)]);
+    // Software reports both: tag 6 matches again.
+    net.engines[1].post_srq_op(srq, sync_op(7, 2)).unwrap();
+    assert_eq!(ops(&mut net), vec![wc(7, Success, WcOpcode::TmSync, 0, 0)]);
+    let got = send(&mut net, 4, &tm_msg(tmh_op::EAGER, 2, 6, &[6; 20]));
+    let mut w = wc(6, Success, WcOpcode::TmRecv, tgt.qpn, 20);
+    w.wc_flags = wc_flags::TM_MATCH | wc_flags::TM_DATA_VALID;
+    w.tm_tag = 6;
+    w.tm_priv = 2;
+    assert_eq!(got, vec![w]);
+    // NO_TAG: an ordinary receive, not counted unexpected.
+    let got = send(&mut net, 5, &tm_msg(tmh_op::NO_TAG, 0, 0, &[1; 8]));
+    assert_eq!(got, vec![wc(102, Success, WcOpcode::TmNoTag, tgt.qpn, 24)]);
+    // DEL: of a consumed tag, TM_ERR (even unsignaled); of a live one, done.
+    let del = |wr_id, handle| SrqOp {
+        wr_id,
+        kind: SrqOpKind::Del { handle },
+        signaled: false,
+        sync: None,
+    };
+    net.engines[1].post_srq_op(srq, del(8, h5)).unwrap();
+    assert_eq!(
+        ops(&mut net),
+        vec![wc(8, WcStatus::TmErr, WcOpcode::TmDel, 0, 0)]
+    );
+    let h11 = add(&mut net, 11, 0x5000, 0x100);
+    ops(&mut net);
+    net.engines[1].post_srq_op(srq, del(9, h11)).unwrap();
+    assert!(ops(&mut net).is_empty(), "an unsignaled DEL that worked");
+    // The list holds 4 tags.
+    for t in 20..24 {
+        add(&mut net, t, 0x6000, 0x10);
+    }
+    ops(&mut net);
+    let full = net.engines[1].post_srq_op(
+        srq,
+        SrqOp {
+            wr_id: 0,
+            kind: SrqOpKind::Add {
+                recv_wr_id: 0,
+                sg_list: vec![],
+                tag: 0,
+                mask: 0,
+            },
+            signaled: true,
+            sync: None,
+        },
+    );
+    assert_eq!(errno(full), Errno::ENOMEM);
+    for (i, t) in (20..24).enumerate() {
+        let got = send(&mut net, 30 + i as u64, &tm_msg(tmh_op::EAGER, 0, t, &[]));
+        assert_eq!(got[0].wr_id, t, "tags drained in order");
+    }
+
+    // Rendezvous: b READs 5,000 bytes from a, then sends a FIN.
+    add(&mut net, 9, 0x40000, 8192);
+    ops(&mut net);
+    let data = pattern(seed + 1, 5000);
+    fill(&mut net, a, 0x20000, &data);
+    recv(&mut net, a, 500, 0x30000, 64);
+    let mut rndv = tm_msg(tmh_op::RNDV, 3, 9, &[]);
+    rndv.extend_from_slice(&(a.mr.addr + 0x20000).to_be_bytes());
+    rndv.extend_from_slice(&a.mr.rkey.to_be_bytes());
+    rndv.extend_from_slice(&5000u32.to_be_bytes());
+    rndv.extend_from_slice(&[0; 32]);
+    fill(&mut net, a, 0, &rndv);
+    post(&mut net, a, local_wr(a, 40, SendOpcode::Send, 0, 64));
+    let mut got = wait_wcs(&mut net, b, 2);
+    let mut matched = wc(9, Success, WcOpcode::TmRecv, tgt.qpn, 0);
+    matched.wc_flags = wc_flags::TM_MATCH;
+    matched.tm_tag = 9;
+    matched.tm_priv = 3;
+    let mut valid = wc(9, Success, WcOpcode::TmRecv, tgt.qpn, 5000);
+    valid.wc_flags = wc_flags::TM_DATA_VALID;
+    assert_eq!(got, vec![matched, valid]);
+    assert_eq!(read(&net, b, 0x40000, 5000), data);
+    got = wait_wcs(&mut net, a, 2);
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        got,
+        vec![
+            wc(40, Success, WcOpcode::Send, a.qpn, 64),
+            wc(500, Success, WcOpcode::Recv, a.qpn, 16),
+        ]
+    );
+    let fin = Tmh {
+        op: tmh_op::FIN,
+        app_ctx: 3,
+        tag: 9,
+    };
+    assert_eq!(read(&net, a, 0x30000, 16), fin.to_bytes());
+    // Data longer than the tag's buffer: the tag fails, nothing is read.
+    add(&mut net, 10, 0x50000, 100);
+    ops(&mut net);
+    rndv[8..16].copy_from_slice(&10u64.to_be_bytes());
+    fill(&mut net, a, 0, &rndv);
+    post(&mut net, a, local_wr(a, 41, SendOpcode::Send, 0, 64));
+    let got = wait_wcs(&mut net, b, 1);
+    matched.wr_id = 10;
+    matched.tm_tag = 10;
+    matched.status = WcStatus::LocLenErr;
+    assert_eq!(got, vec![matched]);
+    settle(&mut net);
+    assert_eq!(qp_state(&net, tgt), QpState::Rts);
+    assert!(poll(&mut net, b).is_empty());
+}
+
+#[test]
+fn tag_matching_eager_unexpected_sync_and_rendezvous() {
+    tag_matching_on(Faults::default(), 61);
+}
+
+#[test]
+fn tag_matching_under_loss_duplication_and_reordering() {
+    let faults = Faults {
+        loss: 0.1,
+        dup: 0.05,
+        reorder: 0.1,
+        corrupt: 0.0,
+    };
+    tag_matching_on(faults, seed());
+}

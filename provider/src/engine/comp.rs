@@ -35,6 +35,13 @@ impl Qp {
                 r.rd_atomic_inflight = r.rd_atomic_inflight.saturating_sub(1);
             }
             let status = w.done.unwrap_or(WcStatus::GeneralErr);
+            if let Some(kind) = w.internal {
+                r.internal = r.internal.saturating_sub(1);
+                if let Some((cq, wc)) = super::tm::internal_done(r, kind, &w, status, qpn) {
+                    cx.push_wc(cq, wc, false);
+                }
+                continue;
+            }
             if status != WcStatus::Success || sig_all || w.wr.flags.contains(SendFlags::SIGNALED) {
                 let mut wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.opcode.wc_opcode(), qpn);
                 wc.byte_len = if status == WcStatus::Success {

@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub max_inline: u32,
     /// Largest CQ depth.
     pub max_cqe: u32,
+    /// Largest tag list of a tag-matching SRQ (`tm_caps.max_num_tags`).
+    pub max_tm_tags: u32,
     /// Limits for QP attributes.
     pub qp_limits: QpLimits,
     /// ICRC check on received IPv4 packets.
@@ -72,6 +74,7 @@ impl EngineConfig {
             max_sge: 32,
             max_inline: 4096,
             max_cqe: 0x1_0000,
+            max_tm_tags: 1023,
             qp_limits: QpLimits::default(),
             icrc_policy: IcrcPolicy::AssumeLinuxSender,
             src_ports: Vec::new(),

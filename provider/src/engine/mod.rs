@@ -16,10 +16,12 @@ mod qp;
 mod req;
 mod resp;
 mod rx;
+mod tm;
 #[cfg(test)]
 mod watchdog_tests;
 pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr};
 pub use drops::{DropCounts, DropReason};
+pub use tm::{tmh_op, SrqOp, SrqOpKind, Tmh, MAX_RNDV_HDR, RVH_LEN, TMH_LEN};
 
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, MwType};
@@ -460,6 +462,74 @@ impl Engine {
         self.new_srq(VERB, pd, max_wr, max_sge, Some(XrcSrq { xrcd, cq }))
     }
 
+    /// `ibv_create_srq_ex` with `IBV_SRQT_TM`: a tag-matching SRQ (see
+    /// `tm.rs`) whose list holds up to `max_tags` tagged buffers and whose
+    /// tag-list operations complete in `cq`. Only RC QPs may use it.
+    pub fn create_tm_srq(
+        &mut self,
+        pd: PdId,
+        cq: CqId,
+        max_wr: u32,
+        max_sge: u32,
+        max_tags: u32,
+    ) -> VerbsResult<SrqId> {
+        const VERB: &str = "ibv_create_srq_ex";
+        if !self.cqs.contains_key(&cq.0) {
+            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+        }
+        if max_tags == 0 || max_tags > self.config.max_tm_tags {
+            return Err(err(VERB, Errno::EINVAL, "max_num_tags out of range"));
+        }
+        let id = self.new_srq(VERB, pd, max_wr, max_sge, None)?;
+        if let Some(s) = self.srqs.get_mut(&id.0) {
+            s.tm = Some(tm::TmSrq::new(cq, max_tags));
+        }
+        Ok(id)
+    }
+
+    /// `ibv_post_srq_ops` (one operation): applied at once; the handle of
+    /// an added tag is returned (0 for the others). A full list is ENOMEM,
+    /// an SRQ without tag matching or too many SGEs EINVAL.
+    pub fn post_srq_op(&mut self, srq: SrqId, op: SrqOp) -> VerbsResult<u32> {
+        const VERB: &str = "ibv_post_srq_ops";
+        let s = self
+            .srqs
+            .get_mut(&srq.0)
+            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such SRQ"))?;
+        let max_sge = s.max_sge;
+        let Some(t) = s.tm.as_mut() else {
+            return Err(err(VERB, Errno::EINVAL, "not a tag-matching SRQ"));
+        };
+        if let SrqOpKind::Add { sg_list, .. } = &op.kind {
+            if sg_list.len() > max_sge as usize {
+                return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+            }
+            if t.full() {
+                return Err(err(VERB, Errno::ENOMEM, "tag list full"));
+            }
+        }
+        let cq = t.cq;
+        let done = t.apply(op.kind, op.sync);
+        if op.signaled || !done.ok {
+            let status = if done.ok {
+                crate::types::WcStatus::Success
+            } else {
+                crate::types::WcStatus::TmErr
+            };
+            let mut wc = WorkCompletion::new(op.wr_id, status, done.opcode, 0);
+            wc.wc_flags = done.flags;
+            let now = self.clock;
+            let fits = self
+                .cqs
+                .get_mut(&cq.0)
+                .is_some_and(|q| q.push_at(wc, false, now));
+            if !fits {
+                self.cq_overflowed(cq);
+            }
+        }
+        Ok(done.handle)
+    }
+
     fn new_srq(
         &mut self,
         verb: &'static str,
@@ -488,6 +558,7 @@ impl Engine {
                 max_wr,
                 max_sge,
                 xrc,
+                tm: None,
             },
         );
         Ok(SrqId(id))
@@ -609,6 +680,14 @@ impl Engine {
                                 VERB,
                                 Errno::EINVAL,
                                 "an XRC SRQ serves XRC_RECV QPs only",
+                            ))
+                        }
+                        // Tag matching's rendezvous READs from the sender.
+                        Some(srq) if srq.tm.is_some() && t != QpType::Rc => {
+                            return Err(err(
+                                VERB,
+                                Errno::EINVAL,
+                                "a tag-matching SRQ serves RC QPs only",
                             ))
                         }
                         Some(_) => {}

@@ -39,6 +39,8 @@ pub(crate) struct Srq {
     pub max_sge: u32,
     /// For an XRC SRQ: its domain and the CQ its receives complete in.
     pub xrc: Option<XrcSrq>,
+    /// For a tag-matching SRQ: its tag list and counts.
+    pub tm: Option<super::tm::TmSrq>,
 }
 
 /// What makes an SRQ an XRC SRQ.
@@ -518,6 +520,12 @@ impl Qp {
         let mut pending = self.resp.take_current_recv();
         pending.extend(self.rq.drain(..));
         for w in sends {
+            if let Some(kind) = w.internal {
+                if let Some((cq, wc)) = super::tm::internal_flushed(kind, &w, qpn) {
+                    cx.push_wc_no_cascade(cq, wc);
+                }
+                continue;
+            }
             let wc = WorkCompletion::new(
                 w.wr.wr_id,
                 WcStatus::WrFlushErr,

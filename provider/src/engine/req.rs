@@ -58,6 +58,25 @@ pub(crate) struct SendWqe {
     pub read_pkts: u32,
     /// Final status, once known; WQEs retire in order.
     pub done: Option<WcStatus>,
+    /// A request the QP made itself (not posted by the program).
+    pub internal: Option<Internal>,
+}
+
+/// A request a QP makes on its own: tag matching's rendezvous (`tm.rs`).
+/// It does not count against `max_send_wr` and has no send completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Internal {
+    /// The READ of a matched rendezvous's data into its tagged buffer (the
+    /// WR's `wr_id` is the buffer's): when it finishes, the buffer completes
+    /// in `cq` (TM_RECV with DATA_VALID, or the error) and, on success, a
+    /// FIN carrying `tag` and `app_ctx` goes to the sender.
+    RndvRead {
+        cq: super::CqId,
+        tag: u64,
+        app_ctx: u32,
+    },
+    /// That FIN.
+    RndvFin,
 }
 
 impl SendWqe {
@@ -100,6 +119,8 @@ pub(crate) struct Requester {
     /// whose response keeps being lost cannot exhaust retries while the
     /// peer is visibly making progress.
     pub(super) progressed: bool,
+    /// WQEs in `sq` that are `internal`.
+    pub(super) internal: usize,
 }
 
 impl Requester {
@@ -119,6 +140,7 @@ impl Requester {
             since_ack_req: 0,
             retry_started: false,
             progressed: false,
+            internal: 0,
         }
     }
 
@@ -133,8 +155,9 @@ impl Requester {
         self.rnr_left = attr.rnr_retry;
     }
 
+    /// The program's WRs queued (what `max_send_wr` bounds).
     pub fn outstanding(&self) -> usize {
-        self.sq.len()
+        self.sq.len() - self.internal
     }
 
     /// A message has started (PSNs assigned) and is not finished.
@@ -155,6 +178,16 @@ impl Requester {
     }
 
     pub fn post(&mut self, wr: SendWr, len: u32) {
+        self.push(wr, len, None);
+    }
+
+    /// Queue a request of the QP's own, behind the program's.
+    pub fn post_internal(&mut self, wr: SendWr, len: u32, kind: Internal) {
+        self.internal += 1;
+        self.push(wr, len, Some(kind));
+    }
+
+    fn push(&mut self, wr: SendWr, len: u32, internal: Option<Internal>) {
         self.sq.push_back(SendWqe {
             wr,
             len,
@@ -163,6 +196,7 @@ impl Requester {
             started: false,
             read_pkts: 0,
             done: None,
+            internal,
         });
     }
 
@@ -173,6 +207,7 @@ impl Requester {
         self.rto = None;
         self.rnr_wait = None;
         self.rd_atomic_inflight = 0;
+        self.internal = 0;
         self.sq.drain(..).collect()
     }
 

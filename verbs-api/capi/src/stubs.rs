@@ -96,18 +96,14 @@ pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
 /// otherwise. ibv_*_pingpong print these on a failed completion.
 #[no_mangle]
 pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-    let s = match status {
-        22 => c"TM error",
-        23 => c"TM software rendezvous",
-        _ => match u32::try_from(status)
-            .ok()
-            .map(roxe_verbs::abi::convert::wc_status_from_c)
-        {
-            // wc_status_from_c maps unknown values to GENERAL_ERR: only a
-            // value that maps back to itself is that status.
-            Some(w) if w as i32 == status => w.as_cstr(),
-            _ => c"unknown",
-        },
+    let s = match u32::try_from(status)
+        .ok()
+        .map(roxe_verbs::abi::convert::wc_status_from_c)
+    {
+        // wc_status_from_c maps unknown values to GENERAL_ERR: only a
+        // value that maps back to itself is that status.
+        Some(w) if w as i32 == status => w.as_cstr(),
+        _ => c"unknown",
     };
     s.as_ptr()
 }

@@ -110,7 +110,7 @@ pub fn qp_attr_to_c(a: &QpAttr, cap: ibv_qp_cap) -> ibv_qp_attr {
 /// `enum ibv_wc_status` as roxe's (an unknown value: GENERAL_ERR).
 pub fn wc_status_from_c(v: u32) -> WcStatus {
     use WcStatus::*;
-    const ALL: [WcStatus; 22] = [
+    const ALL: [WcStatus; 24] = [
         Success,
         LocLenErr,
         LocQpOpErr,
@@ -133,6 +133,8 @@ pub fn wc_status_from_c(v: u32) -> WcStatus {
         FatalErr,
         RespTimeoutErr,
         GeneralErr,
+        TmErr,
+        TmRndvIncomplete,
     ];
     ALL.get(v as usize).copied().unwrap_or(GeneralErr)
 }
@@ -152,6 +154,11 @@ pub fn wc_opcode_from_c(v: u32) -> Option<WcOpcode> {
         9 => AtomicWrite,
         128 => Recv,
         129 => RecvRdmaWithImm,
+        130 => TmAdd,
+        131 => TmDel,
+        132 => TmSync,
+        133 => TmRecv,
+        134 => TmNoTag,
         _ => return None,
     })
 }

@@ -100,6 +100,7 @@ mod tests {
                 total: 0,
             },
             offset: 0,
+            tm: None,
         }
     }
 

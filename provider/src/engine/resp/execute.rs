@@ -3,8 +3,9 @@
 //! SENDs place their payload, and the last packet of a message completes a
 //! receive where it consumes one.
 
-use super::{check, InMsg, Outcome, Reply, Resource};
-use crate::engine::qp::{Qp, QpCtx};
+use super::{check, InMsg, Outcome, Reply, Resource, TmDelivery};
+use crate::engine::qp::{Qp, QpCtx, RecvWqe};
+use crate::engine::tm::{self, Route, Rvh, Tmh, TMH_LEN};
 use crate::engine::DropReason;
 use crate::memory::AccessError;
 use crate::types::{AccessFlags, WcOpcode, WcStatus};
@@ -27,7 +28,7 @@ impl Qp {
         if let Err(code) = checked {
             return self.class_c(pkt, code, reliable);
         }
-        if check::needs_receive(op) && !self.has_recv(cx) {
+        if check::needs_receive(op) && !self.has_recv(cx, pkt) {
             if reliable {
                 let t = RnrTimer::new(self.attr.min_rnr_timer).unwrap_or(RnrTimer::LONGEST);
                 self.resp.nak(pkt.bth().psn(), AethSyndrome::RnrNak(t));
@@ -233,19 +234,26 @@ impl Qp {
         let op = pkt.opcode();
         let p = pkt.bth().psn();
         let recv_cq = self.recv_cq();
+        let mut payload = pkt.payload();
         if op.starts_message() {
-            // `check::needs_receive` found one posted.
-            let Some(wqe) = self.take_recv(cx) else {
-                cx.internal_error(qpn, "the receive a SEND needed went");
-                return Outcome::Fine;
+            // `check::needs_receive` found a receive or a tag.
+            let (wqe, tm) = match self.start_send(cx, pkt) {
+                Ok(Some(start)) => start,
+                Ok(None) => {
+                    cx.internal_error(qpn, "the receive a SEND needed went");
+                    return Outcome::Fine;
+                }
+                Err(outcome) => return outcome,
             };
-            self.resp.msg = Some(InMsg::Send { wqe, offset: 0 });
+            let skip = tm.map_or(0, |t| t.skip).min(payload.len());
+            payload = &payload[skip..];
+            self.resp.msg = Some(InMsg::Send { wqe, offset: 0, tm });
         }
-        let Some(InMsg::Send { wqe, offset }) = self.resp.msg.take() else {
+        let Some(InMsg::Send { wqe, offset, tm }) = self.resp.msg.take() else {
             // `check::op_sequence` saw a SEND in progress.
             return self.class_c(pkt, NakCode::InvalidRequest, reliable);
         };
-        let payload = pkt.payload();
+        let recv_opcode = tm.map_or(WcOpcode::Recv, |t| t.opcode);
         let n = payload.len() as u64;
         let fits = offset + n <= wqe.total;
         let placed = fits
@@ -257,7 +265,7 @@ impl Qp {
         if !reliable && !placed {
             // UC: the message is dropped silently (class D) and its receive
             // WQE stays for the next one, as in rxe (the caller puts it back).
-            self.resp.msg = Some(InMsg::Send { wqe, offset });
+            self.resp.msg = Some(InMsg::Send { wqe, offset, tm });
             return Outcome::Fail(None);
         }
         if !fits {
@@ -265,13 +273,13 @@ impl Qp {
             // (as on hardware; rxe reports REM_INV_REQ_ERR here), the sender
             // REM_INV_REQ_ERR.
             self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
-            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, qpn);
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocLenErr, recv_opcode, qpn);
             return Outcome::Fail(Some((recv_cq, wc)));
         }
         if !placed {
             self.resp
                 .nak(p, AethSyndrome::Nak(NakCode::RemoteOperationalError));
-            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, qpn);
+            let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, recv_opcode, qpn);
             return Outcome::Fail(Some((recv_cq, wc)));
         }
         let ends = op.ends_message();
@@ -296,7 +304,7 @@ impl Qp {
                         self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
                     }
                     let wc =
-                        WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, qpn);
+                        WorkCompletion::new(wqe.wr_id, WcStatus::RemInvReqErr, recv_opcode, qpn);
                     return Outcome::Fail(Some((recv_cq, wc)));
                 }
             },
@@ -307,12 +315,18 @@ impl Qp {
             self.resp.msg = Some(InMsg::Send {
                 wqe,
                 offset: offset + n,
+                tm,
             });
             return Outcome::Fine;
         }
         self.next_msn();
-        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, qpn);
+        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::Success, recv_opcode, qpn);
         wc.byte_len = (offset + n) as u32;
+        if let Some(t) = tm {
+            wc.wc_flags |= t.flags;
+            wc.tm_tag = t.tag;
+            wc.tm_priv = t.app_ctx;
+        }
         if let Some(imm) = pkt.imm_dt() {
             wc.imm_data = imm;
             wc.wc_flags |= wc_flags::WITH_IMM;
@@ -320,6 +334,67 @@ impl Qp {
         if let Some(rkey) = invalidated {
             wc.invalidated_rkey = rkey;
             wc.wc_flags |= wc_flags::WITH_INV;
+        }
+        Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
+    }
+
+    /// The receive a SEND's first packet starts: an ordinary one, or, at a
+    /// tag-matching SRQ, where its TMH sends it (`tm.rs`); a matched
+    /// rendezvous is handled here whole (`Err`: its outcome).
+    fn start_send(
+        &mut self,
+        cx: &mut QpCtx,
+        pkt: &Packet<&[u8]>,
+    ) -> Result<Option<(RecvWqe, Option<TmDelivery>)>, Outcome> {
+        let single = pkt.opcode().ends_message();
+        let route = self
+            .recv_srq()
+            .and_then(|s| cx.srqs.get_mut(&s.0))
+            .and_then(|s| s.tm.as_mut())
+            .map(|t| t.route(pkt.payload(), single));
+        let plain = |opcode| TmDelivery {
+            opcode,
+            flags: 0,
+            tag: 0,
+            app_ctx: 0,
+            skip: 0,
+        };
+        match route {
+            None => Ok(self.take_recv(cx).map(|w| (w, None))),
+            Some(Route::Ordinary { opcode }) => {
+                Ok(self.take_recv(cx).map(|w| (w, Some(plain(opcode)))))
+            }
+            Some(Route::Eager { wqe, tmh }) => Ok(Some((
+                wqe,
+                Some(TmDelivery {
+                    opcode: WcOpcode::TmRecv,
+                    flags: wc_flags::TM_MATCH | wc_flags::TM_DATA_VALID,
+                    tag: tmh.tag,
+                    app_ctx: tmh.app_ctx,
+                    skip: TMH_LEN,
+                }),
+            ))),
+            Some(Route::Rndv { wqe, tmh, rvh }) => Err(self.rendezvous(pkt, wqe, tmh, rvh)),
+        }
+    }
+
+    /// A rendezvous matched tagged buffer `wqe`: the buffer's first
+    /// completion (MATCH) now, and this QP's READ of the sender's data,
+    /// after which the buffer completes again (DATA_VALID) and a FIN goes
+    /// back. Data longer than the buffer fails it (LOC_LEN_ERR), unread.
+    fn rendezvous(&mut self, pkt: &Packet<&[u8]>, wqe: RecvWqe, tmh: Tmh, rvh: Rvh) -> Outcome {
+        let recv_cq = self.recv_cq();
+        self.resp.epsn = pkt.bth().psn() + 1;
+        self.next_msn();
+        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::Success, WcOpcode::TmRecv, self.qpn);
+        wc.wc_flags = wc_flags::TM_MATCH;
+        wc.tm_tag = tmh.tag;
+        wc.tm_priv = tmh.app_ctx;
+        if u64::from(rvh.len) > wqe.total {
+            wc.status = WcStatus::LocLenErr;
+        } else {
+            let (wr, len, kind) = tm::rndv_read(wqe, tmh, rvh, recv_cq);
+            self.req.post_internal(wr, len, kind);
         }
         Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
     }

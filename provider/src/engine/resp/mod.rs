@@ -26,7 +26,10 @@ use std::net::IpAddr;
 pub(super) enum InMsg {
     Send {
         wqe: RecvWqe,
+        /// Bytes placed so far.
         offset: u64,
+        /// On a tag-matching SRQ: how the message completes.
+        tm: Option<TmDelivery>,
     },
     Write {
         va: u64,
@@ -34,6 +37,17 @@ pub(super) enum InMsg {
         written: u64,
         total: u64,
     },
+}
+
+/// How a SEND that reached a tag-matching SRQ completes (`tm.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct TmDelivery {
+    pub opcode: crate::types::WcOpcode,
+    pub flags: u32,
+    pub tag: u64,
+    pub app_ctx: u32,
+    /// Leading bytes of the message not placed (an EAGER's TMH).
+    pub skip: usize,
 }
 
 /// A READ or atomic remembered for replay (the responder-resource ring).
@@ -188,9 +202,17 @@ impl Qp {
         }
     }
 
-    fn has_recv(&self, cx: &QpCtx) -> bool {
+    /// Whether the message `pkt` starts has somewhere to go: a receive
+    /// posted, or (a SEND at a tag-matching SRQ) a tag it matches.
+    fn has_recv(&self, cx: &QpCtx, pkt: &Packet<&[u8]>) -> bool {
         match self.recv_srq() {
-            Some(s) => cx.srqs.get(&s.0).is_some_and(|s| !s.queue.is_empty()),
+            Some(s) => cx.srqs.get(&s.0).is_some_and(|s| {
+                !s.queue.is_empty()
+                    || s.tm.as_ref().is_some_and(|t| {
+                        pkt.opcode().operation() == roxe_wire::Operation::Send
+                            && t.matches(pkt.payload(), pkt.opcode().ends_message())
+                    })
+            }),
             None => !self.rq.is_empty(),
         }
     }
