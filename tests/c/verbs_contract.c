@@ -1328,6 +1328,126 @@ cq_ex_done:
 		unlink(path);
 	}
 
+	/* -------------------------------------------------- tag matching */
+	{
+		/* Tag-matching SRQs: the caps, creation rules, tag-list
+		 * operations and their errnos (traffic: pyverbs' TM tests). */
+		struct ibv_device_attr_ex ax;
+		struct ibv_srq_init_attr_ex ta = {
+			.attr = { .max_wr = 8, .max_sge = 1 },
+			.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+				     IBV_SRQ_INIT_ATTR_TM,
+			.srq_type = IBV_SRQT_TM,
+			.pd = c.pd,
+		};
+		struct ibv_cq *tcq = ibv_create_cq(c.ctx, 16, NULL, NULL, 0);
+		struct ibv_srq *tsrq = NULL;
+		struct ibv_wc twc[2];
+		char tbuf[64];
+
+		memset(&ax, 0, sizeof(ax));
+		rc = ibv_query_device_ex(c.ctx, NULL, &ax);
+		check(rc == 0 && ax.tm_caps.max_num_tags > 0 &&
+			      (ax.tm_caps.flags & IBV_TM_CAP_RC) &&
+			      ax.tm_caps.max_rndv_hdr_size == 64 && ax.tm_caps.max_sge > 0,
+		      "tm.caps", "rc %d: tags %u, flags %#x, rndv header %u, sge %u", rc,
+		      ax.tm_caps.max_num_tags, ax.tm_caps.flags, ax.tm_caps.max_rndv_hdr_size,
+		      ax.tm_caps.max_sge);
+		ta.tm_cap.max_num_tags = 2;
+		ta.tm_cap.max_ops = 4;
+		errno = 0;
+		tsrq = ibv_create_srq_ex(c.ctx, &ta);
+		check(!tsrq && errno == EINVAL, "tm.create_without_cq_einval",
+		      "srq %p, errno %d (%s)", (void *)tsrq, errno, strerror(errno));
+		ta.comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+		ta.cq = tcq;
+		ta.tm_cap.max_num_tags = ax.tm_caps.max_num_tags + 1;
+		errno = 0;
+		tsrq = ibv_create_srq_ex(c.ctx, &ta);
+		check(!tsrq && errno == EINVAL, "tm.create_too_many_tags_einval",
+		      "srq %p, errno %d (%s)", (void *)tsrq, errno, strerror(errno));
+		ta.tm_cap.max_num_tags = 2;
+		tsrq = ibv_create_srq_ex(c.ctx, &ta);
+		check(tsrq != NULL, "tm.create", "errno %d (%s)", errno, strerror(errno));
+		if (tsrq && tcq) {
+			struct ibv_sge tsge = { .addr = (uintptr_t)tbuf, .length = sizeof(tbuf),
+						.lkey = ba.mr->lkey };
+			struct ibv_ops_wr bad_wr = { .wr_id = 2, .opcode = 7 };
+			struct ibv_ops_wr add = {
+				.wr_id = 1,
+				.next = &bad_wr,
+				.opcode = IBV_WR_TAG_ADD,
+				.flags = IBV_OPS_SIGNALED,
+			};
+			struct ibv_ops_wr *bad = NULL;
+
+			/* tbuf is not in ba's MR, but tags are only checked
+			 * when a message lands in them. */
+			add.tm.add.recv_wr_id = 11;
+			add.tm.add.sg_list = &tsge;
+			add.tm.add.num_sge = 1;
+			add.tm.add.tag = 0x42;
+			add.tm.add.mask = ~0ull;
+			rc = ibv_post_srq_ops(tsrq, &add, &bad);
+			check(rc == EINVAL && bad == &bad_wr && add.tm.handle != 0,
+			      "tm.ops_list_stops_at_unknown_opcode",
+			      "returned %d, bad %p (expected %p), handle %u", rc, (void *)bad,
+			      (void *)&bad_wr, add.tm.handle);
+			n = poll_n(tcq, twc, 1);
+			check(n == 1 && twc[0].wr_id == 1 && twc[0].opcode == IBV_WC_TM_ADD &&
+				      twc[0].status == IBV_WC_SUCCESS,
+			      "tm.add_completes_on_the_srq_cq", "%d completions, opcode %d, status %d",
+			      n, n ? (int)twc[0].opcode : -1, n ? (int)twc[0].status : -1);
+			add.next = NULL;
+			add.flags = 0;
+			rc = ibv_post_srq_ops(tsrq, &add, &bad);
+			rc |= ibv_post_srq_ops(tsrq, &add, &bad) == ENOMEM ? 0 : 1;
+			check(rc == 0, "tm.full_list_enomem", "a third tag in a list of 2 not ENOMEM");
+			/* DEL of a handle that names no tag: TM_ERR, even unsignaled. */
+			struct ibv_ops_wr del = { .wr_id = 3, .opcode = IBV_WR_TAG_DEL };
+
+			del.tm.handle = 0xdead;
+			rc = ibv_post_srq_ops(tsrq, &del, &bad);
+			n = rc == 0 ? poll_n(tcq, twc, 1) : 0;
+			check(n == 1 && twc[0].wr_id == 3 && twc[0].opcode == IBV_WC_TM_DEL &&
+				      twc[0].status == IBV_WC_TM_ERR,
+			      "tm.del_unknown_tm_err", "rc %d, %d completions, status %d (%s)", rc,
+			      n, n ? (int)twc[0].status : -1,
+			      n ? ibv_wc_status_str(twc[0].status) : "-");
+			rc = ibv_destroy_cq(tcq);
+			check(rc == EBUSY, "tm.cq_busy_while_srq_uses_it", "returned %d (%s)", rc,
+			      strerror(rc));
+			{
+				struct ibv_qp_init_attr ia = { .send_cq = tcq, .recv_cq = tcq,
+							       .srq = tsrq,
+							       .cap = { .max_send_wr = 1,
+									.max_send_sge = 1 },
+							       .qp_type = IBV_QPT_UC };
+				struct ibv_qp *uq = ibv_create_qp(c.pd, &ia);
+
+				check(!uq && errno == EINVAL, "tm.uc_qp_refused",
+				      "qp %p, errno %d (%s)", (void *)uq, errno, strerror(errno));
+				if (uq)
+					ibv_destroy_qp(uq);
+			}
+		}
+		{
+			struct ibv_srq_init_attr bsa = { .attr = { .max_wr = 2, .max_sge = 1 } };
+			struct ibv_srq *basic = ibv_create_srq(c.pd, &bsa);
+			struct ibv_ops_wr sync = { .wr_id = 4, .opcode = IBV_WR_TAG_SYNC,
+						   .flags = IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC };
+			struct ibv_ops_wr *bad = NULL;
+
+			rc = basic ? ibv_post_srq_ops(basic, &sync, &bad) : -1;
+			check(rc == EINVAL, "tm.ops_on_basic_srq_einval", "returned %d", rc);
+			if (basic)
+				ibv_destroy_srq(basic);
+		}
+		rc = tsrq ? ibv_destroy_srq(tsrq) : 0;
+		rc |= tcq ? ibv_destroy_cq(tcq) : 0;
+		check(rc == 0, "tm.teardown", "a destroy returned nonzero");
+	}
+
 	/* ------------------------------------------------------- imports */
 	{
 		/* A context imported through a dup of cmd_fd shares the

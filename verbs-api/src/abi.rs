@@ -149,8 +149,11 @@ pub struct verbs_context {
     /// modify_flow_action_esp .. modify_qp_rate_limit: not supported.
     pub _unsupported0: [*const c_void; 4],
     pub alloc_parent_domain: Option<AllocParentDomainFn>,
-    /// dealloc_td .. create_wq: not supported (NULL: EOPNOTSUPP).
-    pub _unsupported0b: [*const c_void; 9],
+    /// dealloc_td, alloc_td, modify_cq: not supported (NULL: EOPNOTSUPP).
+    pub _unsupported0b: [*const c_void; 3],
+    pub post_srq_ops: Option<PostSrqOpsFn>,
+    /// destroy_rwq_ind_table .. create_wq: not supported.
+    pub _unsupported0c: [*const c_void; 5],
     pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
@@ -294,7 +297,7 @@ pub struct ibv_cq_ex {
     pub read_completion_ts: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
     pub read_cvlan: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u16>,
     pub read_flow_tag: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
-    pub read_tm_info: *const c_void,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info)>,
     pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
 }
 
@@ -588,6 +591,49 @@ pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
 pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
 pub const IBV_SRQT_BASIC: u32 = 0;
+pub const IBV_SRQT_TM: u32 = 2;
+pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+
+/// `struct ibv_wc_tm_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+
+pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
+pub const IBV_TM_CAP_RC: u32 = 1;
+
+/// `struct ibv_ops_wr` (`ibv_post_srq_ops`).
+#[repr(C)]
+pub struct ibv_ops_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_ops_wr,
+    /// `enum ibv_ops_wr_opcode`.
+    pub opcode: u32,
+    /// `enum ibv_ops_flags`.
+    pub flags: c_int,
+    /// `tm.unexpected_cnt`.
+    pub tm_unexpected_cnt: u32,
+    /// `tm.handle`: DEL's input, ADD's output.
+    pub tm_handle: u32,
+    /// `tm.add.recv_wr_id` .. `tm.add.mask`.
+    pub add_recv_wr_id: u64,
+    pub add_sg_list: *mut ibv_sge,
+    pub add_num_sge: c_int,
+    pub add_tag: u64,
+    pub add_mask: u64,
+}
+
+pub const IBV_WR_TAG_ADD: u32 = 0;
+pub const IBV_WR_TAG_DEL: u32 = 1;
+pub const IBV_WR_TAG_SYNC: u32 = 2;
+pub const IBV_OPS_SIGNALED: c_int = 1;
+pub const IBV_OPS_TM_SYNC: c_int = 1 << 1;
+
+pub type PostSrqOpsFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]

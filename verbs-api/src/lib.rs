@@ -38,6 +38,7 @@ use std::time::Duration;
 
 pub use roxe_provider::driver::{DeviceConfig, DeviceStats, FaultSpec, IcrcMode};
 pub use roxe_provider::engine::CqId;
+pub use roxe_provider::engine::{tmh_op, SrqOp, SrqOpKind, Tmh, RVH_LEN, TMH_LEN};
 pub use roxe_provider::memory::{MwBind, MwType, Sge, MAX_DM_SIZE};
 pub use roxe_provider::qp_attr::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 pub use roxe_provider::wr::{
@@ -382,6 +383,21 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
 }
 
+/// `struct ibv_tm_caps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TmCaps {
+    /// Largest rendezvous message (TMH, RVH and any user header).
+    pub max_rndv_hdr_size: u32,
+    /// Largest tag list.
+    pub max_num_tags: u32,
+    /// Tag-list operations outstanding at once.
+    pub max_ops: u32,
+    /// SGEs per tagged buffer.
+    pub max_sge: u32,
+    /// `IBV_TM_CAP_RC`: tag matching on RC QPs.
+    pub rc: bool,
+}
+
 /// `struct ibv_port_attr`, the fields programs read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
@@ -516,6 +532,27 @@ impl Context {
             max_inline_data: c.max_inline,
             max_pkeys: c.qp_limits.pkey_table_len,
             phys_port_cnt: c.qp_limits.port_count,
+        }
+    }
+
+    /// Tag matching's limits (`ibv_device_attr_ex.tm_caps`): what
+    /// [`Pd::create_tm_srq`] accepts. All zero on a hardware device (tag
+    /// matching through the Rust API is soft-only).
+    pub fn tm_caps(&self) -> TmCaps {
+        match &self.inner.imp {
+            ContextImp::Soft(d) => {
+                let e = d.engine();
+                let c = e.config();
+                TmCaps {
+                    max_rndv_hdr_size: roxe_provider::engine::MAX_RNDV_HDR,
+                    max_num_tags: c.max_tm_tags,
+                    // Operations execute as they are posted.
+                    max_ops: c.max_qp_wr,
+                    max_sge: c.max_sge,
+                    rc: true,
+                }
+            }
+            ContextImp::Hw(_) => TmCaps::default(),
         }
     }
 
@@ -1117,6 +1154,7 @@ impl Pd {
                 imp,
                 _pd: self.clone(),
                 _xrc: None,
+                _tm_cq: None,
             }),
         })
     }
@@ -1142,6 +1180,34 @@ impl Pd {
                 imp: SrqImp::Soft(d.clone(), id),
                 _pd: self.clone(),
                 _xrc: Some((xrcd.clone(), cq.clone())),
+                _tm_cq: None,
+            }),
+        })
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_TM`: a tag-matching SRQ whose tag
+    /// list holds up to `max_tags` buffers ([`Context::tm_caps`]) and whose
+    /// tag-list operations ([`Srq::post_op`]) complete in `cq`. RC QPs
+    /// created on it deliver messages by their tag-matching header: see
+    /// `roxe_provider::engine::tm` for the rules. Soft devices only.
+    pub fn create_tm_srq(&self, cq: &Cq, max_wr: u32, max_sge: u32, max_tags: u32) -> Result<Srq> {
+        let (Half::Soft(d, pd), CqImp::Soft { id: cq_id, .. }) = (self.half(), &cq.inner.imp)
+        else {
+            return Err(verbs(
+                "ibv_create_srq_ex",
+                Errno::EOPNOTSUPP,
+                "tag matching through the Rust API on a hardware device",
+            ));
+        };
+        let id = d
+            .engine()
+            .create_tm_srq(pd, *cq_id, max_wr, max_sge, max_tags)?;
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                imp: SrqImp::Soft(d.clone(), id),
+                _pd: self.clone(),
+                _xrc: None,
+                _tm_cq: Some(cq.clone()),
             }),
         })
     }
@@ -1934,6 +2000,8 @@ struct SrqInner {
     _pd: Pd,
     /// An XRC SRQ's domain and CQ, kept alive while it is.
     _xrc: Option<(Xrcd, Cq)>,
+    /// A tag-matching SRQ's CQ (of its tag-list operations).
+    _tm_cq: Option<Cq>,
 }
 
 impl Drop for SrqInner {
@@ -1975,6 +2043,21 @@ impl Srq {
         match &self.inner.imp {
             SrqImp::Soft(d, id) => Ok(d.engine().post_srq_recv(*id, wr)?),
             SrqImp::Hw(h) => h.post_recv(&wr),
+        }
+    }
+
+    /// `ibv_post_srq_ops` (one operation) on a tag-matching SRQ: applied
+    /// at once, completing in its CQ when signaled (always on failure). An
+    /// ADD returns the tag's handle (what a DEL names), the others 0.
+    pub fn post_op(&self, op: SrqOp) -> Result<u32> {
+        match &self.inner.imp {
+            // The engine guard's release notifies the CQ's channel.
+            SrqImp::Soft(d, id) => Ok(d.engine().post_srq_op(*id, op)?),
+            SrqImp::Hw(_) => Err(verbs(
+                "ibv_post_srq_ops",
+                Errno::EOPNOTSUPP,
+                "tag matching through the Rust API on a hardware device",
+            )),
         }
     }
 }

@@ -141,6 +141,8 @@ fn layouts() -> Vec<Layout> {
             _unsupported0: starts_at "modify_flow_action_esp",
             alloc_parent_domain,
             _unsupported0b: starts_at "dealloc_td",
+            post_srq_ops,
+            _unsupported0c: starts_at "destroy_rwq_ind_table",
             query_rt_values,
             create_cq_ex,
             priv_: member "priv",
@@ -221,6 +223,17 @@ fn layouts() -> Vec<Layout> {
         ibv_srq_init_attr { srq_context, attr }
         ibv_srq_init_attr_ex {
             srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap,
+        }
+        ibv_wc_tm_info { tag, priv_: member "priv" }
+        ibv_ops_wr {
+            wr_id, next, opcode, flags,
+            tm_unexpected_cnt: member "tm.unexpected_cnt",
+            tm_handle: member "tm.handle",
+            add_recv_wr_id: member "tm.add.recv_wr_id",
+            add_sg_list: member "tm.add.sg_list",
+            add_num_sge: member "tm.add.num_sge",
+            add_tag: member "tm.add.tag",
+            add_mask: member "tm.add.mask",
         }
         ibv_ece { vendor_id, options, comp_mask }
         rdma_event_channel { fd }
@@ -387,6 +400,15 @@ fn constants() -> Vec<(&'static str, i64)> {
         IBV_SRQ_INIT_ATTR_CQ,
         IBV_SRQT_BASIC,
         IBV_SRQT_XRC,
+        IBV_SRQT_TM,
+        IBV_SRQ_INIT_ATTR_TM,
+        IBV_WC_EX_WITH_TM_INFO,
+        IBV_TM_CAP_RC,
+        IBV_WR_TAG_ADD,
+        IBV_WR_TAG_DEL,
+        IBV_WR_TAG_SYNC,
+        IBV_OPS_SIGNALED,
+        IBV_OPS_TM_SYNC,
         IBV_DEVICE_XRC,
         IBV_SRQ_INIT_ATTR_XRCD,
         IBV_QP_INIT_ATTR_XRCD,
@@ -483,6 +505,11 @@ fn extras() -> Vec<(&'static str, &'static str, i64)> {
             "EX_XRC_ODP_CAPS",
             "offsetof(struct ibv_device_attr_ex, xrc_odp_caps)",
             EX_XRC_ODP_CAPS as i64,
+        ),
+        (
+            "EX_TM_CAPS",
+            "offsetof(struct ibv_device_attr_ex, tm_caps)",
+            EX_TM_CAPS as i64,
         ),
     ]
 }

@@ -301,6 +301,7 @@ pub(crate) fn open_context(
         vctx.free_dm = Some(crate::verbs::free_dm);
         vctx.reg_dm_mr = Some(crate::verbs::reg_dm_mr);
         vctx.create_srq_ex = Some(crate::verbs::create_srq_ex);
+        vctx.post_srq_ops = Some(crate::tm::post_srq_ops);
         vctx.get_srq_num = Some(crate::xrc::get_srq_num);
         vctx.query_rt_values = Some(query_rt_values);
         vctx.open_xrcd = Some(crate::xrc::open_xrcd);
@@ -634,6 +635,17 @@ unsafe extern "C" fn query_device_ex(
                 EX_MAX_DM_SIZE,
                 roxe_provider::memory::MAX_DM_SIZE as u64,
             );
+            let tm = c.ctx.tm_caps();
+            let caps = [
+                tm.max_rndv_hdr_size,
+                tm.max_num_tags,
+                if tm.rc { IBV_TM_CAP_RC } else { 0 },
+                tm.max_ops,
+                tm.max_sge,
+            ];
+            for (i, v) in caps.into_iter().enumerate() {
+                put_u32(&mut ex, EX_TM_CAPS + 4 * i, v);
+            }
         }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; zero all of
@@ -657,6 +669,9 @@ pub(crate) const EX_COMPLETION_TIMESTAMP_MASK: usize = 264;
 pub(crate) const EX_HCA_CORE_CLOCK_KHZ: usize = 272;
 pub(crate) const EX_MAX_DM_SIZE: usize = 376;
 pub(crate) const EX_XRC_ODP_CAPS: usize = 392;
+/// `struct ibv_tm_caps`: max_rndv_hdr_size, max_num_tags, flags, max_ops,
+/// max_sge (five u32s).
+pub(crate) const EX_TM_CAPS: usize = 348;
 
 /// The `_ext` word at byte offset `c_offset` of the C struct.
 fn ext_word(c_offset: usize) -> usize {

@@ -12,6 +12,7 @@
 //! - `import`: sharing objects between contexts on one command file
 //!   (`ibv_import_device`, `ibv_import_pd`/`_mr`/`_dm`);
 //! - `qp_ex`: the `ibv_wr_*` post-send API of QPs from `ibv_create_qp_ex`;
+//! - `tm`: tag-matching SRQs (`IBV_SRQT_TM`, `ibv_post_srq_ops`);
 //! - `stubs`: the rest of the 146 exported symbols (helpers, strings,
 //!   kernel-only and private entry points) with a real provider's answer
 //!   for what roxe does not support;
@@ -33,6 +34,7 @@ mod qp_ex;
 mod rsocket;
 mod stubs;
 mod symbols;
+mod tm;
 mod verbs;
 mod xrc;
 

@@ -909,7 +909,7 @@ fn cq_ex_header(
         read_completion_ts: None,
         read_cvlan: None,
         read_flow_tag: None,
-        read_tm_info: ptr::null(),
+        read_tm_info: None,
         read_completion_wallclock_ns: None,
     }
 }
@@ -923,6 +923,8 @@ fn cq_ex_header(
 pub(crate) struct CqTimes {
     wallclock: bool,
     device_clock: bool,
+    /// `IBV_WC_EX_WITH_TM_INFO` (not a time, but read the same way).
+    tm_info: bool,
 }
 
 unsafe fn create_roxe_cq(
@@ -954,6 +956,9 @@ unsafe fn create_roxe_cq(
     if times.device_clock {
         // The device clock's ticks are those nanoseconds.
         header.read_completion_ts = Some(cq_ex::read_completion_wallclock_ns);
+    }
+    if times.tm_info {
+        header.read_tm_info = Some(cq_ex::read_tm_info);
     }
     let wallclock = times.wallclock || times.device_clock;
     let raw = leak(RoxeCq {
@@ -1003,7 +1008,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             || a.wc_flags
                 & !(IBV_WC_STANDARD_FLAGS
                     | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
-                    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
+                    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+                    | IBV_WC_EX_WITH_TM_INFO)
                 != 0
         {
             return fail_null(libc::EOPNOTSUPP);
@@ -1023,6 +1029,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let times = CqTimes {
             wallclock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0,
             device_clock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP != 0,
+            tm_info: a.wc_flags & IBV_WC_EX_WITH_TM_INFO != 0,
         };
         // SAFETY: ctx is the context the inline wrapper passed; the
         // channel is the caller's.
@@ -1171,6 +1178,16 @@ mod cq_ex {
             };
             q.polled.lock().front().map_or(0, |&(_, at)| at)
         })
+    }
+
+    /// `ibv_wc_read_tm_info`: a tag-matching completion's tag and the
+    /// TMH's application context (zeros for others).
+    pub(super) unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
+        let (tag, priv_) = current(cq, |w| (w.tm_tag, w.tm_priv));
+        // SAFETY: info is the caller's (the inline wrapper's contract).
+        if let Some(out) = unsafe { info.as_mut() } {
+            *out = ibv_wc_tm_info { tag, priv_ };
+        }
     }
 
     pub(super) unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
@@ -1422,8 +1439,10 @@ pub(crate) struct RoxeSrq {
     attr: ibv_srq_attr,
     pd: *const RoxePd,
     users: AtomicUsize,
-    /// An XRC SRQ's domain and CQ (it counts as their user).
-    xrc: Option<(*const crate::xrc::RoxeXrcd, *const RoxeCq)>,
+    /// An XRC SRQ's domain (it counts as its user).
+    xrcd: Option<*const crate::xrc::RoxeXrcd>,
+    /// An XRC or tag-matching SRQ's CQ (it counts as its user).
+    cq: Option<*const RoxeCq>,
 }
 
 impl RoxeSrq {
@@ -1438,7 +1457,8 @@ impl RoxeSrq {
         srq_context: *mut c_void,
         srq: Srq,
         a: ibv_srq_attr,
-        xrc: Option<(&crate::xrc::RoxeXrcd, &RoxeCq)>,
+        xrcd: Option<&crate::xrc::RoxeXrcd>,
+        cq: Option<&RoxeCq>,
     ) -> *mut ibv_srq {
         p.users.fetch_add(1, Ordering::AcqRel);
         leak(RoxeSrq {
@@ -1459,7 +1479,8 @@ impl RoxeSrq {
             },
             pd: p,
             users: AtomicUsize::new(0),
-            xrc: xrc.map(|(x, c)| (x as *const _, c as *const _)),
+            xrcd: xrcd.map(|x| x as *const _),
+            cq: cq.map(|c| c as *const _),
         })
         .cast()
     }
@@ -1486,16 +1507,16 @@ pub unsafe extern "C" fn ibv_create_srq(
         let a = init.attr;
         match p.pd.create_srq(a.max_wr, a.max_sge) {
             // SAFETY: p is pd's container; a basic SRQ.
-            Ok(srq) => unsafe { RoxeSrq::hand_out(p, pd, init.srq_context, srq, a, None) },
+            Ok(srq) => unsafe { RoxeSrq::hand_out(p, pd, init.srq_context, srq, a, None, None) },
             Err(e) => fail_null(e.errno()),
         }
     })
 }
 
 /// `vctx->create_srq_ex`, which the inline `ibv_create_srq_ex` calls for
-/// anything beyond a basic SRQ with a PD: basic and XRC SRQs
-/// (tag-matching SRQs: EOPNOTSUPP); a basic SRQ accepts a CQ and leaves it
-/// unused, as it only matters to the other types.
+/// anything beyond a basic SRQ with a PD: basic, XRC and tag-matching SRQs;
+/// a basic SRQ accepts a CQ and leaves it unused, as it only matters to the
+/// other types.
 pub(crate) unsafe extern "C" fn create_srq_ex(
     _ctx: *mut ibv_context,
     attr: *mut ibv_srq_init_attr_ex,
@@ -1513,6 +1534,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
         if typed && a.srq_type == IBV_SRQT_XRC {
             // SAFETY: a is the caller's; its PD, XRCD and CQ NULL or ours.
             return unsafe { crate::xrc::create_xrc_srq(a) };
+        }
+        if typed && a.srq_type == IBV_SRQT_TM {
+            // SAFETY: a is the caller's; its PD and CQ NULL or ours.
+            return unsafe { crate::tm::create_tm_srq(a) };
         }
         if a.comp_mask & !known != 0 || (typed && a.srq_type != IBV_SRQT_BASIC) {
             return fail_null(libc::EOPNOTSUPP);
@@ -1604,14 +1629,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if s.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        let (pd, xrc) = (s.pd, s.xrc);
+        let (pd, xrcd, cq) = (s.pd, s.xrcd, s.cq);
         // SAFETY: created by leak(RoxeSrq), destroyed once; the PD (and an
-        // XRC SRQ's domain and CQ) outlive it.
+        // XRC SRQ's domain, an XRC or TM SRQ's CQ) outlive it.
         unsafe {
             drop(Box::from_raw(srq.cast::<RoxeSrq>()));
             (*pd).users.fetch_sub(1, Ordering::AcqRel);
-            if let Some((x, cq)) = xrc {
+            if let Some(x) = xrcd {
                 (*x).users.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Some(cq) = cq {
                 (*cq).users.fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -1664,7 +1691,7 @@ unsafe fn post_recv_list(
 }
 
 /// The caller's scatter/gather list (`num_sge` entries at `sg`).
-unsafe fn sges(sg: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
+pub(crate) unsafe fn sges(sg: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
     if num_sge < 0 || (num_sge > 0 && sg.is_null()) {
         return None;
     }

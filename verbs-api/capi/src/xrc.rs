@@ -178,7 +178,7 @@ pub(crate) unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
     x.users.fetch_add(1, Ordering::AcqRel);
     cq.users.fetch_add(1, Ordering::AcqRel);
     // SAFETY: p came from a.pd.
-    unsafe { RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, Some((x, cq))) }
+    unsafe { RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, Some(x), Some(cq)) }
 }
 
 /// `vctx->get_srq_num`.
