@@ -252,10 +252,12 @@ if want overhead; then
   # size and count for both programs, alternated OVERHEAD_RUNS times (the
   # emulated guest's timing swings by 2x between single runs): medians of
   # perftest's t_typical and roxe perf's p50 (perftest's inline sizes, as
-  # roxe perf's defaults). write: perftest polls the buffer's last byte,
-  # roxe perf takes the WRITE_WITH_IMM's receive completion; send: both are
-  # SEND/RECV ping-pongs.
-  detail=""
+  # roxe perf's defaults). write: both poll the buffer's last byte for the
+  # peer's WRITE; send: both are SEND/RECV ping-pongs. Both time samples
+  # with the TSC: the guest's clocksource (recorded) may make the system
+  # clock a costly read.
+  cs=$(G 'cat /sys/devices/system/clocksource/clocksource0/current_clocksource' 2>/dev/null | tr -d '\r\n')
+  detail="guest clocksource ${cs:-unknown}; "
   k=0
   median() { python3 -c 'import statistics,sys; v=[float(x) for x in sys.argv[1:]]; print(round(statistics.median(v),2) if v else "")' "$@"; }
   for op in write send; do

@@ -75,6 +75,54 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Latency timestamps. On x86_64 the time-stamp counter, which perftest's
+/// `get_cycles` reads too: in guests whose clocksource is not the TSC
+/// (emulated ones: HPET, ACPI PM) reading the system clock is a system call
+/// and a device access, whose cost would land in every sample. Elsewhere
+/// the monotonic clock. [`TickRate`] turns ticks into time.
+mod ticks {
+    #[cfg(target_arch = "x86_64")]
+    pub fn now() -> u64 {
+        // SAFETY: RDTSC exists on every x86_64 CPU and reads a counter;
+        // it has no memory effects or preconditions.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn now() -> u64 {
+        use std::sync::OnceLock;
+        static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
+        let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+        origin.elapsed().as_nanos() as u64
+    }
+}
+
+/// Ticks against the monotonic clock over a run: nanoseconds per tick.
+struct TickRate {
+    at: Instant,
+    tick: u64,
+}
+
+impl TickRate {
+    fn start() -> Self {
+        TickRate {
+            at: Instant::now(),
+            tick: ticks::now(),
+        }
+    }
+
+    /// Nanoseconds per tick since `start` (1.0 if too little time passed).
+    fn ns_per_tick(&self) -> f64 {
+        let ticks = ticks::now().wrapping_sub(self.tick);
+        let ns = self.at.elapsed().as_nanos() as f64;
+        if ticks == 0 || ns < 1e6 {
+            1.0
+        } else {
+            ns / ticks as f64
+        }
+    }
+}
+
 /// The operation under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1189,23 +1237,25 @@ fn read_lat(p: &Params, s: &Setup, ctrl: &Ctrl, rmr: RemoteMr, deadline: Instant
     let mut poller = Poller::new(s, ctrl, deadline, "a READ completion");
     let mut samples = Vec::with_capacity(p.iters as usize);
     let start = Instant::now();
+    let rate = TickRate::start();
     let mut progress = Progress::new(start, p, Some(1.0));
     for k in 0..p.iters {
         let mut wr = SendWr::new(k, SendOpcode::RdmaRead, vec![s.mr.sge(0, p.size)]);
         wr.remote_addr = rmr.addr;
         wr.rkey = rmr.rkey;
-        let t0 = Instant::now();
+        let t0 = ticks::now();
         s.qps[0].post_send(wr).map_err(|e| e.to_string())?;
         let got = poller.poll(&mut wcs)?;
-        let t1 = Instant::now();
+        let t1 = ticks::now();
         if got.len() != 1 || got[0].wr_id != k || got[0].opcode != WcOpcode::RdmaRead {
             return Err(format!("unexpected completions {got:?}"));
         }
-        samples.push(t1 - t0);
+        samples.push(t1.wrapping_sub(t0));
         progress.tick(k + 1);
     }
     let elapsed = start.elapsed();
-    Ok(report(p, elapsed, Some(lat_stats(&mut samples, 1.0))))
+    let scale = rate.ns_per_tick();
+    Ok(report(p, elapsed, Some(lat_stats(&mut samples, scale))))
 }
 
 /// Write latency as ib_write_lat measures it (`Params::poll_buffer`):
@@ -1231,9 +1281,10 @@ fn write_lat_polling(
     let mut poller = Poller::new(s, ctrl, deadline, "the send completion");
     let mut samples = Vec::with_capacity(if initiator { p.iters as usize } else { 0 });
     let start = Instant::now();
+    let rate = TickRate::start();
     let mut progress = Progress::new(start, p, Some(0.5));
     let (mut sent, mut received) = (0u64, 0u64);
-    let mut t0 = start;
+    let mut t0 = 0u64;
     while sent < p.iters || received < p.iters {
         let my_turn = if initiator {
             sent == received
@@ -1259,7 +1310,7 @@ fn write_lat_polling(
             }
             received += 1;
             if initiator {
-                samples.push(t0.elapsed());
+                samples.push(ticks::now().wrapping_sub(t0));
                 if received & 63 == 0 {
                     progress.tick(received);
                 }
@@ -1289,7 +1340,7 @@ fn write_lat_polling(
                 wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
             }
             if initiator {
-                t0 = Instant::now();
+                t0 = ticks::now();
             }
             qp.post_send(wr).map_err(|e| e.to_string())?;
             sent = n;
@@ -1302,7 +1353,8 @@ fn write_lat_polling(
         }
     }
     let elapsed = start.elapsed();
-    let lat = initiator.then(|| lat_stats(&mut samples, 0.5));
+    let scale = rate.ns_per_tick() * 0.5;
+    let lat = initiator.then(|| lat_stats(&mut samples, scale));
     Ok(report(p, elapsed, lat))
 }
 
@@ -1373,8 +1425,9 @@ fn pingpong(
         wr
     };
     let start = Instant::now();
+    let rate = TickRate::start();
     let mut progress = Progress::new(start, p, Some(0.5));
-    let mut t0 = start;
+    let mut t0 = 0u64;
     loop {
         // The initiator sends before each receive, the responder after.
         let my_turn = if initiator {
@@ -1394,7 +1447,7 @@ fn pingpong(
                 }
             }
             if initiator {
-                t0 = Instant::now();
+                t0 = ticks::now();
             }
             qp.post_send(send_wr(sent + 1)).map_err(|e| e.to_string())?;
             sent += 1;
@@ -1405,13 +1458,13 @@ fn pingpong(
         for wc in poller.poll(&mut wcs)? {
             match wc.opcode {
                 WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
-                    let t1 = Instant::now();
+                    let t1 = ticks::now();
                     received += 1;
                     if received > sent + u64::from(!initiator) {
                         return Err(format!("a message out of turn: {wc:?}"));
                     }
                     if initiator {
-                        samples.push(t1 - t0);
+                        samples.push(t1.wrapping_sub(t0));
                     }
                     if recv_posted < iters {
                         s.post_recv(p, 0, recv_posted, !write)?;
@@ -1427,13 +1480,16 @@ fn pingpong(
         }
     }
     let elapsed = start.elapsed();
-    let lat = initiator.then(|| lat_stats(&mut samples, 0.5));
+    let scale = rate.ns_per_tick() * 0.5;
+    let lat = initiator.then(|| lat_stats(&mut samples, scale));
     Ok(report(p, elapsed, lat))
 }
 
-fn lat_stats(samples: &mut [Duration], scale: f64) -> LatUs {
+/// Statistics of `samples` in ticks, `scale` nanoseconds each (half a
+/// tick's time for one-way latencies from round trips).
+fn lat_stats(samples: &mut [u64], scale: f64) -> LatUs {
     samples.sort_unstable();
-    let us = |d: Duration| d.as_secs_f64() * 1e6 * scale;
+    let us = |d: u64| d as f64 * scale / 1e3;
     let n = samples.len();
     // Nearest rank: the smallest sample with at least q of them at or below.
     let pct = |q: f64| {
@@ -1698,4 +1754,34 @@ fn send_bw_server(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_calibrated_against_the_monotonic_clock() {
+        let rate = TickRate::start();
+        let (t0, i0) = (ticks::now(), Instant::now());
+        std::thread::sleep(Duration::from_millis(20));
+        let (t1, i1) = (ticks::now(), Instant::now());
+        let ns = rate.ns_per_tick() * t1.wrapping_sub(t0) as f64;
+        let real = (i1 - i0).as_nanos() as f64;
+        assert!(
+            (ns / real - 1.0).abs() < 0.2,
+            "{ns} ns by ticks against {real} ns"
+        );
+    }
+
+    #[test]
+    fn latency_statistics_scale_ticks_to_microseconds() {
+        // Round trips of 2,000..=11,000 ticks at 0.5 ns each, halved.
+        let mut samples: Vec<u64> = (1..=10).rev().map(|k| 1000 + 1000 * k).collect();
+        let l = lat_stats(&mut samples, 0.5 * 0.5);
+        assert_eq!(l.min, 0.5);
+        assert_eq!(l.max, 2.75);
+        assert_eq!(l.p50, 1.5);
+        assert!((l.mean - 1.625).abs() < 1e-9);
+    }
 }
