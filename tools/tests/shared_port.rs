@@ -62,6 +62,12 @@ fn soft_devices_share_port_4791_with_a_wildcard_holder() {
         "the devices did not share the port:\n{text}"
     );
     assert!(text.contains("UD_SEND (echo)"), "{text}");
+    // Each device reaches the other at its claim port, through a UDP
+    // socket with GRO, instead of through its raw socket.
+    assert!(
+        text.matches("reached at its claim port").count() >= 2,
+        "the devices did not reach each other directly:\n{text}"
+    );
     match roce_check() {
         Some(tool) => {
             let rc = Command::new("python3")

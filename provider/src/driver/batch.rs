@@ -140,9 +140,79 @@ pub(crate) struct TxBatch {
     /// GSO send is signed with the ICRC for IPv4 identification `k` (see
     /// the module documentation).
     source: Option<std::net::Ipv4Addr>,
-    /// Destination socket addresses, built once per destination.
-    addrs: Vec<(IpAddr, socket2::SockAddr)>,
+    /// Destination socket addresses, built once per destination, and
+    /// whether the destination is reached directly (see `direct`).
+    addrs: Vec<(IpAddr, socket2::SockAddr, bool)>,
+    /// Beside rxe (shared-port mode): loopback peers that are shared-mode
+    /// roxe devices themselves (a socket holds their claim port) are sent
+    /// their packets at that port, where they read them through a UDP
+    /// socket with GRO, instead of at 4791 for their raw socket: GSO goes
+    /// to them, and rxe's socket no longer sees their traffic. The packets
+    /// are signed for port 4791 all the same. `None`: never.
+    direct: Option<DirectPeers>,
     pub(crate) counters: TxCounters,
+}
+
+/// Which loopback peers a shared-mode device reaches at their claim port.
+#[derive(Debug)]
+pub(crate) struct DirectPeers {
+    /// The claim port (`device::SHARED_MODE_PORT`).
+    pub port: u16,
+    /// Answers by peer, each looked up again after `RECHECK` (a peer may
+    /// open or close).
+    known: Vec<(IpAddr, bool, Instant)>,
+}
+
+impl DirectPeers {
+    pub(crate) fn new(port: u16) -> Self {
+        DirectPeers {
+            port,
+            known: Vec::new(),
+        }
+    }
+
+    /// Whether `dst` is a loopback address whose claim port a socket holds
+    /// (`/proc/net/udp`), cached for a second.
+    fn is_direct(&mut self, dst: IpAddr) -> bool {
+        const RECHECK: Duration = Duration::from_secs(1);
+        let IpAddr::V4(v4) = dst else {
+            return false;
+        };
+        if !v4.is_loopback() {
+            return false;
+        }
+        let now = Instant::now();
+        if let Some(&(_, d, at)) = self.known.iter().find(|(a, _, _)| *a == dst) {
+            if now < at + RECHECK {
+                return d;
+            }
+        }
+        let key = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.octets()), self.port);
+        let d = std::fs::read_to_string("/proc/net/udp").is_ok_and(|t| {
+            t.lines()
+                .skip(1)
+                .any(|l| l.split_whitespace().nth(1) == Some(key.as_str()))
+        });
+        let before = self
+            .known
+            .iter()
+            .find(|(a, _, _)| *a == dst)
+            .map(|&(_, d, _)| d);
+        if before != Some(d) && (d || before.is_some()) {
+            tracing::info!(
+                peer = %dst,
+                port = self.port,
+                direct = d,
+                "shared-mode roxe peer on this host: reached at its claim port"
+            );
+        }
+        self.known.retain(|(a, _, _)| *a != dst);
+        if self.known.len() >= 256 {
+            self.known.clear();
+        }
+        self.known.push((dst, d, now));
+        d
+    }
 }
 
 impl std::fmt::Debug for TxBatch {
@@ -168,8 +238,15 @@ impl TxBatch {
             port,
             source: None,
             addrs: Vec::new(),
+            direct: None,
             counters: TxCounters::default(),
         }
+    }
+
+    /// Reach shared-mode roxe peers on this host at their claim port
+    /// (see `direct`).
+    pub(crate) fn set_direct(&mut self, direct: DirectPeers) {
+        self.direct = Some(direct);
     }
 
     /// The sockets' IPv4 source address, so GSO segments carry the ICRC
@@ -266,17 +343,37 @@ impl TxBatch {
         self.commit(p.len(), dst, sock, sport);
     }
 
+    /// The index in `addrs` of `dst`'s socket address. Rebuilt (and the
+    /// direct peers looked up again) once per flush at most: `addrs` is
+    /// cleared at the end of each flush that used a direct peer.
     fn addr_index(&mut self, dst: IpAddr) -> usize {
-        if let Some(i) = self.addrs.iter().position(|(a, _)| *a == dst) {
+        if let Some(i) = self.addrs.iter().position(|(a, _, _)| *a == dst) {
             return i;
         }
         if self.addrs.len() >= 256 {
             // Bounded: many peers just rebuild the table now and then.
             self.addrs.clear();
         }
-        let sa = socket2::SockAddr::from(SocketAddr::new(dst, self.port));
-        self.addrs.push((dst, sa));
+        let direct = self.direct.as_mut().is_some_and(|d| d.is_direct(dst));
+        let port = match &self.direct {
+            Some(d) if direct => d.port,
+            _ => self.port,
+        };
+        let sa = socket2::SockAddr::from(SocketAddr::new(dst, port));
+        self.addrs.push((dst, sa, direct));
         self.addrs.len() - 1
+    }
+
+    /// Whether GSO may carry packets to `dst`.
+    fn gso_to(&mut self, dst: IpAddr) -> bool {
+        if !self.gso {
+            return false;
+        }
+        if self.gso_loopback || !dst.is_loopback() {
+            return true;
+        }
+        let i = self.addr_index(dst);
+        self.addrs[i].2
     }
 
     /// Send everything queued, each packet from `socks[its sock]`: one
@@ -324,7 +421,7 @@ impl TxBatch {
                         continue;
                     }
                     let dst = self.pkts[j].dst;
-                    let n = if self.gso && (self.gso_loopback || !dst.is_loopback()) {
+                    let n = if self.gso_to(dst) {
                         gso_run(&self.pkts[j..], MAX_GSO_SEGMENTS, MAX_GSO_BYTES)
                     } else {
                         1
@@ -421,13 +518,25 @@ impl TxBatch {
         }
         self.pkts.clear();
         self.end = 0;
+        if self.direct.is_some() {
+            // Direct peers come and go: look them up again (cached).
+            self.addrs.clear();
+        }
     }
 }
 
 impl TxBatch {
     fn flush_one(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
         let TxPkt { off, len, dst, .. } = self.pkts[0];
-        let to = SocketAddr::new(dst, self.port);
+        let i = self.addr_index(dst);
+        let port = match (&self.direct, self.addrs[i].2) {
+            (Some(d), true) => d.port,
+            _ => self.port,
+        };
+        if self.direct.is_some() {
+            self.addrs.clear();
+        }
+        let to = SocketAddr::new(dst, port);
         let p = &self.arena[off..off + len];
         let mut deadline: Option<Instant> = None;
         let sent = loop {
@@ -689,6 +798,23 @@ pub(crate) unsafe fn recv_many(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn direct_peers_are_loopback_addresses_whose_claim_port_is_held() {
+        // A socket on 127.0.247.1, port P, plays a shared-mode peer.
+        let held = std::net::UdpSocket::bind("127.0.247.1:0").expect("bind");
+        let port = held.local_addr().expect("local address").port();
+        let mut d = DirectPeers::new(port);
+        assert!(d.is_direct("127.0.247.1".parse().unwrap()));
+        assert!(!d.is_direct("127.0.247.2".parse().unwrap()));
+        assert!(!d.is_direct("10.0.0.1".parse().unwrap()));
+        assert!(!d.is_direct("::1".parse().unwrap()));
+        // The answer is cached for a second, then looked up again.
+        drop(held);
+        assert!(d.is_direct("127.0.247.1".parse().unwrap()));
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(!d.is_direct("127.0.247.1".parse().unwrap()));
+    }
 
     fn pkts(spec: &[(usize, u8)]) -> Vec<TxPkt> {
         let mut off = 0;

@@ -175,6 +175,10 @@ struct Shared {
     /// `ROXE_ICRC=raw` on an IPv4 device: the `AF_PACKET` socket packets
     /// are received from (see `raw.rs`).
     raw: Option<OwnedFd>,
+    /// Shared-port mode (beside rxe): `socket` holds the claim port, where
+    /// roxe devices on this host send their packets straight (the
+    /// batch's `DirectPeers`); they are received from it, not discarded.
+    direct_rx: bool,
     epoch: Instant,
     /// The wall clock (ns since the Unix epoch) at `epoch`: engine times
     /// as wall-clock times (`Device::wallclock_ns`).
@@ -439,7 +443,9 @@ impl Device {
             .map(|s| s.local_addr().map(|a| a.port()))
             .collect::<io::Result<_>>()?;
         // Peers on this host that receive through raw sockets too (beside
-        // rxe) drop bursts of 1,024 (`tools/tests/shared_port.rs`).
+        // rxe) drop bursts of 1,024 (`tools/tests/shared_port.rs`). (Roxe
+        // peers beside rxe are reached at their claim port now, but a
+        // 1,024 window measured no faster in the rxe-peer guest.)
         ec.wide_loopback_window = raw.is_none();
         // Peers on this host that read through raw sockets (beside rxe, or
         // `ROXE_ICRC=raw` like this device) see a GSO send uncut.
@@ -465,6 +471,7 @@ impl Device {
             send,
             send_ports: ec.src_ports.clone(),
             raw,
+            direct_rx: shared == Shared4791::Yes,
             epoch,
             epoch_wall_ns,
             core: Mutex::new(Core {
@@ -472,8 +479,13 @@ impl Device {
                 tx: {
                     let mut tx = TxBatch::new(ROCEV2_PORT, gso);
                     // Beside rxe the peers on this host receive through raw
-                    // sockets, which see a GSO send uncut: none to them.
+                    // sockets, which see a GSO send uncut: none to them,
+                    // except to shared-mode roxe peers reached at their
+                    // claim port (a UDP socket with GRO).
                     tx.set_source(addr, gso_loopback);
+                    if shared == Shared4791::Yes {
+                        tx.set_direct(super::batch::DirectPeers::new(SHARED_MODE_PORT));
+                    }
                     tx
                 },
                 tx_buf: vec![0; TX_SLOT],
@@ -918,6 +930,16 @@ impl Shared {
         rx: &mut RxBatch,
         guard: &mut Option<MutexGuard<'a, Core>>,
     ) -> bool {
+        self.receive_udp_with(rx, guard, Engine::handle_segment)
+    }
+
+    /// [`receive_udp`](Self::receive_udp), each packet handed to `handle`.
+    fn receive_udp_with<'a>(
+        &'a self,
+        rx: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+        handle: fn(&mut Engine, Nanos, IpAddr, u16, &[u8], usize),
+    ) -> bool {
         // Receive without the lock, then handle the burst under it with one
         // clock read.
         let n = match rx.recv(&self.socket) {
@@ -950,8 +972,7 @@ impl Shared {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
-                core.engine
-                    .handle_segment(now, from.ip(), from.port(), p, i);
+                handle(&mut core.engine, now, from.ip(), from.port(), p, i);
             }
         }
         n == super::batch::MAX_BATCH
@@ -959,7 +980,9 @@ impl Shared {
 
     /// `ROXE_ICRC=raw`: discard what the UDP socket received, then receive
     /// one burst from the raw socket and hand each packet with its headers
-    /// to the engine under the lock. True if the burst was full.
+    /// to the engine under the lock. True if the burst was full. Beside
+    /// rxe the UDP socket (the claim port) receives what roxe devices on
+    /// this host send straight to it: that is handled, a burst per call.
     fn receive_raw<'a>(
         &'a self,
         raw_fd: &OwnedFd,
@@ -970,10 +993,14 @@ impl Shared {
         let IpAddr::V4(own) = self.addr else {
             unreachable!("a raw socket is opened for IPv4 devices only")
         };
+        let mut full = false;
+        if self.direct_rx {
+            full = self.receive_udp_with(drain, guard, Engine::handle_direct_segment);
+        }
         // The UDP socket gets a copy of every packet: a few bursts at most
         // per call (the rest next time round).
         let mut discarded = 0u64;
-        for _ in 0..4 {
+        for _ in 0..if self.direct_rx { 0 } else { 4 } {
             let Ok(n) = drain.recv(&self.socket) else {
                 break;
             };
@@ -996,14 +1023,14 @@ impl Shared {
                 .rx_udp_discarded += discarded;
         }
         let n = match rb.recv(raw_fd) {
-            Ok(0) => return false,
+            Ok(0) => return full,
             Ok(n) => n,
             Err(_) => {
                 guard
                     .get_or_insert_with(|| self.core.lock())
                     .stats
                     .rx_errors += 1;
-                return false;
+                return full;
             }
         };
         let core = guard.get_or_insert_with(|| self.core.lock());
@@ -1031,7 +1058,7 @@ impl Shared {
             }
             core.engine.handle_ip_packet(now, ip, udp, payload);
         }
-        n == super::batch::MAX_BATCH
+        full || n == super::batch::MAX_BATCH
     }
 
     fn progress(self: Arc<Self>) {

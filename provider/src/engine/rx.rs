@@ -23,13 +23,47 @@ impl Engine {
         bytes: &[u8],
         index: usize,
     ) {
+        let policy = self.config.icrc_policy;
+        self.handle_segment_under(policy, now, src, src_port, bytes, index);
+    }
+
+    /// [`handle_segment`](Self::handle_segment) for a packet a roxe device
+    /// on this host sent straight to this device's UDP socket (beside rxe,
+    /// at its claim port, see the driver's `DirectPeers`): the sender is
+    /// Linux, so its IPv4 ICRC is checked exactly (identification 0, or
+    /// `index` of a GSO send) whatever the policy says of raw packets;
+    /// only [`IcrcPolicy::Off`] skips it.
+    pub fn handle_direct_segment(
+        &mut self,
+        now: Nanos,
+        src: IpAddr,
+        src_port: u16,
+        bytes: &[u8],
+        index: usize,
+    ) {
+        let policy = match self.config.icrc_policy {
+            IcrcPolicy::Off => IcrcPolicy::Off,
+            _ => IcrcPolicy::AssumeLinuxSender,
+        };
+        self.handle_segment_under(policy, now, src, src_port, bytes, index);
+    }
+
+    fn handle_segment_under(
+        &mut self,
+        policy: IcrcPolicy,
+        now: Nanos,
+        src: IpAddr,
+        src_port: u16,
+        bytes: &[u8],
+        index: usize,
+    ) {
         self.clock = self.clock.max(now);
         self.stats.rx_packets += 1;
         let Ok(pkt) = Packet::new_checked(bytes) else {
             self.stats.count_drop(DropReason::Malformed, None);
             return;
         };
-        if !self.icrc_ok(src, src_port, &pkt, index) {
+        if !self.icrc_ok(policy, src, src_port, &pkt, index) {
             self.stats.count_drop(DropReason::BadIcrc, None);
             return;
         }
@@ -96,6 +130,7 @@ impl Engine {
 
     fn icrc_ok(
         &mut self,
+        policy: IcrcPolicy,
         src: IpAddr,
         src_port: u16,
         pkt: &Packet<&[u8]>,
@@ -113,7 +148,7 @@ impl Engine {
             })
         };
         let want = match (src, self.config.addr) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => match self.config.icrc_policy {
+            (IpAddr::V4(s), IpAddr::V4(d)) => match policy {
                 IcrcPolicy::Off => return true,
                 // Verified over the real headers by `handle_ip_packet`.
                 IcrcPolicy::WireHeaders => return true,
