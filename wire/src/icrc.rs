@@ -168,6 +168,109 @@ pub fn compute_ipv4(
     compute(&ip, &udp, roce)
 }
 
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xEDB8_8320;
+
+/// `a * b mod P` with both in the reflected representation (`1 << 31` is
+/// the polynomial 1), as zlib's `multmodp`.
+const fn mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut m: u32 = 1 << 31;
+    let mut p: u32 = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                return p;
+            }
+        }
+        m >>= 1;
+        if m == 0 {
+            return p;
+        }
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+}
+
+/// `x^(2^k) mod P` for k = 0..32.
+const X2N: [u32; 32] = {
+    let mut t = [0u32; 32];
+    let mut p: u32 = 1 << 30; // x^1
+    let mut k = 0;
+    while k < 32 {
+        t[k] = p;
+        p = mul_mod(p, p);
+        k += 1;
+    }
+    t
+};
+
+/// `x^(8 * bytes) mod P`: the operator that appends `bytes` zero bytes to
+/// a CRC register with no initial value or final xor.
+fn x_pow_bytes(bytes: usize) -> u32 {
+    let mut p: u32 = 1 << 31; // x^0
+    let mut n = bytes as u64;
+    let mut k = 3; // x^(8n) = x^(n * 2^3)
+    while n != 0 {
+        if n & 1 != 0 {
+            p = mul_mod(X2N[k & 31], p);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    p
+}
+
+/// The change an IPv4 identification change makes to an ICRC, for
+/// packets of `roce_len` bytes from the BTH to the end of the pad: XOR it
+/// into the ICRC computed for identification `old` to get the one for
+/// `new`. See [`Reident`].
+pub fn ipv4_ident_delta(old: u16, new: u16, roce_len: usize) -> u32 {
+    Reident::new(roce_len).delta(old, new)
+}
+
+/// Re-signing IPv4 packets of one length for another identification
+/// without recomputing their CRC: CRC-32 is affine, so two messages of one
+/// length that differ only in the identification's two bytes have CRCs
+/// that differ by the pure (no initial value, no final xor) CRC of that
+/// difference followed by the bytes after it, all zero. XORing the delta
+/// into a packet's ICRC gives exactly the recomputed value when the ICRC
+/// was right, and keeps a wrong one (a packet corrupted on purpose) wrong.
+#[derive(Debug, Clone, Copy)]
+pub struct Reident {
+    /// `x^(8 * bytes after the identification) mod P`.
+    shift: u32,
+}
+
+impl Reident {
+    /// For packets whose BTH..pad is `roce_len` bytes.
+    pub fn new(roce_len: usize) -> Reident {
+        // The CRC runs over 8 bytes of 0xFF, the IPv4 header (the
+        // identification at its bytes 4 and 5), the UDP header and the
+        // RoCE bytes: after the identification come 20 - 6 + 8 + roce_len.
+        let after = IPV4_HEADER_LEN - 6 + UDP_HEADER_LEN + roce_len;
+        Reident {
+            shift: x_pow_bytes(after),
+        }
+    }
+
+    /// What to XOR into the ICRC for identification `old` to make it the
+    /// one for `new`.
+    pub fn delta(&self, old: u16, new: u16) -> u32 {
+        let d = old ^ new;
+        if d == 0 {
+            return 0;
+        }
+        let mut s: u32 = 0;
+        for byte in d.to_be_bytes() {
+            s ^= u32::from(byte);
+            for _ in 0..8 {
+                s = if s & 1 != 0 { (s >> 1) ^ POLY } else { s >> 1 };
+            }
+        }
+        mul_mod(self.shift, s)
+    }
+}
+
 /// Compute the ICRC for a packet over IPv6: every covered field is known
 /// from the addresses, ports and length (flow label, traffic class and hop
 /// limit are masked).
@@ -222,6 +325,35 @@ pub fn check_datagram(datagram: &[u8]) -> Result<IcrcCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reidentified_icrc_equals_the_recomputed_one() {
+        let (src, dst) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+        // Seeded lengths and contents (SplitMix-like), every identification
+        // pair class: 0 -> k, k -> 0, k -> j, and the same.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for len in [12usize, 13, 28, 76, 1036, 4108] {
+            let roce: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let r = Reident::new(len);
+            for (old, new) in [(0u16, 1u16), (0, 63), (5, 0), (17, 42), (9, 9), (0xFFFF, 0)] {
+                let a = compute_ipv4(src, dst, 0xC001, 4791, old, &roce).unwrap();
+                let b = compute_ipv4(src, dst, 0xC001, 4791, new, &roce).unwrap();
+                assert_eq!(a ^ r.delta(old, new), b, "len {len}, {old} -> {new}");
+                assert_eq!(ipv4_ident_delta(old, new, len), r.delta(old, new));
+            }
+            // A wrong ICRC stays exactly as wrong.
+            let a = compute_ipv4(src, dst, 0xC001, 4791, 0, &roce).unwrap();
+            let b = compute_ipv4(src, dst, 0xC001, 4791, 3, &roce).unwrap();
+            assert_eq!((a ^ 0x10) ^ r.delta(0, 3), b ^ 0x10);
+        }
+    }
 
     #[test]
     fn seed_is_crc_of_eight_ff() {

@@ -263,28 +263,43 @@ impl TxBatch {
     /// Sign the `n` packets from `first`, which leave as one message, for
     /// the IPv4 identifications the kernel gives them: segment `k` of a
     /// GSO send carries `k`, a single datagram 0. Only packets signed for
-    /// another value are recomputed (after a partial send or a refused GSO
-    /// send, a packet may move between runs). IPv6 has no identification.
+    /// another value change (after a partial send or a refused GSO send, a
+    /// packet may move between runs), and by the identification's share of
+    /// the CRC alone (`icrc::Reident`), not a new CRC over the packet: the
+    /// same result for a packet as the engine signed it, one CRC pass per
+    /// packet instead of two, and a packet the fault injector corrupted
+    /// stays detectably corrupt. IPv6 has no identification.
     fn sign_for_idents(&mut self, first: usize, n: usize) {
-        let (Some(src), IpAddr::V4(dst)) = (self.source, self.pkts[first].dst) else {
+        let (Some(_), IpAddr::V4(_)) = (self.source, self.pkts[first].dst) else {
             return;
         };
-        let sport = self.pkts[first].sport;
+        let mut reident: Option<(usize, roxe_wire::icrc::Reident)> = None;
         for k in 0..n {
             // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
             let ident = if n > 1 { k as u16 } else { 0 };
             let TxPkt { off, len, .. } = self.pkts[first + k];
-            if self.pkts[first + k].ident == ident {
+            let old = self.pkts[first + k].ident;
+            if old == ident {
                 continue;
             }
             let Some(body_len) = len.checked_sub(roxe_wire::ICRC_LEN) else {
                 continue;
             };
-            let body = &self.arena[off..off + body_len];
-            if let Ok(c) = roxe_wire::icrc::compute_ipv4(src, dst, sport, self.port, ident, body) {
-                roxe_wire::packet::set_icrc(&mut self.arena[off..off + len], c);
-                self.pkts[first + k].ident = ident;
-            }
+            // The segments of a run share one length (the last may not).
+            let r = match reident {
+                Some((l, r)) if l == body_len => r,
+                _ => {
+                    let r = roxe_wire::icrc::Reident::new(body_len);
+                    reident = Some((body_len, r));
+                    r
+                }
+            };
+            let pkt = &mut self.arena[off..off + len];
+            let Ok(c) = roxe_wire::icrc::from_wire(pkt) else {
+                continue;
+            };
+            roxe_wire::packet::set_icrc(pkt, c ^ r.delta(old, ident));
+            self.pkts[first + k].ident = ident;
         }
     }
 
@@ -798,6 +813,36 @@ pub(crate) unsafe fn recv_many(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resigning_a_gso_run_keeps_a_corrupted_packet_detectable() {
+        use roxe_wire::icrc;
+        let (src, dst) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+        let mut tx = TxBatch::new(4791, true);
+        tx.set_source(IpAddr::V4(src), true);
+        let sport = 0xC005;
+        // Three equal packets (BTH + 64 bytes), signed as the engine signs
+        // them (identification 0); the second then has a bit flipped, as
+        // the fault injector does after signing.
+        for k in 0..3u8 {
+            let mut p = vec![k; 12 + 64 + 4];
+            let c = icrc::compute_ipv4(src, dst, sport, 4791, 0, &p[..76]).unwrap();
+            roxe_wire::packet::set_icrc(&mut p, c);
+            if k == 1 {
+                p[40] ^= 0x08;
+            }
+            tx.slot()[..p.len()].copy_from_slice(&p);
+            tx.commit(p.len(), IpAddr::V4(dst), 0, sport);
+        }
+        tx.sign_for_idents(0, 3);
+        for k in 0..3usize {
+            let TxPkt { off, len, .. } = tx.pkts[k];
+            let p = &tx.arena[off..off + len];
+            let want = icrc::compute_ipv4(src, dst, sport, 4791, k as u16, &p[..len - 4]).unwrap();
+            let ok = icrc::from_wire(p).unwrap() == want;
+            assert_eq!(ok, k != 1, "segment {k}: signed for identification {k}");
+        }
+    }
 
     #[test]
     fn direct_peers_are_loopback_addresses_whose_claim_port_is_held() {

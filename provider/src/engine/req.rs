@@ -472,11 +472,14 @@ impl Qp {
             if cx.ack_clocked && reliable && r.una.distance(r.next_psn) >= ACK_CLOCKED_MIN_UNACKED {
                 return None;
             }
-            let earlier_rd =
-                r.sq.iter()
+            // Only a fenced WR looks back (a walk of the queue for every
+            // message started cost 5 % of a 64 B SEND stream).
+            if w.wr.flags.contains(SendFlags::FENCE)
+                && r.sq
+                    .iter()
                     .take(idx)
-                    .any(|e| e.wr.opcode.is_read_or_atomic() && e.done.is_none());
-            if w.wr.flags.contains(SendFlags::FENCE) && earlier_rd {
+                    .any(|e| e.wr.opcode.is_read_or_atomic() && e.done.is_none())
+            {
                 return None;
             }
             if w.wr.opcode.is_read_or_atomic() && r.rd_atomic_inflight >= max_rd {
