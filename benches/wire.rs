@@ -49,6 +49,13 @@ fn bench_icrc(c: &mut Criterion) {
                 icrc::compute_linux_ipv4(SRC, DST, 0xc000, 4791, black_box(&p[..len - 4])).unwrap()
             })
         });
+        // Re-signing a GSO segment for its identification (what the
+        // transmit batch does instead of a second CRC): one per run, then
+        // one delta per segment.
+        let r = icrc::Reident::new(len - 4);
+        g.bench_with_input(BenchmarkId::new("reident_delta", len), &r, |b, r| {
+            b.iter(|| black_box(r).delta(0, black_box(7)))
+        });
     }
     g.finish();
 }
