@@ -3931,3 +3931,73 @@ fn tag_matching_under_loss_duplication_and_reordering() {
     };
     tag_matching_on(faults, seed());
 }
+
+/// A tagged EAGER message cut short by the receiver's QP going to ERR:
+/// its tag's receive flushes as TM_RECV (the receive it started), and the
+/// ordinary receives as RECV.
+#[test]
+fn tag_matching_half_received_message_flushes_as_tm_recv() {
+    use roxe_provider::engine::{tmh_op, SrqOp, SrqOpKind, Tmh};
+    let mut net = Net::new(2, 62, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Rc, 256);
+    let b = setup_side(&mut net, 1, QpType::Rc, 256);
+    let e1 = &mut net.engines[1];
+    let srq = e1.create_tm_srq(b.pd, b.cq, 8, 1, 4).unwrap();
+    let tgt = add_qp(&mut net, b, |i| i.srq = Some(srq));
+    link(&mut net, a, tgt, QpType::Rc, Mtu::Mtu1024);
+    net.engines[1]
+        .post_srq_recv(
+            srq,
+            RecvWr {
+                wr_id: 70,
+                sg_list: vec![sge(b, 0x8000, 256)],
+            },
+        )
+        .unwrap();
+    net.engines[1]
+        .post_srq_op(
+            srq,
+            SrqOp {
+                wr_id: 1,
+                kind: SrqOpKind::Add {
+                    recv_wr_id: 5,
+                    sg_list: vec![sge(b, 0, 4096)],
+                    tag: 5,
+                    mask: u64::MAX,
+                },
+                signaled: false,
+                sync: None,
+            },
+        )
+        .unwrap();
+    // Only the FIRST packet of a three-packet EAGER message arrives.
+    net.drop_if = Some(Box::new(|s: &Seen| {
+        matches!(s.opcode, Some(Opcode::RcSendMiddle | Opcode::RcSendLast))
+    }));
+    let mut msg = Tmh {
+        op: tmh_op::EAGER,
+        app_ctx: 0,
+        tag: 5,
+    }
+    .to_bytes()
+    .to_vec();
+    msg.extend_from_slice(&[3; 2500]);
+    fill(&mut net, a, 0, &msg);
+    post(
+        &mut net,
+        a,
+        local_wr(a, 9, SendOpcode::Send, 0, msg.len() as u32),
+    );
+    for _ in 0..200 {
+        net.step();
+    }
+    assert!(poll(&mut net, b).is_empty(), "nothing completes half-way");
+    modify_state(&mut net, tgt, QpState::Err).unwrap();
+    let mut got = poll(&mut net, b);
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        got,
+        vec![wc(5, WcStatus::WrFlushErr, WcOpcode::TmRecv, tgt.qpn, 0)],
+        "the tag's receive flushes as TM_RECV; SRQ receives stay with the SRQ"
+    );
+}

@@ -517,8 +517,10 @@ impl Qp {
         }
         let sends = self.req.flush();
         let recv_cq = self.recv_cq();
-        let mut pending = self.resp.take_current_recv();
-        pending.extend(self.rq.drain(..));
+        let current = self.resp.take_current_recv();
+        let pending = current
+            .into_iter()
+            .chain(self.rq.drain(..).map(|w| (w, WcOpcode::Recv)));
         for w in sends {
             if let Some(kind) = w.internal {
                 if let Some((cq, wc)) = super::tm::internal_flushed(kind, &w, qpn) {
@@ -534,8 +536,8 @@ impl Qp {
             );
             cx.push_wc_no_cascade(self.init.send_cq, wc);
         }
-        for r in pending {
-            let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+        for (r, opcode) in pending {
+            let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, opcode, qpn);
             cx.push_wc_no_cascade(recv_cq, wc);
         }
     }

@@ -130,13 +130,16 @@ impl Responder {
         self.epsn = psn;
     }
 
-    /// The receive WQE of a half-received SEND (for flushing).
-    pub fn take_current_recv(&mut self) -> Vec<RecvWqe> {
+    /// The receive WQE of a half-received SEND (for flushing), with the
+    /// opcode its completion takes (a tag-matching one's, or RECV).
+    pub fn take_current_recv(&mut self) -> Option<(RecvWqe, crate::types::WcOpcode)> {
         match self.msg.take() {
-            Some(InMsg::Send { wqe, .. }) => vec![wqe],
+            Some(InMsg::Send { wqe, tm, .. }) => {
+                Some((wqe, tm.map_or(crate::types::WcOpcode::Recv, |t| t.opcode)))
+            }
             other => {
                 self.msg = other;
-                Vec::new()
+                None
             }
         }
     }
