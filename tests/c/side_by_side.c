@@ -8,7 +8,9 @@
  *
  *   cc side_by_side.c -o side_by_side -libverbs
  */
+#include <errno.h>
 #include <infiniband/verbs.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +138,28 @@ int main(void)
 		nanosleep(&ts, NULL);
 	}
 	if (strcmp(a.buf + 1024, "written by the last device")) FAIL("WRITE not seen");
+	/* Importing each context through a dup of its cmd_fd: the soft one's
+	 * here, the real one's by the system library (its verbs go there). */
+	struct end *both[] = { &a, &b };
+	for (int i = 0; i < 2; i++) {
+		struct end *e = both[i];
+		int fd = dup(e->ctx->cmd_fd);
+		struct ibv_context *ic = fd >= 0 ? ibv_import_device(fd) : NULL;
+		if (!ic) FAIL("ibv_import_device on %s: %s", ibv_get_device_name(e->ctx->device),
+			      strerror(errno));
+		struct ibv_pd *ipd = ibv_import_pd(ic, e->pd->handle);
+		if (!ipd || ipd->handle != e->pd->handle || ipd->context != ic)
+			FAIL("ibv_import_pd on %s: %s", ibv_get_device_name(e->ctx->device),
+			     strerror(errno));
+		struct ibv_mr *imr = ibv_import_mr(ipd, e->mr->handle);
+		if (!imr || imr->lkey != e->mr->lkey || imr->rkey != e->mr->rkey)
+			FAIL("ibv_import_mr on %s: %s", ibv_get_device_name(e->ctx->device),
+			     strerror(errno));
+		ibv_unimport_mr(imr);
+		ibv_unimport_pd(ipd);
+		if (ibv_close_device(ic)) FAIL("closing the imported context");
+		printf("imported: %s\n", ibv_get_device_name(e->ctx->device));
+	}
 	struct end *ends[] = { &b, &a };
 	for (int i = 0; i < 2; i++) {
 		struct end *e = ends[i];

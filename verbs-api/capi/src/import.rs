@@ -167,14 +167,26 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
             Err(e) => return fail_null(e),
         };
         let Some(handles) = found else {
-            crate::passthrough::pass_through!(
-                !crate::passthrough::devices().is_empty(),
-                "ibv_import_device",
-                fn(c_int) -> *mut ibv_context,
-                (cmd_fd),
-                fail_null(libc::EOPNOTSUPP)
-            );
-            return fail_null(libc::EOPNOTSUPP);
+            if crate::passthrough::devices().is_empty() {
+                return fail_null(libc::EOPNOTSUPP);
+            }
+            let import = crate::passthrough::symbol::<
+                unsafe extern "C" fn(c_int) -> *mut ibv_context,
+            >("ibv_import_device");
+            let Some(f) = import else {
+                return fail_null(libc::EOPNOTSUPP);
+            };
+            // SAFETY: the system library's ibv_import_device on the
+            // caller's descriptor, as the caller asked.
+            let ctx = unsafe { f(cmd_fd) };
+            if ctx.is_null() {
+                // errno is the system library's.
+                return null_mut();
+            }
+            // Its verbs go to the system library from now on, as those of
+            // a context `ibv_open_device` opened there.
+            crate::passthrough::track_context(ctx, true);
+            return ctx;
         };
         let device = handles.device as *mut ibv_device;
         let ctx = handles.ctx.clone();

@@ -140,7 +140,12 @@ fn compile(name: &str) -> PathBuf {
 }
 
 /// One program uses roxe's soft device and a passed-through "real" one at
-/// the same time, connected to each other: SENDs both ways and a WRITE.
+/// the same time, connected to each other: SENDs both ways and a WRITE;
+/// then each context is imported through a dup of its `cmd_fd` (the real
+/// one's by the system library) with its PD and MR. (The inner copy shares
+/// the outer's layouts, so this cannot tell whether the outer library
+/// records the imported real context as the system's: by inspection it
+/// does, as `ibv_open_device` does.)
 #[test]
 fn one_program_uses_a_soft_and_a_real_device_side_by_side() {
     if !have_cc_and_header() {
@@ -154,5 +159,9 @@ fn one_program_uses_a_soft_and_a_real_device_side_by_side() {
     let r = run_one(&with_system(Side::new(exe.to_str().unwrap(), &addrs, &[])));
     assert!(r.ok(), "{r:?}");
     assert!(r.stdout.contains("first: roxe0, last: roxe1"), "{r:?}");
+    assert!(
+        r.stdout.contains("imported: roxe0") && r.stdout.contains("imported: roxe1"),
+        "{r:?}"
+    );
     assert!(r.stdout.contains("side by side: ok"), "{r:?}");
 }
