@@ -69,8 +69,6 @@ pub(crate) struct TxPkt {
     pub ident: u16,
     /// Which of the sockets passed to [`TxBatch::flush`] sends it.
     pub sock: u8,
-    /// That socket's UDP source port (the ICRC covers it).
-    pub sport: u16,
 }
 
 /// How many packets from the start of `pkts` form one GSO send: consecutive
@@ -136,10 +134,10 @@ pub(crate) struct TxBatch {
     /// a GSO send uncut.
     gso_loopback: bool,
     port: u16,
-    /// The IPv4 source address the sockets send from: segment `k` of a
-    /// GSO send is signed with the ICRC for IPv4 identification `k` (see
-    /// the module documentation).
-    source: Option<std::net::Ipv4Addr>,
+    /// The sockets send from an IPv4 address: segment `k` of a GSO send
+    /// is re-signed for IPv4 identification `k` (see the module
+    /// documentation).
+    resign_idents: bool,
     /// Destination socket addresses, built once per destination, and
     /// whether the destination is reached directly (see `direct`).
     addrs: Vec<(IpAddr, socket2::SockAddr, bool)>,
@@ -182,7 +180,9 @@ impl DirectPeers {
             return false;
         }
         let now = Instant::now();
-        if let Some(&(_, d, at)) = self.known.iter().find(|(a, _, _)| *a == dst) {
+        let known = self.known.iter().position(|(a, _, _)| *a == dst);
+        let before = known.map(|i| self.known[i]);
+        if let Some((_, d, at)) = before {
             if now < at + RECHECK {
                 return d;
             }
@@ -193,12 +193,8 @@ impl DirectPeers {
                 .skip(1)
                 .any(|l| l.split_whitespace().nth(1) == Some(key.as_str()))
         });
-        let before = self
-            .known
-            .iter()
-            .find(|(a, _, _)| *a == dst)
-            .map(|&(_, d, _)| d);
-        if before != Some(d) && (d || before.is_some()) {
+        let was = before.map(|(_, d, _)| d);
+        if was != Some(d) && (d || was.is_some()) {
             tracing::info!(
                 peer = %dst,
                 port = self.port,
@@ -206,11 +202,15 @@ impl DirectPeers {
                 "shared-mode roxe peer on this host: reached at its claim port"
             );
         }
-        self.known.retain(|(a, _, _)| *a != dst);
-        if self.known.len() >= 256 {
-            self.known.clear();
+        match known {
+            Some(i) => self.known[i] = (dst, d, now),
+            None => {
+                if self.known.len() >= 256 {
+                    self.known.clear();
+                }
+                self.known.push((dst, d, now));
+            }
         }
-        self.known.push((dst, d, now));
         d
     }
 }
@@ -236,7 +236,7 @@ impl TxBatch {
             gso,
             gso_loopback: true,
             port,
-            source: None,
+            resign_idents: false,
             addrs: Vec::new(),
             direct: None,
             counters: TxCounters::default(),
@@ -249,14 +249,11 @@ impl TxBatch {
         self.direct = Some(direct);
     }
 
-    /// The sockets' IPv4 source address, so GSO segments carry the ICRC
-    /// of the identification the kernel gives them; and whether GSO may go
-    /// to loopback destinations.
+    /// The sockets' source address: from an IPv4 one, GSO segments are
+    /// re-signed for the identification the kernel gives them; and whether
+    /// GSO may go to loopback destinations.
     pub(crate) fn set_source(&mut self, src: IpAddr, gso_loopback: bool) {
-        self.source = match src {
-            IpAddr::V4(a) => Some(a),
-            IpAddr::V6(_) => None,
-        };
+        self.resign_idents = src.is_ipv4();
         self.gso_loopback = gso_loopback;
     }
 
@@ -270,9 +267,9 @@ impl TxBatch {
     /// packet instead of two, and a packet the fault injector corrupted
     /// stays detectably corrupt. IPv6 has no identification.
     fn sign_for_idents(&mut self, first: usize, n: usize) {
-        let (Some(_), IpAddr::V4(_)) = (self.source, self.pkts[first].dst) else {
+        if !self.resign_idents {
             return;
-        };
+        }
         let mut reident: Option<(usize, roxe_wire::icrc::Reident)> = None;
         for k in 0..n {
             // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
@@ -321,8 +318,8 @@ impl TxBatch {
     }
 
     /// Queue the `len` bytes written into [`slot`](Self::slot), to leave
-    /// from socket `sock` (UDP source port `sport`); returns them.
-    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr, sock: u8, sport: u16) -> &[u8] {
+    /// from socket `sock`; returns them.
+    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr, sock: u8) -> &[u8] {
         assert!(len <= TX_SLOT && !self.is_full());
         let off = self.end;
         self.pkts.push(TxPkt {
@@ -331,7 +328,6 @@ impl TxBatch {
             dst,
             ident: 0,
             sock,
-            sport,
         });
         self.end += len;
         &self.arena[off..off + len]
@@ -339,14 +335,7 @@ impl TxBatch {
 
     /// Queue a copy of `p` for `socks[sock]`, flushing first if the batch
     /// is full.
-    pub(crate) fn push(
-        &mut self,
-        socks: &[impl AsFd],
-        p: &[u8],
-        dst: IpAddr,
-        sock: u8,
-        sport: u16,
-    ) {
+    pub(crate) fn push(&mut self, socks: &[impl AsFd], p: &[u8], dst: IpAddr, sock: u8) {
         if p.len() > TX_SLOT {
             self.counters.errors += 1;
             return;
@@ -355,7 +344,7 @@ impl TxBatch {
             self.flush(socks);
         }
         self.slot()[..p.len()].copy_from_slice(p);
-        self.commit(p.len(), dst, sock, sport);
+        self.commit(p.len(), dst, sock);
     }
 
     /// The index in `addrs` of `dst`'s socket address. Rebuilt (and the
@@ -832,7 +821,7 @@ mod tests {
                 p[40] ^= 0x08;
             }
             tx.slot()[..p.len()].copy_from_slice(&p);
-            tx.commit(p.len(), IpAddr::V4(dst), 0, sport);
+            tx.commit(p.len(), IpAddr::V4(dst), 0);
         }
         tx.sign_for_idents(0, 3);
         for k in 0..3usize {
@@ -871,7 +860,6 @@ mod tests {
                     dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
                     ident: 0,
                     sock: 0,
-                    sport: 0,
                 };
                 off += len;
                 p
@@ -997,7 +985,7 @@ mod tests {
             s[..len].fill(i as u8);
             s[..4].copy_from_slice(&(i as u32).to_be_bytes());
             let k = sock_of(i);
-            tx.commit(len, dst, k, from[usize::from(k)].port());
+            tx.commit(len, dst, k);
         }
         tx.flush(&socks);
         assert!(tx.is_empty());

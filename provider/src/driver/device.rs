@@ -862,7 +862,7 @@ impl Shared {
                 let Some(t) = t else {
                     break;
                 };
-                let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.src_port);
+                let p = tx.commit(t.len, t.dst, sock_of(t.src_port));
                 if let Some(tap) = tap.as_mut() {
                     tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, p);
                 }
@@ -874,7 +874,7 @@ impl Shared {
                     if let Some(t) = tap.as_mut() {
                         t.write(self.addr, sport, dst, ROCEV2_PORT, p);
                     }
-                    tx.push(socks, p, dst, sock_of(sport), sport);
+                    tx.push(socks, p, dst, sock_of(sport));
                 };
                 f.release_due(now, &mut emit);
                 while let Some(t) = engine.poll_transmit(now, tx_buf) {

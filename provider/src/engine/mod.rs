@@ -207,8 +207,6 @@ pub struct Engine {
     timers: BTreeSet<(Nanos, u32)>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
-    /// Set for the duration of `poll_transmit_ack_clocked`.
-    ack_clocked: bool,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
     cm: crate::cm::Cm,
     /// The PSN of the next MAD sent from QP1.
@@ -260,7 +258,6 @@ impl Engine {
             active: BTreeSet::new(),
             timers: BTreeSet::new(),
             events: Vec::new(),
-            ack_clocked: false,
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
                 ca_guid: u64::from_be_bytes([
                     gid[8], gid[9], gid[10], gid[11], gid[12], gid[13], gid[14], gid[15],
@@ -746,12 +743,10 @@ impl Engine {
             stats,
             events,
             clock,
-            ack_clocked,
             ..
         } = self;
         let q = qps.get_mut(&qpn)?;
         let mut cx = QpCtx {
-            ack_clocked: *ack_clocked,
             now: *clock,
             config,
             memory,
@@ -953,6 +948,25 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit(now, buf, false)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) for a pass right after a verb
+    /// (`ibv_post_send`): a reliable QP's new message waits while enough of
+    /// its PSNs are unacknowledged, since the ACK on its way starts a pass
+    /// that sends it (doorbell batching, clocked by ACKs). Responses,
+    /// retransmissions and messages already started are not held.
+    pub fn poll_transmit_ack_clocked(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        // Only while at most one QP has PSNs in flight (an armed timer): with
+        // several, holding each one's messages for its own ACK left every
+        // QP one message in flight (ib_write_bw -q 16: 2.0 -> 0.8 GB/s).
+        let hold_new = self.timers.len() <= 1;
+        self.transmit(now, buf, hold_new)
+    }
+
+    /// The next packet of any QP, round robin; `hold_new`: an ACK-clocked
+    /// pass (see `poll_transmit_ack_clocked`).
+    fn transmit(&mut self, now: Nanos, buf: &mut [u8], hold_new: bool) -> Option<Transmit> {
         self.clock = self.clock.max(now);
         if let Some(t) = self.gsi_transmit(buf) {
             return Some(self.finish_transmit(t, buf));
@@ -968,7 +982,7 @@ impl Engine {
                 .or_else(|| self.active.first())?;
             next = qpn.wrapping_add(1);
             if let Some(t) = self
-                .with_qp(qpn, |q, cx| q.poll_transmit(cx, now, buf))
+                .with_qp(qpn, |q, cx| q.poll_transmit(cx, now, buf, hold_new))
                 .flatten()
             {
                 self.tx_cursor = next;
@@ -979,22 +993,6 @@ impl Engine {
         }
     }
 
-    /// [`poll_transmit`](Self::poll_transmit) for a pass right after a verb
-    /// (`ibv_post_send`): a reliable QP's new message waits while enough of
-    /// its PSNs are unacknowledged, since the ACK on its way starts a pass
-    /// that sends it (doorbell batching, clocked by ACKs). Responses,
-    /// retransmissions and messages already started are not held.
-    pub fn poll_transmit_ack_clocked(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        // Only while at most one QP has PSNs in flight (an armed timer): with
-        // several, holding each one's messages for its own ACK left every
-        // QP one message in flight (ib_write_bw -q 16: 2.0 -> 0.8 GB/s).
-        self.ack_clocked = self.timers.len() <= 1;
-        let t = self.poll_transmit(now, buf);
-        self.ack_clocked = false;
-        t
-    }
-
-    /// Fill in the ICRC of a packet about to leave.
     fn finish_transmit(&mut self, mut t: Transmit, buf: &mut [u8]) -> Transmit {
         let pool = &self.config.src_ports;
         if !pool.is_empty() {

@@ -70,8 +70,6 @@ pub(crate) struct QpCtx<'a> {
     pub srqs: &'a mut HashMap<u32, Srq>,
     pub stats: &'a mut Stats,
     pub events: &'a mut Vec<QpEvent>,
-    /// An ACK-clocked transmit pass (see `Engine::poll_transmit_ack_clocked`).
-    pub ack_clocked: bool,
     /// CQs a completion did not fit in during this call: afterwards the
     /// engine moves every QP feeding them to ERR (rxe's class G).
     pub overflowed: Vec<CqId>,
@@ -603,16 +601,18 @@ impl Qp {
     }
 
     /// The next packet this QP sends, if any: responses first (they
-    /// unblock the peer's requester), then requests.
+    /// unblock the peer's requester), then requests (`hold_new`: an
+    /// ACK-clocked pass, see `Engine::poll_transmit_ack_clocked`).
     pub fn poll_transmit(
         &mut self,
         cx: &mut QpCtx,
         now: Nanos,
         buf: &mut [u8],
+        hold_new: bool,
     ) -> Option<Transmit> {
         let t = self
             .reply_transmit(cx, buf)
-            .or_else(|| self.request_transmit(cx, now, buf));
+            .or_else(|| self.request_transmit(cx, now, buf, hold_new));
         if t.is_some() {
             self.counters.tx_packets += 1;
         }

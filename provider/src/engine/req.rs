@@ -427,12 +427,14 @@ impl Qp {
         }
     }
 
-    /// The next request packet of this QP, if it may send one now.
+    /// The next request packet of this QP, if it may send one now
+    /// (`hold_new`: a new message waits behind enough unacknowledged PSNs).
     pub(super) fn request_transmit(
         &mut self,
         cx: &mut QpCtx,
         now: Nanos,
         buf: &mut [u8],
+        hold_new: bool,
     ) -> Option<Transmit> {
         // SQD: messages already started finish (retransmissions included);
         // no new one starts.
@@ -469,7 +471,7 @@ impl Qp {
             if draining {
                 return None;
             }
-            if cx.ack_clocked && reliable && r.una.distance(r.next_psn) >= ACK_CLOCKED_MIN_UNACKED {
+            if hold_new && reliable && r.una.distance(r.next_psn) >= ACK_CLOCKED_MIN_UNACKED {
                 return None;
             }
             // Only a fenced WR looks back (a walk of the queue for every

@@ -267,42 +267,45 @@ impl TmSrq {
             .position(|t| t.active && tmh.tag & t.mask == t.tag & t.mask)
     }
 
-    /// The TMH and, for a usable RNDV, its RVH, of a message whose first
-    /// packet carries `first` (`single`: the message is that one packet).
-    fn classify(first: &[u8], single: bool) -> Option<(Tmh, Option<Rvh>)> {
-        let tmh = Tmh::parse(first)?;
+    /// What a message whose first packet carries `first` is (`single`: the
+    /// message is that one packet).
+    fn classify(first: &[u8], single: bool) -> Class {
+        let Some(tmh) = Tmh::parse(first) else {
+            return Class::NoTag;
+        };
         match tmh.op {
-            tmh_op::EAGER => Some((tmh, None)),
+            tmh_op::EAGER => Class::Tagged(tmh, None),
             // The header must be whole in one packet (it is at most
             // MAX_RNDV_HDR bytes); otherwise software handles it.
-            tmh_op::RNDV if single => Rvh::parse(first).map(|r| (tmh, Some(r))),
-            _ => None,
+            tmh_op::RNDV => match Rvh::parse(first).filter(|_| single) {
+                Some(rvh) => Class::Tagged(tmh, Some(rvh)),
+                None => Class::Unusable,
+            },
+            _ => Class::NoTag,
         }
     }
 
     /// Whether the message needs no ordinary receive (it matches a tag).
     pub fn matches(&self, first: &[u8], single: bool) -> bool {
-        Self::classify(first, single).is_some_and(|(tmh, _)| self.find(&tmh).is_some())
+        match Self::classify(first, single) {
+            Class::Tagged(tmh, _) => self.find(&tmh).is_some(),
+            Class::NoTag | Class::Unusable => false,
+        }
     }
 
     /// Decide where the message goes, consuming the tag it matches or
     /// counting it unexpected.
     pub fn route(&mut self, first: &[u8], single: bool) -> Route {
-        let tagged =
-            Tmh::parse(first).is_some_and(|t| matches!(t.op, tmh_op::EAGER | tmh_op::RNDV));
-        let Some((tmh, rvh)) = Self::classify(first, single) else {
-            if tagged {
-                // An RNDV whose header is not whole: software's.
-                self.unexpected = self.unexpected.wrapping_add(1);
+        let found = match Self::classify(first, single) {
+            Class::NoTag => {
                 return Route::Ordinary {
-                    opcode: WcOpcode::TmRecv,
-                };
+                    opcode: WcOpcode::TmNoTag,
+                }
             }
-            return Route::Ordinary {
-                opcode: WcOpcode::TmNoTag,
-            };
+            Class::Unusable => None,
+            Class::Tagged(tmh, rvh) => self.find(&tmh).map(|i| (i, tmh, rvh)),
         };
-        let Some(i) = self.find(&tmh) else {
+        let Some((i, tmh, rvh)) = found else {
             self.unexpected = self.unexpected.wrapping_add(1);
             return Route::Ordinary {
                 opcode: WcOpcode::TmRecv,
@@ -314,6 +317,16 @@ impl TmSrq {
             None => Route::Eager { wqe, tmh },
         }
     }
+}
+
+/// A message's first packet, as tag matching sees it.
+enum Class {
+    /// NO_TAG, FIN, another opcode, or too short for a TMH.
+    NoTag,
+    /// EAGER, or an RNDV with its whole header in one packet.
+    Tagged(Tmh, Option<Rvh>),
+    /// An RNDV whose header is not whole: unexpected, for software.
+    Unusable,
 }
 
 /// The internal READ of a rendezvous into the tagged buffer `wqe`, of
