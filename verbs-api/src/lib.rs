@@ -1153,8 +1153,8 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 imp,
                 _pd: self.clone(),
-                _xrc: None,
-                _tm_cq: None,
+                _xrcd: None,
+                _cq: None,
             }),
         })
     }
@@ -1164,24 +1164,9 @@ impl Pd {
     /// through any XRC_RECV QP of the domain whose XRCETH names
     /// [`Srq::number`]; RDMA through it is checked against this PD.
     pub fn create_xrc_srq(&self, xrcd: &Xrcd, cq: &Cq, max_wr: u32, max_sge: u32) -> Result<Srq> {
-        let (Half::Soft(d, pd), CqImp::Soft { id: cq_id, .. }) = (self.half(), &cq.inner.imp)
-        else {
-            return Err(verbs(
-                "ibv_create_srq_ex",
-                Errno::EOPNOTSUPP,
-                "XRC through the Rust API on a hardware device",
-            ));
-        };
-        let id = d
-            .engine()
-            .create_xrc_srq(pd, xrcd.inner.id, *cq_id, max_wr, max_sge)?;
-        Ok(Srq {
-            inner: Arc::new(SrqInner {
-                imp: SrqImp::Soft(d.clone(), id),
-                _pd: self.clone(),
-                _xrc: Some((xrcd.clone(), cq.clone())),
-                _tm_cq: None,
-            }),
+        let x = xrcd.inner.id;
+        self.soft_srq_on_cq(cq, Some(xrcd.clone()), "XRC", |e, pd, cq| {
+            e.create_xrc_srq(pd, x, cq, max_wr, max_sge)
         })
     }
 
@@ -1191,23 +1176,40 @@ impl Pd {
     /// created on it deliver messages by their tag-matching header: see
     /// `roxe_provider::engine::tm` for the rules. Soft devices only.
     pub fn create_tm_srq(&self, cq: &Cq, max_wr: u32, max_sge: u32, max_tags: u32) -> Result<Srq> {
+        self.soft_srq_on_cq(cq, None, "tag matching", |e, pd, cq| {
+            e.create_tm_srq(pd, cq, max_wr, max_sge, max_tags)
+        })
+    }
+
+    /// An SRQ of a soft device made by `create` with this PD and `cq`'s
+    /// id (XRC and tag-matching SRQs), holding `cq` (and `xrcd`) while it
+    /// lives; EOPNOTSUPP naming `what` on a hardware device.
+    fn soft_srq_on_cq(
+        &self,
+        cq: &Cq,
+        xrcd: Option<Xrcd>,
+        what: &str,
+        create: impl FnOnce(
+            &mut roxe_provider::engine::Engine,
+            roxe_provider::types::PdId,
+            CqId,
+        ) -> roxe_provider::types::VerbsResult<SrqId>,
+    ) -> Result<Srq> {
         let (Half::Soft(d, pd), CqImp::Soft { id: cq_id, .. }) = (self.half(), &cq.inner.imp)
         else {
             return Err(verbs(
                 "ibv_create_srq_ex",
                 Errno::EOPNOTSUPP,
-                "tag matching through the Rust API on a hardware device",
+                format!("{what} through the Rust API on a hardware device"),
             ));
         };
-        let id = d
-            .engine()
-            .create_tm_srq(pd, *cq_id, max_wr, max_sge, max_tags)?;
+        let id = create(&mut d.engine(), pd, *cq_id)?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 imp: SrqImp::Soft(d.clone(), id),
                 _pd: self.clone(),
-                _xrc: None,
-                _tm_cq: Some(cq.clone()),
+                _xrcd: xrcd,
+                _cq: Some(cq.clone()),
             }),
         })
     }
@@ -1998,10 +2000,11 @@ struct SrqInner {
     imp: SrqImp,
     /// Kept alive while the SRQ is.
     _pd: Pd,
-    /// An XRC SRQ's domain and CQ, kept alive while it is.
-    _xrc: Option<(Xrcd, Cq)>,
-    /// A tag-matching SRQ's CQ (of its tag-list operations).
-    _tm_cq: Option<Cq>,
+    /// An XRC SRQ's domain, kept alive while it is.
+    _xrcd: Option<Xrcd>,
+    /// An XRC SRQ's receive CQ, or a tag-matching SRQ's (of its tag-list
+    /// operations), kept alive while it is.
+    _cq: Option<Cq>,
 }
 
 impl Drop for SrqInner {

@@ -153,6 +153,9 @@ unsafe fn handles_of<'a>(ctx: *mut ibv_context) -> Option<&'a Arc<Handles>> {
 /// sharing its objects; it owns `cmd_fd` from now on (closed by
 /// `ibv_close_device`), as in libibverbs. A file that is not a soft
 /// context's goes to the system library (a real device's uverbs fd).
+///
+/// # Safety
+/// `cmd_fd` is an open descriptor the caller hands over on success.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
     guard(null_mut(), || {
@@ -206,6 +209,9 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
 
 /// `ibv_import_pd`: the PD `handle` names on `ctx`'s command file, as a new
 /// struct (ENOENT for a handle that names no PD).
+///
+/// # Safety
+/// `ctx` is NULL or an open context (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *mut ibv_pd {
     crate::passthrough::pass_through!(
@@ -228,6 +234,9 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *m
 }
 
 /// `ibv_unimport_pd`: frees the struct; the PD lives on.
+///
+/// # Safety
+/// `pd` is NULL or a live PD struct, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
     crate::passthrough::pass_through!(
@@ -254,6 +263,9 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
 /// `ibv_import_mr`: the MR `handle` names on the command file of `pd`'s
 /// context, as a new struct on `pd` (ENOENT for a handle that names no MR,
 /// or one deregistered).
+///
+/// # Safety
+/// `pd` is NULL or a live PD (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv_mr {
     crate::passthrough::pass_through!(
@@ -293,6 +305,9 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
 }
 
 /// `ibv_unimport_mr`: frees the struct; the region stays registered.
+///
+/// # Safety
+/// `mr` is NULL or a live MR struct, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
     crate::passthrough::pass_through!(
@@ -314,6 +329,9 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
 
 /// `ibv_import_dm`: the device memory `handle` names on `ctx`'s command
 /// file, as a new struct (ENOENT for a handle that names none).
+///
+/// # Safety
+/// `ctx` is NULL or an open context (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_dm(ctx: *mut ibv_context, handle: u32) -> *mut ibv_dm {
     crate::passthrough::pass_through!(
@@ -336,6 +354,9 @@ pub unsafe extern "C" fn ibv_import_dm(ctx: *mut ibv_context, handle: u32) -> *m
 }
 
 /// `ibv_unimport_dm`: frees the struct; the memory lives on.
+///
+/// # Safety
+/// `dm` is NULL or a live device-memory struct, not used again.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_dm(dm: *mut ibv_dm) {
     crate::passthrough::pass_through!(

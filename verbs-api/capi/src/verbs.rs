@@ -914,26 +914,29 @@ fn cq_ex_header(
     }
 }
 
+/// The optional fields a CQ offers to `ibv_wc_read_*` (the flags of
+/// `ibv_create_cq_ex`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CqFields {
+    /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`.
+    wallclock: bool,
+    /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`.
+    device_clock: bool,
+    /// `IBV_WC_EX_WITH_TM_INFO`.
+    tm_info: bool,
+}
+
 /// A CQ of `cqe` entries on context `ctx` (both creation verbs).
 ///
 /// # Safety
 /// `ctx` is NULL or an open context; `channel` NULL or one of its channels.
-/// Which completion times a CQ reports (`ibv_create_cq_ex`'s flags).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct CqTimes {
-    wallclock: bool,
-    device_clock: bool,
-    /// `IBV_WC_EX_WITH_TM_INFO` (not a time, but read the same way).
-    tm_info: bool,
-}
-
 unsafe fn create_roxe_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
-    times: CqTimes,
+    times: CqFields,
 ) -> Result<*mut RoxeCq, c_int> {
     // SAFETY: per the contract.
     let Some(c) = (unsafe { context(ctx) }) else {
@@ -987,8 +990,9 @@ unsafe fn create_roxe_cq(
 /// a soft device's clock ticks in nanoseconds since the Unix epoch
 /// (`hca_core_clock` 1,000,000 kHz), monotonic because it advances with the
 /// device's monotonic clock from the wall-clock time it was opened at, so
-/// both reads give the same value. CVLAN, flow tags and TM are refused with
-/// EOPNOTSUPP, as by a device without them.
+/// both reads give the same value; tag-matching details
+/// (`IBV_WC_EX_WITH_TM_INFO`, `ibv_wc_read_tm_info`). CVLAN and flow tags
+/// are refused with EOPNOTSUPP, as by a device without them.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -1026,7 +1030,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
             return fail_null(libc::EINVAL);
         };
-        let times = CqTimes {
+        let times = CqFields {
             wallclock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0,
             device_clock: a.wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP != 0,
             tm_info: a.wc_flags & IBV_WC_EX_WITH_TM_INFO != 0,
@@ -1225,7 +1229,7 @@ pub unsafe extern "C" fn ibv_create_cq(
                 cq_context,
                 channel,
                 comp_vector,
-                CqTimes::default(),
+                CqFields::default(),
             )
         } {
             Ok(raw) => raw.cast(),
