@@ -1443,7 +1443,7 @@ struct DmInner {
     len: usize,
     /// Regions registered over it (not every clone is one: imported
     /// structs of the drop-in hold clones too).
-    regions: std::sync::atomic::AtomicUsize,
+    regions: AtomicUsize,
     _ctx: Context,
 }
 
@@ -1452,19 +1452,14 @@ struct DmRegion(Dm);
 
 impl DmRegion {
     fn new(dm: &Dm) -> Self {
-        dm.inner
-            .regions
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        dm.inner.regions.fetch_add(1, Ordering::AcqRel);
         DmRegion(dm.clone())
     }
 }
 
 impl Drop for DmRegion {
     fn drop(&mut self) {
-        self.0
-            .inner
-            .regions
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.inner.regions.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -1510,10 +1505,7 @@ impl Dm {
 
     /// Regions are registered over it (`ibv_free_dm` refuses then).
     pub fn has_regions(&self) -> bool {
-        self.inner
-            .regions
-            .load(std::sync::atomic::Ordering::Acquire)
-            > 0
+        self.inner.regions.load(Ordering::Acquire) > 0
     }
 }
 

@@ -269,16 +269,18 @@ pub(crate) fn open_context(
     cmd: CmdFile,
 ) -> Result<*mut ibv_context, i32> {
     {
-        let new_cmd_fd = match cmd {
-            CmdFile::New => Some(command_memfd()?),
-            CmdFile::Imported { .. } => None,
-        };
-        let handles = match (&cmd, &new_cmd_fd) {
-            (CmdFile::Imported { handles, .. }, _) => Arc::clone(handles),
-            (CmdFile::New, Some(fd)) => {
-                crate::import::Handles::register(fd.as_fd(), device, ctx.clone())?
+        // The caller's descriptor is taken over only once nothing can fail.
+        enum Fd {
+            Own(OwnedFd),
+            Callers(std::os::fd::RawFd),
+        }
+        let (cmd_fd, handles) = match cmd {
+            CmdFile::New => {
+                let fd = command_memfd()?;
+                let h = crate::import::Handles::register(fd.as_fd(), device, ctx.clone())?;
+                (Fd::Own(fd), h)
             }
-            (CmdFile::New, None) => return Err(libc::EIO),
+            CmdFile::Imported { fd, handles } => (Fd::Callers(fd), handles),
         };
         let (async_read, async_write) = rustix_pipe()?;
         let qps: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
@@ -309,12 +311,11 @@ pub(crate) fn open_context(
         let c = &mut vctx.context;
         c.device = device;
         // Nothing fails from here on: an imported descriptor becomes ours.
-        let cmd_fd = match (new_cmd_fd, cmd) {
-            (Some(fd), _) => fd,
+        let cmd_fd = match cmd_fd {
+            Fd::Own(fd) => fd,
             // SAFETY: the caller's open descriptor, which libibverbs'
             // contract hands to the imported context (closed with it).
-            (None, CmdFile::Imported { fd, .. }) => unsafe { OwnedFd::from_raw_fd(fd) },
-            (None, CmdFile::New) => return Err(libc::EIO),
+            Fd::Callers(raw) => unsafe { OwnedFd::from_raw_fd(raw) },
         };
         c.cmd_fd = cmd_fd.as_raw_fd();
         c.async_fd = async_read.as_raw_fd();
