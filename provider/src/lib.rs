@@ -10,6 +10,7 @@ pub use roxe_wire as wire;
 
 pub mod memory;
 pub mod qp_attr;
+mod rng;
 pub mod types;
 
 pub use types::{AccessFlags, Errno, PdId, VerbsError, WcOpcode, WcStatus};

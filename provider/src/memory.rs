@@ -1289,12 +1289,7 @@ impl MemoryTable {
         }
         let last = self.key_bytes[slot];
         let byte = loop {
-            // SplitMix64.
-            self.key_rng = self.key_rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.key_rng;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            let b = ((z ^ (z >> 31)) >> 56) as u8;
+            let b = (crate::rng::splitmix64(&mut self.key_rng) >> 56) as u8;
             if b != last {
                 break b;
             }
