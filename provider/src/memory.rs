@@ -266,6 +266,58 @@ struct Mem {
     odp_base: Option<usize>,
 }
 
+/// Bytes of registered memory a packet's payload is sent from without a
+/// copy into the transmit buffer ([`MemoryTable::gather_ref`],
+/// [`MemoryTable::remote_read_ref`]): the socket reads them straight from
+/// the region. Only an address and a length: the region may go away once
+/// the table is changed, so whoever holds one must send it (or drop it)
+/// before the next change to the table, which the device guarantees by
+/// sending under the lock the engine lives behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a `PayloadRef` is an address and a length; nothing is read
+// through it except by `PayloadRef::bytes`, whose caller promises the
+// region is still registered (and `Mem` itself is `Send`).
+unsafe impl Send for PayloadRef {}
+
+impl PayloadRef {
+    /// The first byte's address (for an iovec: the kernel reads it).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never, as made by the table).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// The region they were taken from must still be registered, and the
+    /// table unchanged since they were taken (no deregistration, no
+    /// table method taking `&mut self` in between); the slice must be
+    /// dropped before that changes.
+    pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        // SAFETY: `ptr..ptr + len` lay inside a registered region when the
+        // table made this (checked by `Mem::borrow`), and the caller
+        // promises that region is still registered: owned memory is then
+        // still our allocation, raw memory valid by `register_raw`'s
+        // contract. The table writes memory only from `&mut self` methods,
+        // which the caller promises do not run while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 /// Copy `out.len()` bytes at address `addr` of this process into `out`
 /// with `process_vm_readv`: an unmapped page is an error, never a fault.
 fn vm_read(addr: usize, out: &mut [u8]) -> Result<(), AccessError> {
@@ -352,6 +404,21 @@ impl Mem {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(AccessError::OutOfRange),
         }
+    }
+
+    /// Bytes `[off, off + len)` by reference, for sending without a copy;
+    /// `None` for on-demand memory (reached only through
+    /// `process_vm_readv`, whose pages may go at any time) or nothing.
+    fn borrow(&self, off: usize, len: usize) -> Result<Option<PayloadRef>, AccessError> {
+        self.check(off, len)?;
+        if self.odp_base.is_some() || len == 0 {
+            return Ok(None);
+        }
+        // `off + len <= self.len` (checked): the address stays inside the
+        // memory, so it is not null and does not wrap.
+        let ptr =
+            NonNull::new(self.ptr.as_ptr().wrapping_add(off)).ok_or(AccessError::OutOfRange)?;
+        Ok(Some(PayloadRef { ptr, len }))
     }
 
     /// Copies bytes `[off, off + out.len())` of the memory into `out`.
@@ -1110,6 +1177,22 @@ impl MemoryTable {
         region.mem.read(off, out)
     }
 
+    /// [`remote_read`](Self::remote_read) by reference: the same checks,
+    /// then the memory itself (`None` where it must be copied: on-demand
+    /// memory, or nothing).
+    pub fn remote_read_ref(
+        &self,
+        rkey: u32,
+        by: impl Into<RemoteQp>,
+        va: u64,
+        len: usize,
+    ) -> Result<Option<PayloadRef>, AccessError> {
+        let wide = u64::try_from(len).map_err(|_| AccessError::OutOfRange)?;
+        let (region, off) =
+            self.resolve_remote(rkey, by.into(), AccessFlags::REMOTE_READ, va, wide)?;
+        region.mem.borrow(off, len)
+    }
+
     /// Check a whole remote range `[va, va + len)` once, for access `need`
     /// (used when a multi-packet WRITE/READ starts: rxe checks the RETH
     /// range at FIRST/ONLY).
@@ -1190,6 +1273,37 @@ impl MemoryTable {
                 None => Err(AccessError::OutOfRange),
             },
         )
+    }
+
+    /// [`gather`](Self::gather) by reference: when bytes `[offset,
+    /// offset + len)` of the SGEs' memory lie in one region that can be
+    /// sent from directly, that memory (`Some`); `None` when they must be
+    /// gathered (several pieces, on-demand memory, nothing). The same
+    /// checks as `gather`, with the same errors.
+    pub fn gather_ref(
+        &self,
+        pd: PdId,
+        sges: &[Sge],
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<PayloadRef>, AccessError> {
+        let mut found: Option<Option<PayloadRef>> = None;
+        self.walk_sges(
+            pd,
+            sges,
+            offset,
+            len,
+            AccessFlags::NONE,
+            |region, off, range| {
+                // A second piece: gathered after all (still checked).
+                found = match found {
+                    None => Some(region.mem.borrow(off, range.len())?),
+                    Some(_) => Some(None),
+                };
+                Ok(())
+            },
+        )?;
+        Ok(found.flatten())
     }
 
     /// Write `data` to bytes `[offset, offset + data.len())` of the
@@ -2411,6 +2525,75 @@ mod tests {
         let mut out = vec![0; len];
         t.owned_read(lkey, 0, &mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn payload_by_reference_is_the_gathered_bytes_with_the_same_checks() {
+        let mut t = MemoryTable::new();
+        let (sges, map) = three_sges(&mut t);
+        let total = map.len();
+        for offset in 0..=total + 1 {
+            for len in 0..=total + 1 - offset.min(total + 1) {
+                let mut out = vec![0u8; len];
+                let copied = t.gather(PD, &sges, offset, &mut out);
+                let by_ref = t.gather_ref(PD, &sges, offset, len);
+                match (copied, by_ref) {
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{offset}+{len}"),
+                    (Ok(()), Ok(Some(r))) => {
+                        // SAFETY: the table is unchanged since.
+                        let bytes = unsafe { r.bytes() };
+                        assert_eq!(bytes, &out[..], "{offset}+{len}");
+                        // One piece: inside one SGE.
+                        let first = map[offset];
+                        assert!(map[offset..offset + len]
+                            .iter()
+                            .enumerate()
+                            .all(|(i, &(k, o))| k == first.0 && o == first.1 + i));
+                    }
+                    // Several pieces (or none): gathered.
+                    (Ok(()), Ok(None)) => {
+                        let one_piece = len > 0
+                            && sges
+                                .iter()
+                                .scan(0usize, |pos, s| {
+                                    let start = *pos;
+                                    *pos += s.length as usize;
+                                    Some((start, *pos))
+                                })
+                                .any(|(a, b)| a <= offset && offset + len <= b);
+                        assert!(!one_piece, "{offset}+{len} lies in one SGE");
+                    }
+                    (a, b) => panic!("{offset}+{len}: gather {a:?}, by reference {b:?}"),
+                }
+            }
+        }
+        // The wrong PD is refused by reference too.
+        let r = t.gather_ref(OTHER_PD, &sges, 0, 4);
+        assert_eq!(r, t.gather(OTHER_PD, &sges, 0, &mut [0; 4]).map(|_| None));
+        // A remote READ by reference: the bytes, and remote_read's errors.
+        let mr = patterned(&mut t, 64, LW | RR, 0x40);
+        let r = t
+            .remote_read_ref(mr.rkey, PD, mr.addr + 8, 16)
+            .unwrap()
+            .unwrap();
+        let mut out = [0u8; 16];
+        t.remote_read(mr.rkey, PD, mr.addr + 8, &mut out).unwrap();
+        // SAFETY: the table is unchanged since.
+        assert_eq!(unsafe { r.bytes() }, &out);
+        for (key, pd, va, len) in [
+            (mr.rkey, PD, mr.addr + 60, 8),
+            (mr.rkey, OTHER_PD, mr.addr, 8),
+            (mr.rkey ^ 0x100, PD, mr.addr, 8),
+        ] {
+            let mut out = vec![0u8; len];
+            let want = t.remote_read(key, pd, va, &mut out).unwrap_err();
+            assert_eq!(t.remote_read_ref(key, pd, va, len), Err(want));
+        }
+        let no_read = patterned(&mut t, 64, LW | RW, 0);
+        assert_eq!(
+            t.remote_read_ref(no_read.rkey, PD, no_read.addr, 8),
+            Err(AccessError::NoPermission)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Run alone: `cargo test -p roxe-provider --test simnet`.
 
 use roxe_provider::engine::{
-    CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId,
+    CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId, Transmit, TxPass,
 };
 use roxe_provider::memory::{MrInfo, Sge};
 use roxe_provider::qp_attr::{AttrMask, Mtu, QpAttr, QpState, QpType};
@@ -92,6 +92,25 @@ struct Net {
     /// Non-zero: deliveries are rounded up to multiples of this, so the
     /// packets of one interval reach an engine together (a receive burst).
     burst_ns: Nanos,
+    /// Calls of `pump` so far (odd ones copy payloads, even ones send
+    /// them by reference).
+    pumps: u64,
+}
+
+/// A packet as it leaves: the buffer, or the buffer's head, the payload
+/// by reference and the buffer's tail.
+fn assemble(buf: &[u8], t: &Transmit) -> Vec<u8> {
+    match t.payload {
+        None => buf[..t.len].to_vec(),
+        Some(p) => {
+            let (head, tail) = buf[..t.buf_len()].split_at(p.at);
+            // SAFETY: the engine took the payload from its memory table in
+            // the call that returned `t`, and nothing touched the engine
+            // since.
+            let data = unsafe { p.data.bytes() };
+            [head, data, tail].concat()
+        }
+    }
 }
 
 const LATENCY: Nanos = 2_000;
@@ -128,6 +147,7 @@ impl Net {
             trace: None,
             drop_if: None,
             burst_ns: 0,
+            pumps: 0,
         }
     }
 
@@ -155,9 +175,20 @@ impl Net {
     /// Move every packet the engines want to send onto the wire.
     fn pump(&mut self) {
         let mut buf = vec![0u8; 9000];
+        // Every other pass sends large payloads by reference, as the
+        // device does: the packet is assembled here from the buffer and
+        // the memory, before the engine is touched again.
+        self.pumps += 1;
+        let pass = TxPass {
+            ack_clocked: false,
+            payload_by_ref: self.pumps.is_multiple_of(2),
+        };
         for i in 0..self.engines.len() {
             let from = self.engines[i].addr();
-            while let Some(t) = self.engines[i].poll_transmit(self.now, &mut buf) {
+            while let Some(t) = self.engines[i].poll_transmit_pass(self.now, &mut buf, pass) {
+                let whole = assemble(&buf, &t);
+                let buf = &whole[..];
+                let t = Transmit { payload: None, ..t };
                 self.sent += 1;
                 let Some(to) = self.index_of(t.dst) else {
                     continue;

@@ -83,6 +83,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "After a single post, a new message waits for the ACK of 16+ PSNs in flight (default on)",
     ),
     (
+        "ROXE_TX_BY_REF",
+        "roxe-tx-by-ref",
+        "on|off",
+        "Payloads of 1 KiB or more leave straight from registered memory, not copied first (default on)",
+    ),
+    (
         "ROXE_LOG",
         "roxe-log",
         "FILTER",

@@ -63,6 +63,17 @@ fn masked_ip_header(ip_header: &[u8], out: &mut [u8; MAX_IP_HEADER]) -> Result<u
 /// be) on the wire, `udp_header` the 8-byte UDP header, and `roce` the UDP
 /// payload from the BTH up to the end of the pad bytes, *without* the ICRC.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> {
+    compute_parts(ip_header, udp_header, &[roce])
+}
+
+/// [`compute`] over a packet given in pieces (headers, then payload that
+/// lives elsewhere, then pad): `roce` is their concatenation, and the
+/// first piece holds at least the BTH.
+pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], roce: &[&[u8]]) -> Result<u32> {
+    let (roce, rest) = match roce.split_first() {
+        Some((first, rest)) => (*first, rest),
+        None => (&[][..], &[][..]),
+    };
     let mut pre = [0u8; MAX_IP_HEADER + UDP_HEADER_LEN + bth::HEADER_LEN];
     let mut ip = [0u8; MAX_IP_HEADER];
     let n = masked_ip_header(ip_header, &mut ip)?;
@@ -78,6 +89,9 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
     let mut h = Hasher::new_with_initial(SEED);
     h.update(&pre[..b + bth::HEADER_LEN]);
     h.update(&roce[bth::HEADER_LEN..]);
+    for piece in rest {
+        h.update(piece);
+    }
     Ok(h.finalize())
 }
 
@@ -146,7 +160,20 @@ pub fn compute_ipv4(
     ident: u16,
     roce: &[u8],
 ) -> Result<u32> {
-    let udp_len = UDP_HEADER_LEN + roce.len() + ICRC_LEN;
+    compute_ipv4_parts(src, dst, src_port, dst_port, ident, &[roce])
+}
+
+/// [`compute_ipv4`] over a packet given in pieces (see [`compute_parts`]).
+pub fn compute_ipv4_parts(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    ident: u16,
+    roce: &[&[u8]],
+) -> Result<u32> {
+    let roce_len: usize = roce.iter().map(|p| p.len()).sum();
+    let udp_len = UDP_HEADER_LEN + roce_len + ICRC_LEN;
     let mut ip = [0u8; IPV4_HEADER_LEN];
     Ipv4Repr {
         src,
@@ -165,7 +192,7 @@ pub fn compute_ipv4(
         payload_len: udp_len - UDP_HEADER_LEN,
     }
     .emit(&mut udp)?;
-    compute(&ip, &udp, roce)
+    compute_parts(&ip, &udp, roce)
 }
 
 /// The reflected CRC-32 polynomial.
@@ -281,7 +308,19 @@ pub fn compute_ipv6(
     dst_port: u16,
     roce: &[u8],
 ) -> Result<u32> {
-    let udp_len = UDP_HEADER_LEN + roce.len() + ICRC_LEN;
+    compute_ipv6_parts(src, dst, src_port, dst_port, &[roce])
+}
+
+/// [`compute_ipv6`] over a packet given in pieces (see [`compute_parts`]).
+pub fn compute_ipv6_parts(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    src_port: u16,
+    dst_port: u16,
+    roce: &[&[u8]],
+) -> Result<u32> {
+    let roce_len: usize = roce.iter().map(|p| p.len()).sum();
+    let udp_len = UDP_HEADER_LEN + roce_len + ICRC_LEN;
     let mut ip = [0u8; IPV6_HEADER_LEN];
     Ipv6Repr {
         src,
@@ -299,7 +338,7 @@ pub fn compute_ipv6(
         payload_len: udp_len - UDP_HEADER_LEN,
     }
     .emit(&mut udp)?;
-    compute(&ip, &udp, roce)
+    compute_parts(&ip, &udp, roce)
 }
 
 /// Check the ICRC of a whole IP datagram (IPv4 or IPv6, then UDP, then RoCEv2).
@@ -325,6 +364,30 @@ pub fn check_datagram(datagram: &[u8]) -> Result<IcrcCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_icrc_over_pieces_equals_the_one_over_their_concatenation() {
+        let (src, dst) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+        let (s6, d6) = (Ipv6Addr::LOCALHOST, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2));
+        let roce: Vec<u8> = (0..1500u32).map(|i| (i * 7 + 3) as u8).collect();
+        for (a, b) in [(12, 12), (12, 40), (28, 1496), (40, 1500), (1500, 1500)] {
+            let parts = [&roce[..a], &roce[a..b], &roce[b..]];
+            assert_eq!(
+                compute_ipv4_parts(src, dst, 0xC001, 4791, 5, &parts).unwrap(),
+                compute_ipv4(src, dst, 0xC001, 4791, 5, &roce).unwrap(),
+                "{a} {b}"
+            );
+            assert_eq!(
+                compute_ipv6_parts(s6, d6, 0xC001, 4791, &parts).unwrap(),
+                compute_ipv6(s6, d6, 0xC001, 4791, &roce).unwrap(),
+                "{a} {b}"
+            );
+        }
+        // The first piece must hold the BTH.
+        let short = [&roce[..8], &roce[8..]];
+        assert!(compute_ipv4_parts(src, dst, 1, 4791, 0, &short).is_err());
+        assert!(compute_ipv4_parts(src, dst, 1, 4791, 0, &[]).is_err());
+    }
 
     #[test]
     fn reidentified_icrc_equals_the_recomputed_one() {

@@ -32,6 +32,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
+use crate::engine::PayloadAt;
+
 /// Packets (transmit) or datagrams (receive) per system call.
 pub(crate) const MAX_BATCH: usize = 64;
 /// Room the engine gets for one packet: 4096 B of data plus headers.
@@ -60,8 +62,11 @@ const RX_SLOT_GRO: usize = 65536;
 pub(crate) struct TxPkt {
     /// Offset in the arena.
     pub off: usize,
-    /// Length.
+    /// Length on the wire.
     pub len: usize,
+    /// A payload sent from registered memory: the arena holds the headers
+    /// before it and the pad and ICRC after it.
+    pub payload: Option<PayloadAt>,
     /// Destination device.
     pub dst: IpAddr,
     /// The IPv4 identification its ICRC is computed for (the engine signs
@@ -71,8 +76,16 @@ pub(crate) struct TxPkt {
     pub sock: u8,
 }
 
+impl TxPkt {
+    /// Bytes it takes in the arena.
+    pub(crate) fn arena_len(&self) -> usize {
+        self.len - self.payload.map_or(0, |p| p.data.len())
+    }
+}
+
 /// How many packets from the start of `pkts` form one GSO send: consecutive
-/// packets from one socket to one destination, contiguous in the arena, all as long as
+/// packets from one socket to one destination, contiguous in the arena (a
+/// payload by reference between a packet's head and tail), all as long as
 /// the first except the last, which may be shorter; at most `max_segs`
 /// packets and `max_bytes` bytes. Always at least 1 for a non-empty slice.
 pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usize {
@@ -81,6 +94,7 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
     };
     let mut n = 1;
     let mut bytes = first.len;
+    let mut arena_bytes = first.arena_len();
     for (i, p) in pkts.iter().enumerate().skip(1) {
         // A shorter packet followed by one as long as itself starts a
         // run of its own rather than ending this one.
@@ -95,18 +109,24 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
             || p.len > first.len
             || p.len == 0
             || bytes + p.len > max_bytes
-            || p.off != first.off + bytes
+            || p.off != first.off + arena_bytes
         {
             break;
         }
         n += 1;
         bytes += p.len;
+        arena_bytes += p.arena_len();
         if p.len < first.len {
             break; // a shorter packet ends the run
         }
     }
     n
 }
+
+/// Most iovecs one `sendmmsg` needs: a packet with a payload by reference
+/// takes its head, the payload and its tail (fewer when the tail and the
+/// next head touch in the arena), at most `MAX_BATCH` packets.
+const MAX_IOVECS: usize = 3 * MAX_BATCH;
 
 /// Transmit counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -274,8 +294,9 @@ impl TxBatch {
         for k in 0..n {
             // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
             let ident = if n > 1 { k as u16 } else { 0 };
-            let TxPkt { off, len, .. } = self.pkts[first + k];
-            let old = self.pkts[first + k].ident;
+            let pkt = self.pkts[first + k];
+            let (off, len) = (pkt.off, pkt.len);
+            let old = pkt.ident;
             if old == ident {
                 continue;
             }
@@ -291,7 +312,8 @@ impl TxBatch {
                     r
                 }
             };
-            let pkt = &mut self.arena[off..off + len];
+            // The ICRC ends the packet's bytes in the arena either way.
+            let pkt = &mut self.arena[off..off + pkt.arena_len()];
             let Ok(c) = roxe_wire::icrc::from_wire(pkt) else {
                 continue;
             };
@@ -317,20 +339,33 @@ impl TxBatch {
         &mut self.arena[self.end..self.end + TX_SLOT]
     }
 
-    /// Queue the `len` bytes written into [`slot`](Self::slot), to leave
-    /// from socket `sock`; returns them.
-    pub(crate) fn commit(&mut self, len: usize, dst: IpAddr, sock: u8) -> &[u8] {
-        assert!(len <= TX_SLOT && !self.is_full());
-        let off = self.end;
-        self.pkts.push(TxPkt {
-            off,
+    /// Queue the packet written into [`slot`](Self::slot) (`len` bytes on
+    /// the wire, with `payload` by reference if given: see
+    /// [`Transmit`](crate::engine::Transmit)), to leave from socket `sock`;
+    /// returns its bytes in the arena.
+    ///
+    /// A payload by reference must stay registered until the batch is
+    /// flushed: the device flushes before it releases the engine.
+    pub(crate) fn commit(
+        &mut self,
+        len: usize,
+        dst: IpAddr,
+        sock: u8,
+        payload: Option<PayloadAt>,
+    ) -> &[u8] {
+        let pkt = TxPkt {
+            off: self.end,
             len,
+            payload,
             dst,
             ident: 0,
             sock,
-        });
-        self.end += len;
-        &self.arena[off..off + len]
+        };
+        let used = pkt.arena_len();
+        assert!(used <= TX_SLOT && !self.is_full());
+        self.pkts.push(pkt);
+        self.end += used;
+        &self.arena[pkt.off..pkt.off + used]
     }
 
     /// Queue a copy of `p` for `socks[sock]`, flushing first if the batch
@@ -344,7 +379,7 @@ impl TxBatch {
             self.flush(socks);
         }
         self.slot()[..p.len()].copy_from_slice(p);
-        self.commit(p.len(), dst, sock);
+        self.commit(p.len(), dst, sock, None);
     }
 
     /// The index in `addrs` of `dst`'s socket address. Rebuilt (and the
@@ -385,7 +420,7 @@ impl TxBatch {
     /// bounded time when a socket buffer is full. A packet naming no socket
     /// of `socks` is counted as an error.
     pub(crate) fn flush(&mut self, socks: &[impl AsFd]) {
-        if self.pkts.len() == 1 {
+        if self.pkts.len() == 1 && self.pkts[0].payload.is_none() {
             // One packet (the latency path): a plain sendto.
             match socks.get(usize::from(self.pkts[0].sock)) {
                 Some(s) => self.flush_one(s.as_fd()),
@@ -443,16 +478,22 @@ impl TxBatch {
                 // Only the `m` entries used are written (a latency-bound pass
                 // sends one packet).
                 let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
-                let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+                let mut iovs = [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; MAX_IOVECS];
+                let mut iov_at = [(0usize, 0usize); MAX_BATCH];
+                let mut used = 0;
+                for k in 0..m {
+                    let (first, n, _) = plan[k];
+                    let count = self.iovecs(&self.pkts[first..first + n], &mut iovs[used..]);
+                    iov_at[k] = (used, count);
+                    used += count;
+                }
                 let mut cmsgs = [const { MaybeUninit::<GsoCmsg>::uninit() }; MAX_BATCH];
                 for k in 0..m {
-                    let (first, n, seg) = plan[k];
-                    let off = self.pkts[first].off;
-                    let len: usize = self.pkts[first..first + n].iter().map(|p| p.len).sum();
-                    let iov = iovs[k].write(libc::iovec {
-                        iov_base: self.arena[off..off + len].as_ptr() as *mut libc::c_void,
-                        iov_len: len,
-                    });
+                    let (_, _, seg) = plan[k];
+                    let (at, count) = iov_at[k];
                     // SAFETY: all-zero is a valid mmsghdr (null pointers, zero
                     // lengths); the fields that matter are set below.
                     let mut mh: libc::mmsghdr = unsafe { std::mem::zeroed() };
@@ -460,8 +501,8 @@ impl TxBatch {
                     let h = &mut mh.msg_hdr;
                     h.msg_name = sa.as_ptr() as *mut libc::c_void;
                     h.msg_namelen = sa.len();
-                    h.msg_iov = iov;
-                    h.msg_iovlen = 1;
+                    h.msg_iov = iovs[at..].as_mut_ptr();
+                    h.msg_iovlen = count as _;
                     if seg > 0 {
                         h.msg_control = (cmsgs[k].write(GsoCmsg::new(seg)) as *mut GsoCmsg).cast();
                         h.msg_controllen = std::mem::size_of::<GsoCmsg>() as _;
@@ -469,9 +510,14 @@ impl TxBatch {
                     hdrs[k].write(mh);
                 }
                 // SAFETY: `hdrs[..m]` are initialised msghdrs whose pointers
-                // (names in `self.addrs`, iovecs in `iovs` over `self.arena`,
-                // control messages in `cmsgs`) stay valid and unmodified for the
-                // call; the kernel only reads them and writes `msg_len`.
+                // (names in `self.addrs`, iovecs in `iovs` over `self.arena`
+                // and payloads by reference, control messages in `cmsgs`)
+                // stay valid and unmodified for the call; the kernel only
+                // reads them and writes `msg_len`. A payload by reference is
+                // registered memory, still registered: the device flushes
+                // under the lock that deregistration takes (`commit`), and
+                // the kernel reports an unmapped page as EFAULT, never a
+                // fault.
                 let rc = unsafe {
                     libc::sendmmsg(
                         fd.as_raw_fd(),
@@ -530,6 +576,43 @@ impl TxBatch {
 }
 
 impl TxBatch {
+    /// The iovecs of `pkts` (queued in this batch, contiguous in the
+    /// arena) into `out`, arena pieces that touch merged; returns how many.
+    fn iovecs(&self, pkts: &[TxPkt], out: &mut [libc::iovec]) -> usize {
+        let mut n = 0;
+        // End offset of the last arena piece in `out[n - 1]`, if it is one.
+        let mut arena_end: Option<usize> = None;
+        let mut push =
+            |out: &mut [libc::iovec], base: *const u8, len: usize, arena: Option<usize>| {
+                match (arena, arena_end) {
+                    (Some(off), Some(end)) if off == end => {
+                        out[n - 1].iov_len += len;
+                    }
+                    _ => {
+                        out[n] = libc::iovec {
+                            iov_base: base as *mut libc::c_void,
+                            iov_len: len,
+                        };
+                        n += 1;
+                    }
+                }
+                arena_end = arena.map(|off| off + len);
+            };
+        for p in pkts {
+            let piece = |from: usize, to: usize| self.arena[p.off + from..p.off + to].as_ptr();
+            match p.payload {
+                None => push(out, piece(0, p.len), p.len, Some(p.off)),
+                Some(pl) => {
+                    let used = p.arena_len();
+                    push(out, piece(0, pl.at), pl.at, Some(p.off));
+                    push(out, pl.data.as_ptr(), pl.data.len(), None);
+                    push(out, piece(pl.at, used), used - pl.at, Some(p.off + pl.at));
+                }
+            }
+        }
+        n
+    }
+
     fn flush_one(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
         let TxPkt { off, len, dst, .. } = self.pkts[0];
         let i = self.addr_index(dst);
@@ -821,7 +904,7 @@ mod tests {
                 p[40] ^= 0x08;
             }
             tx.slot()[..p.len()].copy_from_slice(&p);
-            tx.commit(p.len(), IpAddr::V4(dst), 0);
+            tx.commit(p.len(), IpAddr::V4(dst), 0, None);
         }
         tx.sign_for_idents(0, 3);
         for k in 0..3usize {
@@ -857,6 +940,7 @@ mod tests {
                 let p = TxPkt {
                     off,
                     len,
+                    payload: None,
                     dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
                     ident: 0,
                     sock: 0,
@@ -977,6 +1061,20 @@ mod tests {
         let sizes: Vec<usize> = (0..100)
             .map(|i| if i % 10 == 9 { 50 + i } else { 1000 })
             .collect();
+        // Every third full-size packet has its payload (bytes 16..996)
+        // sent by reference from a registered region, between a head and
+        // a tail in the arena, inside GSO runs with copied packets.
+        let mut memory = crate::memory::MemoryTable::new();
+        let pd = crate::types::PdId(1);
+        let region = memory
+            .register_owned(pd, 100 * 1000, crate::types::AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        for i in 0..100 {
+            memory
+                .owned_write(region.lkey, i * 1000, &[i as u8; 1000])
+                .unwrap();
+        }
+        let by_ref = |i: usize| i % 3 == 1 && sizes[i] == 1000;
         for (i, &len) in sizes.iter().enumerate() {
             if tx.is_full() {
                 tx.flush(&socks);
@@ -985,7 +1083,21 @@ mod tests {
             s[..len].fill(i as u8);
             s[..4].copy_from_slice(&(i as u32).to_be_bytes());
             let k = sock_of(i);
-            tx.commit(len, dst, k);
+            let payload = by_ref(i).then(|| {
+                let sge = crate::memory::Sge {
+                    addr: region.addr,
+                    length: region.length as u32,
+                    lkey: region.lkey,
+                };
+                let data = memory.gather_ref(pd, &[sge], i * 1000 + 16, 980);
+                // The tail (bytes 996..1000) follows the head in the arena.
+                s.copy_within(996..1000, 16);
+                PayloadAt {
+                    at: 16,
+                    data: data.unwrap().unwrap(),
+                }
+            });
+            tx.commit(len, dst, k, payload);
         }
         tx.flush(&socks);
         assert!(tx.is_empty());

@@ -174,6 +174,10 @@ pub struct DeviceConfig {
     /// posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
     /// `Device::engine_for_post`).
     pub ack_clocked: bool,
+    /// Payloads of 1 KiB or more that lie in one registered region leave
+    /// straight from it (an iovec per payload), not copied into the
+    /// transmit buffer first (`ROXE_TX_BY_REF`, default on).
+    pub payload_by_ref: bool,
 }
 
 impl Default for DeviceConfig {
@@ -187,6 +191,7 @@ impl Default for DeviceConfig {
             gso: true,
             caller_progress: true,
             ack_clocked: true,
+            payload_by_ref: true,
         }
     }
 }
@@ -210,7 +215,7 @@ impl DeviceConfig {
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
     /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off`,
-    /// `ROXE_ACK_CLOCKED=on|off` (switches:
+    /// `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off` (switches:
     /// [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
@@ -239,6 +244,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("ROXE_ACK_CLOCKED") {
             base.ack_clocked = parse_switch("ROXE_ACK_CLOCKED", &v)?;
+        }
+        if let Some(v) = var("ROXE_TX_BY_REF") {
+            base.payload_by_ref = parse_switch("ROXE_TX_BY_REF", &v)?;
         }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);

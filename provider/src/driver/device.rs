@@ -20,7 +20,7 @@ use super::fault::{FaultStats, Faults};
 use super::raw::{self, RawBatch, RawSkip};
 use super::socket;
 use super::tap::Tap;
-use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, QpEvent, Stats};
+use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos, QpEvent, Stats, TxPass};
 use crate::qp_attr::AddressVector;
 use parking_lot::{Mutex, MutexGuard};
 use rustix::event::{PollFd, PollFlags};
@@ -209,6 +209,8 @@ struct Shared {
     caller_progress: bool,
     /// ACK-clocked sends after verbs (`DeviceConfig::ack_clocked`).
     ack_clocked: bool,
+    /// Large payloads sent by reference (`DeviceConfig::payload_by_ref`).
+    payload_by_ref: bool,
     /// Tests: the progress thread does nothing while set
     /// ([`Device::pause_progress_thread`]).
     progress_paused: AtomicBool,
@@ -505,6 +507,7 @@ impl Device {
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
             ack_clocked: config.ack_clocked,
+            payload_by_ref: config.payload_by_ref,
             progress_paused: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
@@ -854,17 +857,30 @@ impl Shared {
                 if tx.is_full() {
                     tx.flush(socks);
                 }
-                let t = if ack_clocked {
-                    engine.poll_transmit_ack_clocked(now, tx.slot())
-                } else {
-                    engine.poll_transmit(now, tx.slot())
+                // Large payloads leave straight from registered memory:
+                // the batch is flushed below, before the lock is released
+                // (no deregistration in between).
+                let pass = TxPass {
+                    ack_clocked,
+                    payload_by_ref: self.payload_by_ref,
                 };
-                let Some(t) = t else {
+                let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
                     break;
                 };
-                let p = tx.commit(t.len, t.dst, sock_of(t.src_port));
+                let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.payload);
                 if let Some(tap) = tap.as_mut() {
-                    tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, p);
+                    match t.payload {
+                        None => tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, p),
+                        Some(pl) => {
+                            let (head, tail) = p.split_at(pl.at);
+                            // SAFETY: the engine took the payload from its
+                            // memory table in this call, and the table has
+                            // not changed since (the engine is locked here).
+                            let data = unsafe { pl.data.bytes() };
+                            let whole = [head, data, tail].concat();
+                            tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, &whole);
+                        }
+                    }
                 }
             },
             Some(f) => {

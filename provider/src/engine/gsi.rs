@@ -37,11 +37,11 @@ impl Engine {
             payload: &payload,
         };
         let len = repr.emit(buf).ok()?;
-        Some(Transmit {
+        Some(Transmit::whole(
             dst,
-            src_port: 0xC000 | roxe_wire::cm::GSI_QPN as u16,
+            0xC000 | roxe_wire::cm::GSI_QPN as u16,
             len,
-        })
+        ))
     }
 
     /// A UD packet to QP1: a MAD for the CM if it is one.

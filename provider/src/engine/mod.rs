@@ -24,11 +24,11 @@ pub use drops::{DropCounts, DropReason};
 pub use tm::{tmh_op, SrqOp, SrqOpKind, Tmh, MAX_RNDV_HDR, RVH_LEN, TMH_LEN};
 
 use crate::cq::CompletionQueue;
-use crate::memory::{MemoryTable, MwType};
+use crate::memory::{MemoryTable, MwType, PayloadRef};
 use crate::qp_attr::{AttrMask, QpAttr, QpState, QpType};
 use crate::types::{Errno, PdId, VerbsError, VerbsResult};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
-use roxe_wire::{icrc, Packet, Psn, ICRC_LEN};
+use roxe_wire::{icrc, Psn, ICRC_LEN};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -51,16 +51,64 @@ pub struct SrqId(pub u32);
 pub struct XrcdId(pub u32);
 
 /// A packet the engine wants sent: `len` bytes at the start of the caller's
-/// buffer form the UDP payload (BTH .. ICRC) for `dst` port 4791.
+/// buffer form the UDP payload (BTH .. ICRC) for `dst` port 4791; or, with
+/// a `payload` by reference, the buffer holds the headers before it and
+/// the pad and ICRC after it (see [`Transmit::buf_len`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// Destination device address.
     pub dst: IpAddr,
     /// UDP source port (per QP, as rxe spreads flows).
     pub src_port: u16,
-    /// Bytes written.
+    /// The packet's length on the wire.
     pub len: usize,
+    /// The payload, when it is sent straight from registered memory
+    /// (only in a pass that allows it: [`TxPass::payload_by_ref`]).
+    pub payload: Option<PayloadAt>,
 }
+
+/// A payload sent from registered memory: the packet is the buffer's
+/// first `at` bytes, then `data`, then the buffer's bytes from `at` to
+/// [`Transmit::buf_len`] (pad and ICRC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadAt {
+    /// Where the payload goes: the length of the headers.
+    pub at: usize,
+    /// The memory (valid until the engine's memory table next changes).
+    pub data: PayloadRef,
+}
+
+impl Transmit {
+    /// A packet written whole into the buffer.
+    pub(crate) fn whole(dst: IpAddr, src_port: u16, len: usize) -> Transmit {
+        Transmit {
+            dst,
+            src_port,
+            len,
+            payload: None,
+        }
+    }
+
+    /// How many bytes of the caller's buffer the packet uses.
+    pub fn buf_len(&self) -> usize {
+        self.len - self.payload.map_or(0, |p| p.data.len())
+    }
+}
+
+/// How a transmit pass runs ([`Engine::poll_transmit_pass`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxPass {
+    /// A pass right after a verb: see [`Engine::poll_transmit_ack_clocked`].
+    pub ack_clocked: bool,
+    /// Payloads of at least [`PAYLOAD_BY_REF_MIN`] bytes that lie in one
+    /// region may be sent from it by reference ([`Transmit::payload`]):
+    /// the caller sends every packet before it next changes the engine.
+    pub payload_by_ref: bool,
+}
+
+/// The smallest payload sent by reference: below it the copy costs less
+/// than the kernel's extra iovec.
+pub const PAYLOAD_BY_REF_MIN: usize = 1024;
 
 /// Why received packets were dropped, and other counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -755,6 +803,7 @@ impl Engine {
             stats,
             events,
             overflowed: Vec::new(),
+            payload_by_ref: false,
         };
         let result = f(q, &mut cx);
         let overflowed = cx.overflowed;
@@ -948,7 +997,7 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit(now, buf, false)
+        self.transmit(now, buf, false, false)
     }
 
     /// [`poll_transmit`](Self::poll_transmit) for a pass right after a verb
@@ -957,16 +1006,38 @@ impl Engine {
     /// that sends it (doorbell batching, clocked by ACKs). Responses,
     /// retransmissions and messages already started are not held.
     pub fn poll_transmit_ack_clocked(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        // Only while at most one QP has PSNs in flight (an armed timer): with
-        // several, holding each one's messages for its own ACK left every
-        // QP one message in flight (ib_write_bw -q 16: 2.0 -> 0.8 GB/s).
-        let hold_new = self.timers.len() <= 1;
-        self.transmit(now, buf, hold_new)
+        let pass = TxPass {
+            ack_clocked: true,
+            payload_by_ref: false,
+        };
+        self.poll_transmit_pass(now, buf, pass)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) for a pass run as `pass` says.
+    pub fn poll_transmit_pass(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        pass: TxPass,
+    ) -> Option<Transmit> {
+        // Hold only while at most one QP has PSNs in flight (an armed
+        // timer): with several, holding each one's messages for its own
+        // ACK left every QP one message in flight (ib_write_bw -q 16: 2.0
+        // -> 0.8 GB/s).
+        let hold_new = pass.ack_clocked && self.timers.len() <= 1;
+        self.transmit(now, buf, hold_new, pass.payload_by_ref)
     }
 
     /// The next packet of any QP, round robin; `hold_new`: an ACK-clocked
-    /// pass (see `poll_transmit_ack_clocked`).
-    fn transmit(&mut self, now: Nanos, buf: &mut [u8], hold_new: bool) -> Option<Transmit> {
+    /// pass (see `poll_transmit_ack_clocked`); `by_ref`: payloads may be
+    /// sent by reference ([`TxPass::payload_by_ref`]).
+    fn transmit(
+        &mut self,
+        now: Nanos,
+        buf: &mut [u8],
+        hold_new: bool,
+        by_ref: bool,
+    ) -> Option<Transmit> {
         self.clock = self.clock.max(now);
         if let Some(t) = self.gsi_transmit(buf) {
             return Some(self.finish_transmit(t, buf));
@@ -982,7 +1053,10 @@ impl Engine {
                 .or_else(|| self.active.first())?;
             next = qpn.wrapping_add(1);
             if let Some(t) = self
-                .with_qp(qpn, |q, cx| q.poll_transmit(cx, now, buf, hold_new))
+                .with_qp(qpn, |q, cx| {
+                    cx.payload_by_ref = by_ref;
+                    q.poll_transmit(cx, now, buf, hold_new)
+                })
                 .flatten()
             {
                 self.tx_cursor = next;
@@ -998,32 +1072,45 @@ impl Engine {
         if !pool.is_empty() {
             t.src_port = pool[usize::from(t.src_port) % pool.len()];
         }
-        let body = &buf[..t.len - ICRC_LEN];
+        let buf_len = t.buf_len();
+        let Some(body_len) = buf_len.checked_sub(ICRC_LEN) else {
+            return t;
+        };
+        // The packet's bytes before the ICRC, in one piece or three.
+        let (head, tail) = buf[..body_len].split_at(t.payload.map_or(body_len, |p| p.at));
+        // SAFETY: the payload was taken from the memory table during this
+        // call (`poll_transmit` of the QP just above), which has not
+        // changed since; the slice is dropped before this returns.
+        let payload = t.payload.map_or(&[][..], |p| unsafe { p.data.bytes() });
+        let parts = [head, payload, tail];
+        let port = roxe_wire::ROCEV2_PORT;
         let c = match (self.config.addr, t.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                icrc::compute_linux_ipv4(s, d, t.src_port, roxe_wire::ROCEV2_PORT, body)
+                icrc::compute_ipv4_parts(s, d, t.src_port, port, 0, &parts)
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
-                icrc::compute_ipv6(s, d, t.src_port, roxe_wire::ROCEV2_PORT, body)
+                icrc::compute_ipv6_parts(s, d, t.src_port, port, &parts)
             }
-            (s, d) => icrc::compute_ipv6(
+            (s, d) => icrc::compute_ipv6_parts(
                 Ipv6Addr::from(gid_of(s)),
                 Ipv6Addr::from(gid_of(d)),
                 t.src_port,
-                roxe_wire::ROCEV2_PORT,
-                body,
+                port,
+                &parts,
             ),
         };
         if let Ok(c) = c {
-            roxe_wire::packet::set_icrc(&mut buf[..t.len], c);
+            roxe_wire::packet::set_icrc(&mut buf[..buf_len], c);
         }
         self.stats.tx_packets += 1;
         if tracing::enabled!(tracing::Level::TRACE) {
-            if let Ok(p) = Packet::new_checked(&buf[..t.len]) {
+            // The headers are in the buffer either way.
+            let bth = roxe_wire::bth::Bth::new_checked(&buf[..buf_len]);
+            if let (Ok(b), Ok(op)) = (bth, roxe_wire::Opcode::try_from(buf[0])) {
                 tracing::trace!(
-                    dest_qpn = format_args!("{:#x}", p.bth().dest_qp()),
-                    opcode = %p.opcode(),
-                    psn = %p.bth().psn(),
+                    dest_qpn = format_args!("{:#x}", b.dest_qp()),
+                    opcode = %op,
+                    psn = %b.psn(),
                     len = t.len,
                     dst = %t.dst,
                     "packet sent"

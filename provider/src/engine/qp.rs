@@ -73,6 +73,9 @@ pub(crate) struct QpCtx<'a> {
     /// CQs a completion did not fit in during this call: afterwards the
     /// engine moves every QP feeding them to ERR (rxe's class G).
     pub overflowed: Vec<CqId>,
+    /// A transmit pass that takes large payloads by reference
+    /// ([`super::TxPass::payload_by_ref`]).
+    pub payload_by_ref: bool,
 }
 
 impl QpCtx<'_> {

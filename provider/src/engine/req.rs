@@ -5,7 +5,7 @@
 //! completer (`comp.rs`) drives it from ACKs, responses and timers.
 
 use super::qp::{Qp, QpCtx};
-use super::{Nanos, Transmit};
+use super::{Nanos, PayloadAt, Transmit, PAYLOAD_BY_REF_MIN};
 use crate::memory::RemoteQp;
 use crate::qp_attr::{QpAttr, QpState, QpType};
 use crate::types::WcStatus;
@@ -623,6 +623,7 @@ impl Qp {
             cx.internal_error(qpn, "a request does not fit the transmit buffer");
             return None;
         };
+        let mut by_ref = None;
         let body = &mut buf[hl..hl + payload_len];
         let gathered = match &w.wr.inline_data {
             Some(d) if w.wr.flags.contains(SendFlags::INLINE) => {
@@ -631,13 +632,22 @@ impl Qp {
                     .map(|s| body.copy_from_slice(s))
                     .is_some()
             }
-            _ => {
-                payload_len == 0
-                    || cx
-                        .memory
-                        .gather(pd, &w.wr.sg_list, offset as usize, body)
-                        .is_ok()
+            _ if payload_len == 0 => true,
+            _ if cx.payload_by_ref && payload_len >= PAYLOAD_BY_REF_MIN => {
+                let sgl = &w.wr.sg_list;
+                match cx.memory.gather_ref(pd, sgl, offset as usize, payload_len) {
+                    Ok(Some(data)) => {
+                        by_ref = Some(PayloadAt { at: hl, data });
+                        true
+                    }
+                    Ok(None) => cx.memory.gather(pd, sgl, offset as usize, body).is_ok(),
+                    Err(_) => false,
+                }
             }
+            _ => cx
+                .memory
+                .gather(pd, &w.wr.sg_list, offset as usize, body)
+                .is_ok(),
         };
         if !gathered {
             // A bad lkey or range in the local SGEs: local protection error.
@@ -669,10 +679,15 @@ impl Qp {
             self.retire(cx);
         }
         debug_assert!(total > ICRC_LEN);
+        if by_ref.is_some() {
+            // Pad and ICRC follow the headers in the buffer.
+            buf.copy_within(hl + payload_len..total, hl);
+        }
         Some(Transmit {
             dst,
             src_port,
             len: total,
+            payload: by_ref,
         })
     }
 }

@@ -4,7 +4,7 @@
 
 use super::Reply;
 use crate::engine::qp::{Qp, QpCtx};
-use crate::engine::Transmit;
+use crate::engine::{PayloadAt, Transmit, PAYLOAD_BY_REF_MIN};
 use crate::qp_attr::{QpState, QpType};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
 use roxe_wire::packet::emit_headers;
@@ -106,14 +106,28 @@ impl Qp {
                 cx.internal_error(qpn, "a response does not fit the transmit buffer");
                 return None;
             };
+            let mut by_ref = None;
             if let Some((va, rkey, pd)) = va_rkey {
                 let by = crate::memory::RemoteQp { pd, qpn: Some(qpn) };
-                if payload_len > 0
-                    && cx
-                        .memory
-                        .remote_read(rkey, by, va, &mut buf[h..h + payload_len])
-                        .is_err()
-                {
+                let read = if payload_len == 0 {
+                    Ok(())
+                } else if cx.payload_by_ref && payload_len >= PAYLOAD_BY_REF_MIN {
+                    match cx.memory.remote_read_ref(rkey, by, va, payload_len) {
+                        Ok(Some(data)) => {
+                            by_ref = Some(PayloadAt { at: h, data });
+                            Ok(())
+                        }
+                        Ok(None) => {
+                            let out = &mut buf[h..h + payload_len];
+                            cx.memory.remote_read(rkey, by, va, out)
+                        }
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    let out = &mut buf[h..h + payload_len];
+                    cx.memory.remote_read(rkey, by, va, out)
+                };
+                if read.is_err() {
                     // The region went away between packets: NAK and fail.
                     r.replies.clear();
                     let ext = ExtHeaders {
@@ -129,17 +143,18 @@ impl Qp {
                         return None;
                     };
                     self.enter_error(cx);
-                    return Some(Transmit {
-                        dst,
-                        src_port,
-                        len: total,
-                    });
+                    return Some(Transmit::whole(dst, src_port, total));
                 }
+            }
+            if by_ref.is_some() {
+                // Pad and ICRC follow the headers in the buffer.
+                buf.copy_within(h + payload_len..total, h);
             }
             return Some(Transmit {
                 dst,
                 src_port,
                 len: total,
+                payload: by_ref,
             });
         }
     }
