@@ -49,9 +49,11 @@ for q in "-l 16" "-q 4"; do
   echo "ib_send_bw_64 $q $(ROXE_ADDR=127.0.222.2 ib_send_bw -d roxe0 -x 0 -s 64 -n 200000 $q -p 18707 127.0.0.1 | grep -E '^ 64 ')"
   wait
 done
+# perftest prints MiB/s (2^20 bytes, its --help says so): GB/s (10^9) is
+# printed beside it, the unit of the other figures.
 for t in ib_write_bw ib_send_bw ib_read_bw; do
   ROXE_ADDR=127.0.222.1 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 >/dev/null 2>&1 & sleep 0.5
-  echo "$t $(ROXE_ADDR=127.0.222.2 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 127.0.0.1 | grep -E '^ 65536' )"
+  echo "$t $(ROXE_ADDR=127.0.222.2 $t -d roxe0 -x 0 -s 65536 -n 20000 -p 18703 127.0.0.1 | awk '/^ 65536/ {printf "%s GBps %.3f", $0, $4 * 1048576 / 1e9}')"
   wait
 done
 for t in ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
