@@ -3640,14 +3640,40 @@ fn xrc_send_reaches_the_srq_its_xrceth_names() {
 }
 
 /// The ACK-clocked pass after a single post (`poll_transmit_ack_clocked`):
-/// while only this QP has PSNs in flight, new messages start until 16 PSNs
-/// are unacknowledged, then wait; a normal pass (what an arriving ACK
-/// triggers) sends them. With two QPs in flight nothing is held.
+/// new messages start until 16 PSNs of the device's QPs are
+/// unacknowledged, then wait (with several QPs in flight, only messages of
+/// one packet wait); the next pass that is not ACK-clocked (what an
+/// arriving ACK, a timer or a poll triggers) sends them all, whichever QP
+/// its packet was for.
 #[test]
 fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
     use WcStatus::Success;
     let mut net = Net::new(2, 53, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let c = add_qp(&mut net, a, |_| {});
+    let d = add_qp(&mut net, b, |_| {});
+    link(&mut net, c, d, QpType::Rc, Mtu::Mtu1024);
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    let mut clocked = |net: &mut Net| {
+        let mut sent = 0;
+        while net.engines[0]
+            .poll_transmit_ack_clocked(now, &mut buf)
+            .is_some()
+        {
+            sent += 1;
+        }
+        sent
+    };
+    // Nothing in flight (a ping-pong): a message goes at once.
+    post(
+        &mut net,
+        c,
+        rdma_wr(c, 98, SendOpcode::RdmaWrite, 0, 64, d, 0),
+    );
+    assert_eq!(clocked(&mut net), 1, "a ping-pong's message goes at once");
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, Success);
+    let now = net.now;
     for i in 0..8u64 {
         // 4 KiB at MTU 1024: four packets, four PSNs each.
         post(
@@ -3656,58 +3682,64 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
             rdma_wr(a, i, SendOpcode::RdmaWrite, i * 4096, 4096, b, i * 4096),
         );
     }
-    let mut buf = vec![0u8; 9000];
-    let now = net.now;
-    let mut sent = 0;
-    while net.engines[0]
-        .poll_transmit_ack_clocked(now, &mut buf)
-        .is_some()
-    {
-        sent += 1;
-    }
     assert_eq!(
-        sent, 16,
-        "four messages, then the rest wait for the ACK clock"
+        clocked(&mut net),
+        16,
+        "four messages (16 PSNs in flight), then the rest wait"
     );
-    // A single new message with little in flight is not held: a fresh QP.
-    let c = add_qp(&mut net, a, |_| {});
-    let d = add_qp(&mut net, b, |_| {});
-    link(&mut net, c, d, QpType::Rc, Mtu::Mtu1024);
+    // Another QP's new message waits too: any ACK will start the pass.
     post(
         &mut net,
         c,
-        rdma_wr(c, 99, SendOpcode::RdmaWrite, 0, 64, d, 0),
+        rdma_wr(c, 99, SendOpcode::RdmaWrite, 64, 64, d, 64),
     );
-    assert!(
-        net.engines[0]
-            .poll_transmit_ack_clocked(now, &mut buf)
-            .is_some(),
-        "a ping-pong's message goes at once"
+    assert_eq!(
+        clocked(&mut net),
+        0,
+        "held behind the device's unacknowledged PSNs"
     );
-    // Two QPs now have PSNs in flight: nothing is held any more (holding
-    // each QP's messages for its own ACK starves many-QP programs). A post
-    // on the first QP sends its held messages and the new one.
+    // A pass that is not ACK-clocked sends every held message, on both QPs.
+    let normal = |net: &mut Net| {
+        let mut sent = 0;
+        let mut buf = vec![0u8; 9000];
+        while net.engines[0].poll_transmit(now, &mut buf).is_some() {
+            sent += 1;
+        }
+        sent
+    };
+    assert_eq!(
+        normal(&mut net),
+        17,
+        "the four held messages of one QP and the other's"
+    );
+    // Two QPs in flight: only single-packet messages wait.
+    for i in 8..10u64 {
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, i, SendOpcode::RdmaWrite, i * 4096, 4096, b, i * 4096),
+        );
+    }
     post(
         &mut net,
-        a,
-        rdma_wr(a, 8, SendOpcode::RdmaWrite, 8 * 4096, 4096, b, 8 * 4096),
+        c,
+        rdma_wr(c, 100, SendOpcode::RdmaWrite, 128, 64, d, 128),
     );
-    let mut more = 0;
-    while net.engines[0]
-        .poll_transmit_ack_clocked(now, &mut buf)
-        .is_some()
-    {
-        more += 1;
-    }
-    assert_eq!(more, 20, "the four held messages and the new one");
-    // Everything completes with the passes that ACKs bring.
-    let wcs = wait_wcs(&mut net, a, 10);
+    assert_eq!(
+        clocked(&mut net),
+        8,
+        "the long messages go, the short one waits"
+    );
+    assert_eq!(normal(&mut net), 1, "then it goes");
+    // Everything completes with the passes that ACKs bring (both QPs
+    // complete on one CQ).
+    let wcs = wait_wcs(&mut net, a, 12);
     assert_eq!(
         wcs.iter().filter(|w| w.status == Success).count(),
-        10,
+        12,
         "{wcs:?}"
     );
-    assert_eq!(read(&net, b, 4096 * 7, 4096), read(&net, a, 4096 * 7, 4096));
+    assert_eq!(read(&net, b, 4096 * 9, 4096), read(&net, a, 4096 * 9, 4096));
 }
 
 /// One tag-matching scenario's packets on a network with `faults`: EAGER

@@ -80,7 +80,7 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "ROXE_ACK_CLOCKED",
         "roxe-ack-clocked",
         "on|off",
-        "After a single post, a new message waits for the ACK of 16+ PSNs in flight (default on)",
+        "After a single post, a new message waits for an ACK while 16+ PSNs are in flight (default on)",
     ),
     (
         "ROXE_TX_BY_REF",

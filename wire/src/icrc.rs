@@ -368,7 +368,10 @@ mod tests {
     #[test]
     fn an_icrc_over_pieces_equals_the_one_over_their_concatenation() {
         let (src, dst) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
-        let (s6, d6) = (Ipv6Addr::LOCALHOST, Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2));
+        let (s6, d6) = (
+            Ipv6Addr::LOCALHOST,
+            Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2),
+        );
         let roce: Vec<u8> = (0..1500u32).map(|i| (i * 7 + 3) as u8).collect();
         for (a, b) in [(12, 12), (12, 40), (28, 1496), (40, 1500), (1500, 1500)] {
             let parts = [&roce[..a], &roce[a..b], &roce[b..]];

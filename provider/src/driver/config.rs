@@ -169,9 +169,9 @@ pub struct DeviceConfig {
     /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
     pub caller_progress: bool,
     /// After posting a single send WR, a reliable QP's new message waits
-    /// while 16 or more of its PSNs are unacknowledged (and no other QP
-    /// has PSNs in flight): the coming ACK's pass sends it with the others
-    /// posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
+    /// while 16 or more PSNs of the device's QPs are unacknowledged (with
+    /// several QPs in flight, only a message of one packet): the coming
+    /// ACK's pass sends it with the others posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
     /// `Device::engine_for_post`).
     pub ack_clocked: bool,
     /// Payloads of 1 KiB or more that lie in one registered region leave

@@ -616,8 +616,9 @@ impl Device {
     /// [`engine`](Self::engine) for posting one send WR (`ibv_post_send`
     /// without a list): the pass after it is ACK-clocked
     /// (`DeviceConfig::ack_clocked`): a reliable QP's new message waits
-    /// while 16 or more of its PSNs are unacknowledged, and the pass the
-    /// coming ACK starts sends it with the others posted meanwhile. A post
+    /// while 16 or more PSNs of the device are unacknowledged (with
+    /// several QPs in flight, only a single-packet message), and the pass
+    /// the coming ACK starts sends it with the others posted meanwhile. A post
     /// list is its own batch and goes at once ([`engine`](Self::engine)):
     /// holding lists back halved 64 KiB WRITEs over 1,024 QPs (each QP was
     /// left one message in flight).

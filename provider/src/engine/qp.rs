@@ -11,7 +11,7 @@
 
 use super::{
     addr_of_gid, err, req::Requester, resp::Responder, CqId, DropCounts, DropReason, EngineConfig,
-    Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
+    HoldNew, Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
 };
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, RemoteQp, Sge};
@@ -76,6 +76,9 @@ pub(crate) struct QpCtx<'a> {
     /// A transmit pass that takes large payloads by reference
     /// ([`super::TxPass::payload_by_ref`]).
     pub payload_by_ref: bool,
+    /// Set by the requester when an ACK-clocked pass held a new message
+    /// (the engine releases it at the next pass that is not).
+    pub held_new: bool,
 }
 
 impl QpCtx<'_> {
@@ -611,7 +614,7 @@ impl Qp {
         cx: &mut QpCtx,
         now: Nanos,
         buf: &mut [u8],
-        hold_new: bool,
+        hold_new: HoldNew,
     ) -> Option<Transmit> {
         let t = self
             .reply_transmit(cx, buf)

@@ -5,7 +5,7 @@
 //! completer (`comp.rs`) drives it from ACKs, responses and timers.
 
 use super::qp::{Qp, QpCtx};
-use super::{Nanos, PayloadAt, Transmit, PAYLOAD_BY_REF_MIN};
+use super::{HoldNew, Nanos, PayloadAt, Transmit, PAYLOAD_BY_REF_MIN};
 use crate::memory::RemoteQp;
 use crate::qp_attr::{QpAttr, QpState, QpType};
 use crate::types::WcStatus;
@@ -33,11 +33,11 @@ const MAX_UNACKED_PSNS: i32 = 128;
 const MAX_UNACKED_PSNS_LOOPBACK: i32 = 1024;
 /// In an ACK-clocked pass (`Engine::poll_transmit_ack_clocked`, after a
 /// verb), a new message of a reliable QP waits while at least this many
-/// PSNs are unacknowledged: the ACK on its way triggers the next pass,
-/// which sends it with the others posted meanwhile (one system call for
-/// many `ibv_post_send`s). Below it (a ping-pong, the first messages) a
-/// post sends at once.
-const ACK_CLOCKED_MIN_UNACKED: i32 = 16;
+/// PSNs of the device's QPs are unacknowledged: the ACK on its way
+/// triggers the next pass, which sends it with the others posted
+/// meanwhile, on every QP (one system call for many `ibv_post_send`s).
+/// Below it (a ping-pong, the first messages) a post sends at once.
+pub(super) const ACK_CLOCKED_MIN_UNACKED: i32 = 16;
 /// Ask for an ACK at least this often inside long messages (rxe: 64).
 const ACK_REQ_EVERY: u32 = 64;
 
@@ -427,6 +427,11 @@ impl Qp {
         }
     }
 
+    /// PSNs sent and not yet acknowledged.
+    pub(super) fn unacked_psns(&self) -> i32 {
+        self.req.una.distance(self.req.next_psn).max(0)
+    }
+
     /// The next request packet of this QP, if it may send one now
     /// (`hold_new`: a new message waits behind enough unacknowledged PSNs).
     pub(super) fn request_transmit(
@@ -434,7 +439,7 @@ impl Qp {
         cx: &mut QpCtx,
         now: Nanos,
         buf: &mut [u8],
-        hold_new: bool,
+        hold_new: HoldNew,
     ) -> Option<Transmit> {
         // SQD: messages already started finish (retransmissions included);
         // no new one starts.
@@ -471,7 +476,13 @@ impl Qp {
             if draining {
                 return None;
             }
-            if hold_new && reliable && r.una.distance(r.next_psn) >= ACK_CLOCKED_MIN_UNACKED {
+            let hold = match hold_new {
+                HoldNew::Never => false,
+                HoldNew::Any => true,
+                HoldNew::SinglePacket => w.len as usize <= pmtu,
+            };
+            if hold && reliable {
+                cx.held_new = true;
                 return None;
             }
             // Only a fenced WR looks back (a walk of the queue for every
