@@ -821,6 +821,54 @@ int main(int argc, char **argv)
 		      "first difference at byte %ld", diff_at(ba.p, bb.p, 64 * LIST));
 	}
 	{
+		/* A receive list (posted under one lock): the third WR has
+		 * more SGEs than any QP takes, so it is bad_wr with EINVAL and
+		 * the two before it are posted; two SENDs land in them in
+		 * order. */
+		enum { NS = 4096 };
+		struct ibv_sge *many = calloc(NS, sizeof(*many));
+		struct ibv_sge r1 = { .addr = (uintptr_t)(bb.p + 1024), .length = 64,
+				      .lkey = bb.mr->lkey };
+		struct ibv_sge r2 = { .addr = (uintptr_t)(bb.p + 1088), .length = 64,
+				      .lkey = bb.mr->lkey };
+		struct ibv_recv_wr w3 = { .wr_id = 403, .sg_list = many, .num_sge = NS };
+		struct ibv_recv_wr w2 = { .wr_id = 402, .sg_list = &r2, .num_sge = 1, .next = &w3 };
+		struct ibv_recv_wr w1 = { .wr_id = 401, .sg_list = &r1, .num_sge = 1, .next = &w2 };
+		struct ibv_recv_wr *bad = NULL;
+
+		if (!many)
+			die("calloc");
+		for (int i = 0; i < NS; i++)
+			many[i] = (struct ibv_sge){ .addr = (uintptr_t)bb.p, .length = 1,
+						    .lkey = bb.mr->lkey };
+		rc = ibv_post_recv(qb, &w1, &bad);
+		check(rc == EINVAL && bad == &w3, "post_recv_list.bad_wr",
+		      "returned %d (%s) bad_wr %p, expected EINVAL bad_wr %p (the third WR)", rc,
+		      strerror(rc), (void *)bad, (void *)&w3);
+		fill(ba.p + 1024, 128, 91);
+		if ((rc = post_send(qa, 404, &ba, 1024, 64)) || (rc = post_send(qa, 405, &ba, 1088, 64)))
+			die("post_send: %s", strerror(rc));
+		n = poll_n(cq, wc, 4);
+		check(n == 4, "post_recv_list.completions", "%d completions, expected 4", n);
+		{
+			int first = -1, second = -1;
+
+			for (int i = 0; i < n; i++) {
+				if (wc[i].opcode == IBV_WC_RECV && wc[i].wr_id == 401)
+					first = i;
+				if (wc[i].opcode == IBV_WC_RECV && wc[i].wr_id == 402)
+					second = i;
+			}
+			check(first >= 0 && second > first && wc[first].byte_len == 64 &&
+				      wc[second].byte_len == 64,
+			      "post_recv_list.in_order", "receives 401 at %d, 402 at %d", first,
+			      second);
+		}
+		check(diff_at(ba.p + 1024, bb.p + 1024, 128) < 0, "post_recv_list.data",
+		      "first difference at byte %ld", diff_at(ba.p + 1024, bb.p + 1024, 128));
+		free(many);
+	}
+	{
 		/* ATOMIC WRITE (IBV_WR_ATOMIC_WRITE, one 8-byte SGE): the 8
 		 * bytes land at the remote address, nothing around them, and
 		 * the completion says IBV_WC_ATOMIC_WRITE. */

@@ -742,14 +742,20 @@ impl Setup {
     /// A receive into QP `i`'s slice of the MR (`data`: false for a
     /// receive only an immediate consumes).
     fn post_recv(&self, p: &Params, i: usize, wr_id: u64, data: bool) -> Res<()> {
+        self.qps[i]
+            .post_recv(self.recv_wr(p, i, wr_id, data))
+            .map_err(|e| e.to_string())
+    }
+
+    /// A receive into QP `i`'s slot of the buffer (`data`), or without
+    /// memory (WRITE_WITH_IMM).
+    fn recv_wr(&self, p: &Params, i: usize, wr_id: u64, data: bool) -> RecvWr {
         let sg_list = if data {
             vec![self.mr.sge(i * p.size as usize, p.size)]
         } else {
             Vec::new()
         };
-        self.qps[i]
-            .post_recv(RecvWr { wr_id, sg_list })
-            .map_err(|e| e.to_string())
+        RecvWr { wr_id, sg_list }
     }
 }
 
@@ -1027,6 +1033,7 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
             posted: &mut recv_posted,
             received: 0,
             ended: false,
+            reposts: Vec::new(),
         });
         bw_client(p, &s, ctrl, rmr, deadline, recv)?
     };
@@ -1081,6 +1088,9 @@ struct RecvSide<'r> {
     received: u64,
     /// The peer's end-of-run SEND arrived (`-D`).
     ended: bool,
+    /// Receives to re-post, per QP: each poll's worth goes as one list
+    /// (`RecvSide::repost`).
+    reposts: Vec<Vec<RecvWr>>,
 }
 
 impl RecvSide<'_> {
@@ -1105,8 +1115,24 @@ impl RecvSide<'_> {
             self.received += 1;
         }
         if self.posted[i] < p.per_qp(i) {
-            s.post_recv(p, i, ((i as u64) << QP_SHIFT) | self.posted[i], true)?;
+            let wr_id = ((i as u64) << QP_SHIFT) | self.posted[i];
+            if self.reposts.len() <= i {
+                self.reposts.resize_with(i + 1, Vec::new);
+            }
+            self.reposts[i].push(s.recv_wr(p, i, wr_id, true));
             self.posted[i] += 1;
+        }
+        Ok(())
+    }
+
+    /// Post the receives `on_recv` collected, one list per QP.
+    fn repost(&mut self, s: &Setup) -> Res<()> {
+        for (i, list) in self.reposts.iter_mut().enumerate() {
+            if !list.is_empty() {
+                s.qps[i]
+                    .post_recv_list(list.drain(..))
+                    .map_err(|(_, e)| e.to_string())?;
+            }
         }
         Ok(())
     }
@@ -1224,6 +1250,9 @@ fn bw_client(
             }
             done += n - completed[i];
             completed[i] = n;
+        }
+        if let Some(r) = recv.as_mut() {
+            r.repost(s)?;
         }
         progress.tick(done);
     }
@@ -1707,6 +1736,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             posted: &mut recv_posted,
             received: 0,
             ended: false,
+            reposts: Vec::new(),
         });
         mine = Some(bw_client(&p, &s, ctrl, cmr, deadline, recv)?);
     } else if p.op == Op::Send {
@@ -1744,6 +1774,7 @@ fn send_bw_server(
         posted: recv_posted,
         received: 0,
         ended: false,
+        reposts: Vec::new(),
     };
     while !recv.done(p) {
         for wc in poller.poll(&mut wcs)? {
@@ -1752,6 +1783,7 @@ fn send_bw_server(
             }
             recv.on_recv(p, s, wc)?;
         }
+        recv.repost(s)?;
     }
     Ok(())
 }

@@ -2351,6 +2351,31 @@ impl Qp {
             Half::Hw(h) => h.post_recv(&wr),
         }
     }
+
+    /// `ibv_post_recv` with a list of work requests (`wr->next`): posted
+    /// in order under one device lock (one lock and one pass for the list,
+    /// not one per request). Stops at the first request refused, as
+    /// `bad_wr` does: `Err((index, error))`, the requests before it posted.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        match self.half() {
+            Half::Soft(d, qpn) => {
+                let mut engine = d.engine();
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    engine.post_recv(qpn, wr).map_err(|e| (i, e.into()))?;
+                }
+                Ok(())
+            }
+            Half::Hw(h) => {
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    h.post_recv(&wr).map_err(|e| (i, e))?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What two sides exchange out of band to connect an RC/UC QP pair

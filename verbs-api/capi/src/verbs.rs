@@ -2246,8 +2246,55 @@ unsafe extern "C" fn post_recv(
         let Some(q) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: wr is the caller's list.
-        unsafe { post_recv_list(wr, bad_wr, |r| q.qp.post_recv(r).map_err(|e| e.errno())) }
+        // SAFETY: wr is NULL or the caller's WR, per post_recv's contract.
+        if wr.is_null() || unsafe { (*wr).next.is_null() } {
+            // SAFETY: wr is the caller's list (of one, or none).
+            return unsafe {
+                post_recv_list(wr, bad_wr, |r| q.qp.post_recv(r).map_err(|e| e.errno()))
+            };
+        }
+        // A list: converted first, then posted under one lock. A WR whose
+        // SGEs do not convert ends the list (the ones before it are
+        // posted) and is the one reported.
+        let (head, mut at) = (wr, wr);
+        let mut wrs = Vec::new();
+        let mut refused = None;
+        while !at.is_null() {
+            // SAFETY: at is a node of the caller's list.
+            let w = unsafe { &*at };
+            // SAFETY: per post_recv's contract.
+            match unsafe { sges(w.sg_list, w.num_sge) } {
+                Some(sg_list) => wrs.push(RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list,
+                }),
+                None => {
+                    refused = Some((at, libc::EINVAL));
+                    break;
+                }
+            }
+            at = w.next;
+        }
+        let fail = |at: *mut ibv_recv_wr, e: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out-pointer.
+                unsafe { *bad_wr = at };
+            }
+            e
+        };
+        if let Err((i, e)) = q.qp.post_recv_list(wrs) {
+            // The i-th node from the head (all of them converted).
+            let mut at = head;
+            for _ in 0..i {
+                // SAFETY: a node of the caller's list, walked above.
+                at = unsafe { (*at).next };
+            }
+            return fail(at, e.errno());
+        }
+        match refused {
+            Some((at, e)) => fail(at, e),
+            None => 0,
+        }
     })
 }
 
