@@ -4064,3 +4064,45 @@ fn tag_matching_half_received_message_flushes_as_tm_recv() {
         "the tag's receive flushes as TM_RECV; SRQ receives stay with the SRQ"
     );
 }
+
+/// Where the driver receives through a raw socket (beside rxe), the
+/// window towards loopback peers stays at rxe's 128 PSNs; towards a peer
+/// the driver found receiving through a UDP socket (a roxe device reached
+/// at its claim port, `Engine::set_udp_peer`) it is the wide one again.
+#[test]
+fn the_window_widens_towards_a_peer_known_to_receive_through_udp() {
+    let mut net = Net::new(2, 67, Faults::default());
+    for e in 0..2 {
+        let mut cfg = EngineConfig::new(net.engines[e].addr());
+        cfg.wide_loopback_window = false;
+        net.engines[e] = Engine::new(cfg);
+    }
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    // 512 WRITEs of 1 KiB: one packet (one PSN) each.
+    for i in 0..512u64 {
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, i, SendOpcode::RdmaWrite, i * 1024, 1024, b, i * 1024),
+        );
+    }
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    let mut burst = |net: &mut Net| {
+        let mut n = 0;
+        while net.engines[0].poll_transmit(now, &mut buf).is_some() {
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(burst(&mut net), 128, "rxe's window");
+    let peer = net.engines[1].addr();
+    net.engines[0].set_udp_peer(peer, true);
+    assert_eq!(
+        burst(&mut net),
+        512 - 128,
+        "the wide window (1,024 PSNs) holds the rest"
+    );
+    net.engines[0].set_udp_peer(peer, false);
+    assert_eq!(net.engines[0].config().udp_peers, Vec::<IpAddr>::new());
+}

@@ -179,6 +179,9 @@ pub(crate) struct DirectPeers {
     /// Answers by peer, each looked up again after `RECHECK` (a peer may
     /// open or close).
     known: Vec<(IpAddr, bool, Instant)>,
+    /// Answers that changed since `take_changes`: the engine widens its
+    /// window towards direct peers (`Engine::set_udp_peer`).
+    changed: Vec<(IpAddr, bool)>,
 }
 
 impl DirectPeers {
@@ -186,6 +189,7 @@ impl DirectPeers {
         DirectPeers {
             port,
             known: Vec::new(),
+            changed: Vec::new(),
         }
     }
 
@@ -215,6 +219,9 @@ impl DirectPeers {
         });
         let was = before.map(|(_, d, _)| d);
         if was != Some(d) && (d || was.is_some()) {
+            if self.changed.len() < 256 {
+                self.changed.push((dst, d));
+            }
             tracing::info!(
                 peer = %dst,
                 port = self.port,
@@ -260,6 +267,15 @@ impl TxBatch {
             addrs: Vec::new(),
             direct: None,
             counters: TxCounters::default(),
+        }
+    }
+
+    /// Direct peers found or lost since the last call (see
+    /// `DirectPeers::changed`).
+    pub(crate) fn take_direct_changes(&mut self) -> Vec<(IpAddr, bool)> {
+        match self.direct.as_mut() {
+            Some(d) if !d.changed.is_empty() => std::mem::take(&mut d.changed),
+            _ => Vec::new(),
         }
     }
 

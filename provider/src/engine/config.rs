@@ -63,6 +63,10 @@ pub struct EngineConfig {
     /// the kernel's rxe, `ROXE_ICRC=raw`) keeps 128, since its peers there
     /// receive the same way and drop bursts the UDP path would hold.
     pub wide_loopback_window: bool,
+    /// Loopback peers known to receive through a UDP socket even where
+    /// `wide_loopback_window` is off: roxe devices beside rxe, reached at
+    /// their claim port (`Engine::set_udp_peer`).
+    pub udp_peers: Vec<IpAddr>,
 }
 
 impl EngineConfig {
@@ -80,6 +84,7 @@ impl EngineConfig {
             src_ports: Vec::new(),
             active_mtu: Mtu::Mtu4096,
             wide_loopback_window: true,
+            udp_peers: Vec::new(),
         }
     }
 }

@@ -356,6 +356,31 @@ impl Engine {
         self.config.addr
     }
 
+    /// Whether loopback peer `peer` is known to receive through a UDP
+    /// socket (with its buffers), so the requester's window towards it
+    /// may be the wide one even where `wide_loopback_window` is off
+    /// (`EngineConfig::udp_peers`). The driver learns it when it sends.
+    pub fn set_udp_peer(&mut self, peer: IpAddr, udp: bool) {
+        let peers = &mut self.config.udp_peers;
+        let known = peers.iter().position(|&p| p == peer);
+        match (known, udp) {
+            (None, true) => {
+                if peers.len() >= 256 {
+                    // Bounded: the oldest is forgotten (a narrow window again).
+                    peers.remove(0);
+                }
+                peers.push(peer);
+            }
+            (Some(i), false) => {
+                peers.swap_remove(i);
+            }
+            _ => return,
+        }
+        // Their QPs may send more now (or must wait): look at them again.
+        let theirs = self.qps.iter().filter(|(_, q)| q.peer == Some(peer));
+        self.active.extend(theirs.map(|(&qpn, _)| qpn));
+    }
+
     /// The limits and identity the engine was created with.
     pub fn config(&self) -> &EngineConfig {
         &self.config

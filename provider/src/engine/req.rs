@@ -458,7 +458,10 @@ impl Qp {
         let max_rd = u32::from(self.attr.max_rd_atomic.max(1));
         let timeout = self.ack_timeout();
         let (dest_qp_num, own_qkey, peer) = (self.attr.dest_qp_num, self.attr.qkey, self.peer);
-        let window = if cx.config.wide_loopback_window && peer.is_some_and(|p| p.is_loopback()) {
+        let wide = |p: std::net::IpAddr| {
+            p.is_loopback() && (cx.config.wide_loopback_window || cx.config.udp_peers.contains(&p))
+        };
+        let window = if peer.is_some_and(wide) {
             MAX_UNACKED_PSNS_LOOPBACK
         } else {
             MAX_UNACKED_PSNS
