@@ -2219,21 +2219,63 @@ unsafe extern "C" fn post_send(
             }
             wr = w.next;
         }
-        if let Err((i, e)) = q.qp.post_send_list(wrs) {
-            // The i-th node from the head (all of them converted, so the
-            // list is at least that long).
-            let mut at = head;
-            for _ in 0..i {
-                // SAFETY: a node of the caller's list, walked above.
-                at = unsafe { (*at).next };
-            }
-            return fail(at, e.errno());
-        }
-        match refused {
-            Some((at, e)) => fail(at, e),
-            None => 0,
-        }
+        let posted = q.qp.post_send_list(wrs).map_err(|(i, e)| (i, e.errno()));
+        // SAFETY: head and the refused WR are nodes of the caller's list,
+        // walked above; bad_wr is its out-pointer.
+        unsafe { list_outcome(head, bad_wr, posted, refused) }
     })
+}
+
+/// A node of a caller's work-request list.
+trait WrNode {
+    fn next_node(&self) -> *mut Self;
+}
+
+impl WrNode for ibv_send_wr {
+    fn next_node(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl WrNode for ibv_recv_wr {
+    fn next_node(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// What posting a converted list returns: 0, or the errno with `bad_wr`
+/// naming the WR refused: the `i`-th from `head` when the post stopped
+/// there, else the one that did not convert (`refused`, which ended the
+/// list).
+///
+/// # Safety
+/// `head` must start the caller's list, at least `i + 1` nodes long for
+/// a refused `i`; `bad_wr` is NULL or the caller's out-pointer.
+unsafe fn list_outcome<T: WrNode>(
+    head: *mut T,
+    bad_wr: *mut *mut T,
+    posted: Result<(), (usize, c_int)>,
+    refused: Option<(*mut T, c_int)>,
+) -> c_int {
+    let fail = |at: *mut T, e: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: bad_wr is the caller's out-pointer.
+            unsafe { *bad_wr = at };
+        }
+        e
+    };
+    if let Err((i, e)) = posted {
+        let mut at = head;
+        for _ in 0..i {
+            // SAFETY: a node of the caller's list (the contract).
+            at = unsafe { (*at).next_node() };
+        }
+        return fail(at, e);
+    }
+    match refused {
+        Some((at, e)) => fail(at, e),
+        None => 0,
+    }
 }
 
 unsafe extern "C" fn post_recv(
@@ -2275,26 +2317,10 @@ unsafe extern "C" fn post_recv(
             }
             at = w.next;
         }
-        let fail = |at: *mut ibv_recv_wr, e: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: bad_wr is the caller's out-pointer.
-                unsafe { *bad_wr = at };
-            }
-            e
-        };
-        if let Err((i, e)) = q.qp.post_recv_list(wrs) {
-            // The i-th node from the head (all of them converted).
-            let mut at = head;
-            for _ in 0..i {
-                // SAFETY: a node of the caller's list, walked above.
-                at = unsafe { (*at).next };
-            }
-            return fail(at, e.errno());
-        }
-        match refused {
-            Some((at, e)) => fail(at, e),
-            None => 0,
-        }
+        let posted = q.qp.post_recv_list(wrs).map_err(|(i, e)| (i, e.errno()));
+        // SAFETY: head and the refused WR are nodes of the caller's list,
+        // walked above; bad_wr is its out-pointer.
+        unsafe { list_outcome(head, bad_wr, posted, refused) }
     })
 }
 
