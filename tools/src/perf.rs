@@ -1029,12 +1029,7 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
             }
         }
     } else {
-        let recv = (p.bidir && p.op == Op::Send).then(|| RecvSide {
-            posted: &mut recv_posted,
-            received: 0,
-            ended: false,
-            reposts: Vec::new(),
-        });
+        let recv = (p.bidir && p.op == Op::Send).then(|| RecvSide::new(&mut recv_posted));
         bw_client(p, &s, ctrl, rmr, deadline, recv)?
     };
     ctrl.send(&Msg::Done {
@@ -1093,7 +1088,17 @@ struct RecvSide<'r> {
     reposts: Vec<Vec<RecvWr>>,
 }
 
-impl RecvSide<'_> {
+impl<'r> RecvSide<'r> {
+    fn new(posted: &'r mut [u64]) -> Self {
+        let reposts = vec![Vec::new(); posted.len()];
+        RecvSide {
+            posted,
+            received: 0,
+            ended: false,
+            reposts,
+        }
+    }
+
     fn done(&self, p: &Params) -> bool {
         if p.duration > 0 {
             self.ended
@@ -1116,9 +1121,6 @@ impl RecvSide<'_> {
         }
         if self.posted[i] < p.per_qp(i) {
             let wr_id = ((i as u64) << QP_SHIFT) | self.posted[i];
-            if self.reposts.len() <= i {
-                self.reposts.resize_with(i + 1, Vec::new);
-            }
             self.reposts[i].push(s.recv_wr(p, i, wr_id, true));
             self.posted[i] += 1;
         }
@@ -1732,12 +1734,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             Msg::Go => {}
             m => return Err(format!("expected go, got {m:?}")),
         }
-        let recv = (p.op == Op::Send).then(|| RecvSide {
-            posted: &mut recv_posted,
-            received: 0,
-            ended: false,
-            reposts: Vec::new(),
-        });
+        let recv = (p.op == Op::Send).then(|| RecvSide::new(&mut recv_posted));
         mine = Some(bw_client(&p, &s, ctrl, cmr, deadline, recv)?);
     } else if p.op == Op::Send {
         send_bw_server(&p, &s, ctrl, deadline, &mut recv_posted)?;
@@ -1770,12 +1767,7 @@ fn send_bw_server(
 ) -> Res<()> {
     let mut wcs = blank_wcs();
     let mut poller = Poller::new(s, ctrl, deadline, "receive completions");
-    let mut recv = RecvSide {
-        posted: recv_posted,
-        received: 0,
-        ended: false,
-        reposts: Vec::new(),
-    };
+    let mut recv = RecvSide::new(recv_posted);
     while !recv.done(p) {
         for wc in poller.poll(&mut wcs)? {
             if wc.opcode != WcOpcode::Recv {

@@ -494,10 +494,8 @@ impl TxBatch {
                 // Only the `m` entries used are written (a latency-bound pass
                 // sends one packet).
                 let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
-                let mut iovs = [libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                }; MAX_IOVECS];
+                // Only the entries used are written, as for the headers.
+                let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_IOVECS];
                 let mut iov_at = [(0usize, 0usize); MAX_BATCH];
                 let mut used = 0;
                 for k in 0..m {
@@ -517,7 +515,7 @@ impl TxBatch {
                     let h = &mut mh.msg_hdr;
                     h.msg_name = sa.as_ptr() as *mut libc::c_void;
                     h.msg_namelen = sa.len();
-                    h.msg_iov = iovs[at..].as_mut_ptr();
+                    h.msg_iov = iovs[at..].as_mut_ptr().cast::<libc::iovec>();
                     h.msg_iovlen = count as _;
                     if seg > 0 {
                         h.msg_control = (cmsgs[k].write(GsoCmsg::new(seg)) as *mut GsoCmsg).cast();
@@ -527,7 +525,8 @@ impl TxBatch {
                 }
                 // SAFETY: `hdrs[..m]` are initialised msghdrs whose pointers
                 // (names in `self.addrs`, iovecs in `iovs` over `self.arena`
-                // and payloads by reference, control messages in `cmsgs`)
+                // and payloads by reference, each message's `count` of them
+                // initialised by `iovecs`, control messages in `cmsgs`)
                 // stay valid and unmodified for the call; the kernel only
                 // reads them and writes `msg_len`. A payload by reference is
                 // registered memory, still registered: the device flushes
@@ -593,27 +592,33 @@ impl TxBatch {
 
 impl TxBatch {
     /// The iovecs of `pkts` (queued in this batch, contiguous in the
-    /// arena) into `out`, arena pieces that touch merged; returns how many.
-    fn iovecs(&self, pkts: &[TxPkt], out: &mut [libc::iovec]) -> usize {
+    /// arena) written into the start of `out`, arena pieces that touch
+    /// merged; returns how many (only those are initialised).
+    fn iovecs(&self, pkts: &[TxPkt], out: &mut [MaybeUninit<libc::iovec>]) -> usize {
         let mut n = 0;
-        // End offset of the last arena piece in `out[n - 1]`, if it is one.
-        let mut arena_end: Option<usize> = None;
-        let mut push =
-            |out: &mut [libc::iovec], base: *const u8, len: usize, arena: Option<usize>| {
-                match (arena, arena_end) {
-                    (Some(off), Some(end)) if off == end => {
-                        out[n - 1].iov_len += len;
-                    }
-                    _ => {
-                        out[n] = libc::iovec {
-                            iov_base: base as *mut libc::c_void,
-                            iov_len: len,
-                        };
-                        n += 1;
-                    }
+        // The piece being extended: base, length, and its end in the arena
+        // (`None` for registered memory, which never merges).
+        let mut open: Option<(*const u8, usize, Option<usize>)> = None;
+        let mut push = |out: &mut [MaybeUninit<libc::iovec>],
+                        base: *const u8,
+                        len: usize,
+                        arena: Option<usize>| {
+            match open {
+                Some((b, l, Some(end))) if arena == Some(end) => {
+                    open = Some((b, l + len, Some(end + len)));
+                    return;
                 }
-                arena_end = arena.map(|off| off + len);
-            };
+                Some((b, l, _)) => {
+                    out[n].write(libc::iovec {
+                        iov_base: b as *mut libc::c_void,
+                        iov_len: l,
+                    });
+                    n += 1;
+                }
+                None => {}
+            }
+            open = Some((base, len, arena.map(|off| off + len)));
+        };
         for p in pkts {
             let piece = |from: usize, to: usize| self.arena[p.off + from..p.off + to].as_ptr();
             match p.payload {
@@ -625,6 +630,13 @@ impl TxBatch {
                     push(out, piece(pl.at, used), used - pl.at, Some(p.off + pl.at));
                 }
             }
+        }
+        if let Some((b, l, _)) = open {
+            out[n].write(libc::iovec {
+                iov_base: b as *mut libc::c_void,
+                iov_len: l,
+            });
+            n += 1;
         }
         n
     }

@@ -51,6 +51,10 @@ pub(crate) unsafe fn create_tm_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
 /// writes its tag's handle into `tm.handle`. The first that fails stops
 /// the list (`*bad_op`) with its errno: EINVAL for an unknown opcode, an
 /// SRQ without tag matching or too many SGEs, ENOMEM for a full tag list.
+///
+/// # Safety
+/// `srq` is NULL or this library's; `op` is NULL or the caller's list, each
+/// node's SGEs readable; `bad_op` is NULL or the caller's out-pointer.
 pub(crate) unsafe extern "C" fn post_srq_ops(
     srq: *mut ibv_srq,
     op: *mut ibv_ops_wr,

@@ -1186,6 +1186,9 @@ mod cq_ex {
 
     /// `ibv_wc_read_tm_info`: a tag-matching completion's tag and the
     /// TMH's application context (zeros for others).
+    ///
+    /// # Safety
+    /// `cq` is this library's extended CQ; `info` is NULL or writable.
     pub(super) unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
         let (tag, priv_) = current(cq, |w| (w.tm_tag, w.tm_priv));
         // SAFETY: info is the caller's (the inline wrapper's contract).
@@ -1694,7 +1697,11 @@ unsafe fn post_recv_list(
     0
 }
 
-/// The caller's scatter/gather list (`num_sge` entries at `sg`).
+/// The caller's scatter/gather list (`num_sge` entries at `sg`); `None`
+/// for a negative count or a NULL list of entries.
+///
+/// # Safety
+/// `sg` must point at `num_sge` readable `ibv_sge`s when `num_sge > 0`.
 pub(crate) unsafe fn sges(sg: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
     if num_sge < 0 || (num_sge > 0 && sg.is_null()) {
         return None;
