@@ -77,6 +77,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "A poll_cq that finds nothing receives in the caller's thread (default on)",
     ),
     (
+        "ROXE_CALLER_HOLD",
+        "roxe-caller-hold",
+        "on|off",
+        "While a stream flows, a caller spinning on poll_cq keeps the socket from the progress thread (default on)",
+    ),
+    (
         "ROXE_ACK_CLOCKED",
         "roxe-ack-clocked",
         "on|off",

@@ -1958,6 +1958,10 @@ impl Cq {
             .cq_mut(id)
             .ok_or_else(|| verbs("ibv_req_notify_cq", Errno::EINVAL, "CQ destroyed"))?;
         cq.request_notify(solicited_only);
+        drop(e);
+        // The program is about to sleep on its channel: the progress
+        // thread must receive from now on.
+        d.caller_sleeps();
         Ok(())
     }
     /// Poll until `n` completions arrived or `timeout` passed (spinning,
@@ -2292,7 +2296,7 @@ impl Qp {
     ) -> std::result::Result<(), (usize, Error)> {
         match self.half() {
             Half::Soft(d, qpn) => {
-                let mut engine = d.engine();
+                let mut engine = d.engine_for_post_list();
                 for (i, wr) in wrs.into_iter().enumerate() {
                     engine.post_send(qpn, wr).map_err(|e| (i, e.into()))?;
                 }

@@ -168,6 +168,11 @@ pub struct DeviceConfig {
     /// the socket itself, in the caller's thread, so a completion needs no
     /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
     pub caller_progress: bool,
+    /// While a stream comes in (or a post-list stream goes out), a caller
+    /// spinning on an empty CQ keeps the socket from the progress thread,
+    /// for at most 100 µs after its last poll (`ROXE_CALLER_HOLD`, default
+    /// on; see `device::CallerHold`). Needs `caller_progress`.
+    pub caller_hold: bool,
     /// After posting a single send WR, a reliable QP's new message waits
     /// while 16 or more PSNs of the device's QPs are unacknowledged (with
     /// several QPs in flight, only a message of one packet): the coming
@@ -190,6 +195,7 @@ impl Default for DeviceConfig {
             busy_poll: false,
             gso: true,
             caller_progress: true,
+            caller_hold: true,
             ack_clocked: true,
             payload_by_ref: true,
         }
@@ -215,7 +221,7 @@ impl DeviceConfig {
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
     /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off`,
-    /// `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off` (switches:
+    /// `ROXE_CALLER_HOLD=on|off`, `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off` (switches:
     /// [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
@@ -241,6 +247,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("ROXE_CALLER_PROGRESS") {
             base.caller_progress = parse_switch("ROXE_CALLER_PROGRESS", &v)?;
+        }
+        if let Some(v) = var("ROXE_CALLER_HOLD") {
+            base.caller_hold = parse_switch("ROXE_CALLER_HOLD", &v)?;
         }
         if let Some(v) = var("ROXE_ACK_CLOCKED") {
             base.ack_clocked = parse_switch("ROXE_ACK_CLOCKED", &v)?;

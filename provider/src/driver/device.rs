@@ -27,7 +27,7 @@ use rustix::event::{PollFd, PollFlags};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,6 +42,119 @@ const AUDIT_EVERY: Nanos = 100_000_000;
 /// (`DriverStats::timers_late`): more than one longest sleep plus
 /// scheduling noise, so the progress thread missed a wake-up.
 const LATE_TIMER: Nanos = 250_000_000;
+
+/// How long a caller's empty `poll_cq` keeps the socket from the progress
+/// thread (see [`CallerHold`]); the caller re-arms it every
+/// [`HOLD_REARM_POLLS`] empty polls.
+const CALLER_HOLD: Nanos = 100_000;
+/// Empty polls between re-arms of the hold: far fewer than fit in
+/// [`CALLER_HOLD`] (an empty poll is at least a `recvmmsg`, 0.2 µs or more),
+/// so a spinning caller never lets it lapse, and its timer is reprogrammed
+/// (a VM exit under a hypervisor) once every few tens of µs at most.
+const HOLD_REARM_POLLS: u32 = 64;
+/// A burst that ends this many messages or more makes the device a
+/// stream's receiver (see [`CallerHold`]).
+const STREAM_BURST: u32 = 8;
+/// This many messages posted and not completed make the device a stream's
+/// sender (see [`CallerHold`]).
+const STREAM_SEND_QUEUE: usize = 16;
+
+/// The socket left to callers spinning on `poll_cq` while a stream comes
+/// in. A caller that polls an empty CQ receives itself
+/// ([`Device::progress_here`]); the progress thread, asleep in `poll(2)` on
+/// the socket as well, was still woken by every datagram, mostly to find
+/// it taken, and on two vCPUs those wake-ups landed on the sender's CPU
+/// (the kernel's wake-affine rule for a synchronous wake-up), preempting
+/// the peer: `ib_send_bw -l 16` ran at 0.6-0.8 M msg/s in most runs and
+/// 1.3 in the others. So while the device receives a stream (the last
+/// burst ended [`STREAM_BURST`] messages or more) or sends one
+/// ([`STREAM_SEND_QUEUE`] messages posted and not completed), a caller's
+/// empty poll
+/// takes a hold: the progress thread leaves the socket out of its sleep
+/// until the hold expires, which a kernel timer (`timerfd`) signals, so a
+/// caller that stops polling without notice leaves packets waiting at most
+/// [`CALLER_HOLD`]. A ping-pong never holds, whatever its message size
+/// (one message at a time): its caller takes a completion and may go to
+/// spin on its buffer (`ib_write_lat`), and the progress thread must be
+/// listening then.
+/// Arming a completion notification ends the hold at once (the program is
+/// about to sleep on its channel), and so does a post whose new message
+/// waits for an ACK (someone must receive that ACK now, not at the
+/// program's next poll).
+#[derive(Debug)]
+struct CallerHold {
+    /// A hold is on: the progress thread sleeps without the socket.
+    on: AtomicBool,
+    /// Empty polls since the timer was last armed.
+    polls: AtomicU32,
+    /// The device receives a stream (see [`STREAM_BURST`]).
+    stream: AtomicBool,
+    /// The device sends a stream (`Engine::sends_stream`, after each pass).
+    sending: AtomicBool,
+    /// Holds taken (from none), for `roxe stat`.
+    taken: AtomicU64,
+    /// Expires with the hold; always armed while `on` is set.
+    timer: OwnedFd,
+    /// `DeviceConfig::caller_hold` (and callers receive at all).
+    enabled: bool,
+}
+
+impl CallerHold {
+    fn new(enabled: bool) -> std::io::Result<Self> {
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Monotonic,
+            rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+        )?;
+        Ok(CallerHold {
+            on: AtomicBool::new(false),
+            polls: AtomicU32::new(0),
+            stream: AtomicBool::new(false),
+            sending: AtomicBool::new(false),
+            taken: AtomicU64::new(0),
+            timer,
+            enabled,
+        })
+    }
+
+    /// A caller polls an empty CQ: while a stream comes in, hold the socket
+    /// (the timer armed before `on` is set, so `on` never stands without
+    /// one), or keep holding it.
+    fn extend(&self) {
+        if !self.enabled
+            || !(self.stream.load(Ordering::Relaxed) || self.sending.load(Ordering::Relaxed))
+        {
+            return;
+        }
+        if self.on.load(Ordering::Acquire)
+            && self.polls.fetch_add(1, Ordering::Relaxed) < HOLD_REARM_POLLS
+        {
+            return;
+        }
+        let spec = rustix::time::Itimerspec {
+            it_interval: rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: CALLER_HOLD as _,
+            },
+        };
+        let flags = rustix::time::TimerfdTimerFlags::empty();
+        if rustix::time::timerfd_settime(&self.timer, flags, &spec).is_ok() {
+            self.polls.store(0, Ordering::Relaxed);
+            if !self.on.swap(true, Ordering::AcqRel) {
+                self.taken.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The progress thread: the timer fired, the socket is its own again.
+    fn expired(&self) {
+        let _ = rustix::io::read(&self.timer, &mut [0u8; 8]);
+        self.on.store(false, Ordering::Release);
+    }
+}
 
 /// Driver-level counters (the engine's own are in [`Stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,6 +190,13 @@ pub struct DriverStats {
     /// Timers the progress thread fired more than 250 ms after their
     /// deadline: a missed wake-up (or a machine stalled that long).
     pub timers_late: u64,
+    /// Times the progress thread woke from its sleep in `poll(2)` (socket,
+    /// timer, eventfd or `roxe stat`): each is a cross-thread wake-up.
+    pub progress_wakeups: u64,
+    /// Holds callers took on the socket (see `CallerHold`): times a caller
+    /// spinning on an empty CQ during a stream kept the socket from the
+    /// progress thread.
+    pub caller_holds: u64,
 }
 
 /// Everything a device counts.
@@ -207,6 +327,9 @@ struct Shared {
     rx: Mutex<RxBatch>,
     /// Callers of `poll_cq` receive themselves ([`Device::progress_here`]).
     caller_progress: bool,
+    /// The socket left to a caller spinning on `poll_cq` (see
+    /// [`CallerHold`]).
+    hold: CallerHold,
     /// ACK-clocked sends after verbs (`DeviceConfig::ack_clocked`).
     ack_clocked: bool,
     /// Large payloads sent by reference (`DeviceConfig::payload_by_ref`).
@@ -244,6 +367,21 @@ pub struct EngineGuard<'a> {
     shared: &'a Shared,
     /// The pass when it drops is ACK-clocked ([`Device::engine_for_post`]).
     ack_clocked: bool,
+    /// What the guard was taken for.
+    post: Post,
+}
+
+/// What an [`EngineGuard`] was taken for: a send post tells whether the
+/// program sends a stream its callers should receive for (see
+/// [`CallerHold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Post {
+    /// Any verb but a send post.
+    Other,
+    /// One send WR ([`Device::engine_for_post`]).
+    Single,
+    /// A list of send WRs ([`Device::engine_for_post_list`]).
+    List,
 }
 
 impl std::ops::Deref for EngineGuard<'_> {
@@ -269,7 +407,27 @@ impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
             self.shared.after_work(&mut core, self.ack_clocked);
+            // A stream of single posts is ACK-clocked: the progress thread
+            // receives the ACK that sends what waits (measured: holding the
+            // socket for the caller then slowed `ib_send_bw -s 64` by 12 %).
+            // A stream of post lists goes without ACKs' help: its callers
+            // receive (`ib_send_bw -s 64 -l 16` 0.65 -> 1.1 M msg/s).
+            let held = self.ack_clocked && core.engine.has_held();
+            let hold = &self.shared.hold;
+            match self.post {
+                Post::Other => {}
+                Post::Single => hold.sending.store(false, Ordering::Relaxed),
+                Post::List => hold.sending.store(
+                    core.engine.sends_stream(STREAM_SEND_QUEUE),
+                    Ordering::Relaxed,
+                ),
+            }
             MutexGuard::unlock_fair(core);
+            // A message held for an ACK needs someone receiving now, not at
+            // the program's next poll.
+            if held && hold.on.load(Ordering::Acquire) {
+                self.shared.end_hold();
+            }
         }
     }
 }
@@ -464,6 +622,7 @@ impl Device {
         // Raw receive (beside rxe, or ROXE_ICRC=raw) and busy polling stay
         // with the progress thread.
         let caller_progress = config.caller_progress && raw.is_none() && !config.busy_poll;
+        let hold = CallerHold::new(caller_progress && config.caller_hold)?;
         let epoch = Instant::now();
         let epoch_wall_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -507,6 +666,7 @@ impl Device {
             busy_poll: config.busy_poll,
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
+            hold,
             ack_clocked: config.ack_clocked,
             payload_by_ref: config.payload_by_ref,
             progress_paused: AtomicBool::new(false),
@@ -546,21 +706,20 @@ impl Device {
         if !s.caller_progress {
             return false;
         }
-        let Some(mut rx) = s.rx.try_lock() else {
-            return false;
-        };
-        let mut guard = None;
-        s.receive_udp(&mut rx, &mut guard);
-        drop(rx);
-        match guard {
-            Some(mut core) => {
-                core.stats.rx_caller_batches += 1;
-                s.after_work(&mut core, false);
-                MutexGuard::unlock_fair(core);
-                true
-            }
-            None => false,
-        }
+        s.hold.extend();
+        s.receive_here()
+    }
+
+    /// The program is about to sleep (a completion notification was
+    /// armed): the progress thread takes the socket back now.
+    pub fn caller_sleeps(&self) {
+        self.shared.end_hold();
+    }
+
+    /// For tests: whether a caller holds the socket now (see `CallerHold`).
+    #[doc(hidden)]
+    pub fn caller_hold_on(&self) -> bool {
+        self.shared.hold.on.load(Ordering::Acquire)
     }
 
     /// For tests: stop the progress thread from receiving, firing timers
@@ -611,7 +770,12 @@ impl Device {
 
     /// Lock the engine for a verbs call.
     pub fn engine(&self) -> EngineGuard<'_> {
-        self.guard(false)
+        self.guard(false, Post::Other)
+    }
+
+    /// [`engine`](Self::engine) for posting a list of send WRs.
+    pub fn engine_for_post_list(&self) -> EngineGuard<'_> {
+        self.guard(false, Post::List)
     }
 
     /// [`engine`](Self::engine) for posting one send WR (`ibv_post_send`
@@ -624,10 +788,10 @@ impl Device {
     /// holding lists back halved 64 KiB WRITEs over 1,024 QPs (each QP was
     /// left one message in flight).
     pub fn engine_for_post(&self) -> EngineGuard<'_> {
-        self.guard(self.shared.ack_clocked)
+        self.guard(self.shared.ack_clocked, Post::Single)
     }
 
-    fn guard(&self, ack_clocked: bool) -> EngineGuard<'_> {
+    fn guard(&self, ack_clocked: bool, post: Post) -> EngineGuard<'_> {
         let mut core = self.shared.core.lock();
         // Work deferred by earlier calls happens before this one: a verb
         // sees what the drops before it did (a listener destroyed just
@@ -637,6 +801,7 @@ impl Device {
             core: Some(core),
             shared: &self.shared,
             ack_clocked,
+            post,
         }
     }
 
@@ -712,6 +877,7 @@ impl Device {
                 tx_batches: tx.syscalls,
                 tx_gso_sends: tx.gso_sends,
                 tx_gso_refused: tx.gso_refused,
+                caller_holds: self.shared.hold.taken.load(Ordering::Relaxed),
                 ..core.stats
             },
             faults: core.faults.as_ref().map(Faults::stats).unwrap_or_default(),
@@ -735,6 +901,33 @@ impl Drop for Device {
 impl Shared {
     fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Receive one burst in this (a caller's) thread and handle it, unless
+    /// another thread is receiving. True if packets were handled.
+    fn receive_here(&self) -> bool {
+        let Some(mut rx) = self.rx.try_lock() else {
+            return false;
+        };
+        let mut guard = None;
+        self.receive_udp(&mut rx, &mut guard);
+        drop(rx);
+        match guard {
+            Some(mut core) => {
+                core.stats.rx_caller_batches += 1;
+                self.after_work(&mut core, false);
+                MutexGuard::unlock_fair(core);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// End a caller's hold on the socket now (see [`CallerHold`]).
+    fn end_hold(&self) {
+        if self.hold.on.swap(false, Ordering::AcqRel) {
+            self.wake();
+        }
     }
 
     fn wake(&self) {
@@ -765,7 +958,8 @@ impl Shared {
             "device pid={} addr={} rx_packets={} tx_packets={} tx_retransmits={} timeouts={} \
              naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
-             timers_late={} drops={}",
+             timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
+             progress_wakeups={} caller_holds={} drops={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -783,6 +977,12 @@ impl Shared {
             tx.datagrams,
             tx.errors,
             d.timers_late,
+            tx.syscalls,
+            tx.gso_sends,
+            d.rx_batches,
+            d.rx_caller_batches,
+            d.progress_wakeups,
+            self.hold.taken.load(Ordering::Relaxed),
             drops_field(&e.drops),
         );
         for q in core.engine.qp_snapshots() {
@@ -909,6 +1109,10 @@ impl Shared {
         for (peer, direct) in tx.take_direct_changes() {
             engine.set_udp_peer(peer, direct);
         }
+        // A stream sent ends when its messages are done.
+        if self.hold.sending.load(Ordering::Relaxed) && !engine.sends_stream(STREAM_SEND_QUEUE) {
+            self.hold.sending.store(false, Ordering::Relaxed);
+        }
         for (cq, ch) in channels.iter() {
             if engine.cq_mut(*cq).map(|c| c.take_events()).unwrap_or(0) > 0 {
                 ch.notify(*cq);
@@ -980,6 +1184,7 @@ impl Shared {
         let core = guard.get_or_insert_with(|| self.core.lock());
         let now = self.now();
         core.stats.rx_batches += 1;
+        let mut messages = 0u32;
         for k in 0..n {
             let (from, d, seg) = rx.get(k);
             let Some(from) = from else {
@@ -996,9 +1201,13 @@ impl Shared {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
+                messages += u32::from(ends_message(p));
                 handle(&mut core.engine, now, from.ip(), from.port(), p, i);
             }
         }
+        self.hold
+            .stream
+            .store(messages >= STREAM_BURST, Ordering::Relaxed);
         n == super::batch::MAX_BATCH
     }
 
@@ -1089,6 +1298,8 @@ impl Shared {
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
         let mut next_audit: Nanos = 0;
         let mut stat_pending = false;
+        // Counted here, added to the stats under the next lock.
+        let mut wakeups = 0u64;
         while !self.stop.load(Ordering::Acquire) {
             if self.progress_paused.load(Ordering::Acquire) {
                 let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
@@ -1101,7 +1312,8 @@ impl Shared {
                 continue;
             }
             let mut guard: Option<MutexGuard<'_, Core>> = None;
-            loop {
+            // A caller holding the socket receives (see `CallerHold`).
+            while !self.hold.on.load(Ordering::Acquire) {
                 // Held from receive to hand-over (see `Shared::rx`).
                 let mut rx = self.rx.lock();
                 let full = match raw_rx.as_mut() {
@@ -1120,6 +1332,7 @@ impl Shared {
                 }
             }
             let mut core = guard.unwrap_or_else(|| self.core.lock());
+            core.stats.progress_wakeups += std::mem::take(&mut wakeups);
             let now = self.now();
             if core
                 .engine
@@ -1171,19 +1384,41 @@ impl Shared {
             };
             let stat_fd = self.stat.as_ref().map(|s| s.fd());
             let stat_or_wake = stat_fd.unwrap_or(self.wake.as_fd());
+            // While a caller holds the socket, its datagrams do not wake
+            // this thread; the hold's timer does when it expires.
+            let held = self.hold.on.load(Ordering::Acquire);
+            let socket_or_wake = if held {
+                self.wake.as_fd()
+            } else {
+                self.socket.as_fd()
+            };
             let mut fds = [
-                PollFd::new(&self.socket, PollFlags::IN),
+                PollFd::new(&socket_or_wake, PollFlags::IN),
                 PollFd::new(&self.wake, PollFlags::IN),
                 PollFd::new(self.raw.as_ref().unwrap_or(&self.wake), PollFlags::IN),
                 PollFd::new(&stat_or_wake, PollFlags::IN),
+                PollFd::new(&self.hold.timer, PollFlags::IN),
             ];
             let _ = rustix::event::poll(&mut fds, Some(&ts));
+            wakeups += 1;
             stat_pending = stat_fd.is_some() && !fds[3].revents().is_empty();
+            if !fds[4].revents().is_empty() {
+                self.hold.expired();
+            }
             let mut drain = [0u8; 8];
             let _ = rustix::io::read(&self.wake, &mut drain);
             self.sleeping_until.store(0, Ordering::Release);
         }
     }
+}
+
+/// Whether a packet (from its BTH on) ends a message: the last or only
+/// packet of a SEND, WRITE or READ response.
+fn ends_message(p: &[u8]) -> bool {
+    use roxe_wire::opcode::{Opcode, PacketClass};
+    p.first()
+        .and_then(|&b| Opcode::try_from(b).ok())
+        .is_some_and(|o| matches!(o.class(), PacketClass::Last | PacketClass::Only))
 }
 
 fn earliest(a: Option<Nanos>, b: Option<Nanos>) -> Option<Nanos> {

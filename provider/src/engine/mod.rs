@@ -385,6 +385,11 @@ impl Engine {
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
+    /// Whether an ACK-clocked pass holds a new message (it goes with the
+    /// next pass that holds nothing: an ACK received, a timer, a poll).
+    pub fn has_held(&self) -> bool {
+        !self.held.is_empty()
+    }
 
     /// Counters.
     pub fn stats(&self) -> Stats {
@@ -1078,6 +1083,20 @@ impl Engine {
             HoldNew::SinglePacket
         };
         self.transmit(now, buf, hold_new, pass.payload_by_ref)
+    }
+
+    /// Whether the device sends a stream: `n` messages or more posted and
+    /// not yet completed on the QPs with PSNs in flight (one large message,
+    /// a ping-pong's, is not a stream however many packets it makes).
+    pub fn sends_stream(&self, n: usize) -> bool {
+        let mut sum = 0;
+        for (_, qpn) in &self.timers {
+            sum += self.qps.get(qpn).map_or(0, |q| q.queued_messages());
+            if sum >= n {
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether the QPs with PSNs in flight (an armed timer) have at least

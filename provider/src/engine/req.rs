@@ -427,6 +427,11 @@ impl Qp {
         }
     }
 
+    /// Messages posted and not yet completed (sent or waiting to be).
+    pub(super) fn queued_messages(&self) -> usize {
+        self.req.sq.len()
+    }
+
     /// PSNs sent and not yet acknowledged.
     pub(super) fn unacked_psns(&self) -> i32 {
         self.req.una.distance(self.req.next_psn).max(0)

@@ -1,0 +1,183 @@
+//! The socket held by a polling caller (`DeviceConfig::caller_hold`, on by
+//! default): while a stream comes in, a caller spinning on an empty CQ
+//! keeps the socket from the progress thread (whose wake-ups would only
+//! find it drained), for at most 100 µs after its last poll. These tests
+//! check when a hold is taken (a burst of many messages, not a ping-pong of
+//! large ones), that a program which stops polling still gets its packets
+//! received (the hold's timer hands the socket back), and that arming a
+//! completion notification ends a hold at once.
+
+mod common;
+
+use roxe_verbs::*;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+/// SENDs in the burst that makes the receiver a stream's.
+const BURST: usize = 16;
+
+struct Side {
+    ctx: Context,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    _pd: Pd,
+}
+
+fn side(name: &str, addr: &str, caller_hold: bool) -> Side {
+    let base = DeviceConfig {
+        caller_hold,
+        ..DeviceConfig::default()
+    };
+    let ctx = common::open_with(name, addr, base);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let mr = pd
+        .reg_mr(
+            1 << 20,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    Side {
+        ctx,
+        qp,
+        cq,
+        mr,
+        _pd: pd,
+    }
+}
+
+fn pair(names: [&str; 2], addrs: [&str; 2], caller_hold: bool) -> (Side, Side) {
+    let a = side(names[0], addrs[0], caller_hold);
+    let b = side(names[1], addrs[1], caller_hold);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu1024, access, 14)
+        .unwrap();
+    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu1024, access, 14)
+        .unwrap();
+    (a, b)
+}
+
+fn device(s: &Side) -> &soft::Device {
+    s.ctx.soft_device().unwrap()
+}
+
+fn holds(s: &Side) -> u64 {
+    s.ctx.stats().unwrap().driver.caller_holds
+}
+
+fn post_recvs(s: &Side, n: usize) {
+    for i in 0..n {
+        s.qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![s.mr.sge(64 * i, 64)],
+        })
+        .unwrap();
+    }
+}
+
+/// `a` sends `n` SENDs of 64 bytes as one post list.
+fn send_list(a: &Side, n: usize, first_id: u64) {
+    let wrs: Vec<SendWr> = (0..n as u64)
+        .map(|i| SendWr::new(first_id + i, SendOpcode::Send, vec![a.mr.sge(0, 64)]))
+        .collect();
+    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+}
+
+/// Receive completions at `s`, polling as a program spinning on its CQ.
+fn poll_n(s: &Side, n: usize) {
+    let wcs = s.cq.poll_wait(n, T).unwrap();
+    for w in &wcs {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    }
+}
+
+/// With `b`'s progress thread paused, a burst of SENDs waits in its socket
+/// until its caller polls: that burst makes it a stream's receiver, and the
+/// next empty poll takes a hold. Returns the holds taken by that poll.
+fn take_hold(a: &Side, b: &Side) -> u64 {
+    device(b).pause_progress_thread(true);
+    post_recvs(b, BURST);
+    send_list(a, BURST, 0);
+    // The datagrams are in b's socket once the post returns (loopback
+    // delivers within the sender's system call); b's caller receives them
+    // in one burst.
+    poll_n(b, BURST);
+    let before = holds(b);
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    holds(b) - before
+}
+
+#[test]
+fn a_burst_of_messages_makes_an_empty_poll_hold_the_socket() {
+    let (a, b) = pair(["ch-a", "ch-b"], ["127.0.228.27", "127.0.228.28"], true);
+    assert_eq!(take_hold(&a, &b), 1, "the empty poll after the burst holds");
+    assert!(device(&b).caller_hold_on());
+    // A program that stops polling now: the hold's timer gives the socket
+    // back to the progress thread, which receives the next SEND and ACKs
+    // it (a's completion needs that ACK).
+    device(&b).pause_progress_thread(false);
+    poll_n(&a, BURST);
+    post_recvs(&b, 1);
+    let t0 = Instant::now();
+    send_list(&a, 1, 100);
+    let wcs = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(wcs[0].wr_id, 100);
+    println!("completed {:?} after b stopped polling", t0.elapsed());
+    assert!(
+        !device(&b).caller_hold_on(),
+        "the hold expired (b no longer polls)"
+    );
+}
+
+#[test]
+fn arming_a_notification_ends_the_hold() {
+    let (a, b) = pair(["chn-a", "chn-b"], ["127.0.228.29", "127.0.228.30"], true);
+    assert_eq!(take_hold(&a, &b), 1);
+    b.cq.req_notify(false).unwrap();
+    assert!(
+        !device(&b).caller_hold_on(),
+        "a program about to sleep on its channel leaves the socket to the progress thread"
+    );
+    device(&b).pause_progress_thread(false);
+}
+
+#[test]
+fn with_caller_hold_off_no_poll_holds() {
+    let (a, b) = pair(["cho-a", "cho-b"], ["127.0.228.31", "127.0.228.32"], false);
+    assert_eq!(take_hold(&a, &b), 0);
+    assert!(!device(&b).caller_hold_on());
+    device(&b).pause_progress_thread(false);
+}
+
+/// A ping-pong of 64 KiB messages (64 packets each): bursts are long, but
+/// one message at a time, so no poll ever holds. Its callers take a
+/// completion and may go elsewhere (`ib_write_lat` spins on its buffer),
+/// and the progress thread must be listening then.
+#[test]
+fn a_ping_pong_of_large_messages_never_holds() {
+    let (a, b) = pair(["chp-a", "chp-b"], ["127.0.228.33", "127.0.228.34"], true);
+    const SIZE: u32 = 65536;
+    for round in 0..50u64 {
+        let (from, to) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        to.qp
+            .post_recv(RecvWr {
+                wr_id: round,
+                sg_list: vec![to.mr.sge(0, SIZE)],
+            })
+            .unwrap();
+        from.qp
+            .post_send(SendWr::new(
+                round,
+                SendOpcode::Send,
+                vec![from.mr.sge(0, SIZE)],
+            ))
+            .unwrap();
+        poll_n(to, 1);
+        poll_n(from, 1);
+    }
+    assert_eq!((holds(&a), holds(&b)), (0, 0));
+}
