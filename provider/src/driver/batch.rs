@@ -4,9 +4,10 @@
 //! Transmit: the engine writes each packet of a progress pass straight into
 //! [`TxBatch`]'s arena (one after the other, contiguous); [`TxBatch::flush`]
 //! hands the whole pass to the kernel with one `sendmmsg(2)` per up to
-//! [`MAX_BATCH`] packets. With UDP GSO enabled (off by default, see
-//! [`TxBatch::new`]) runs of consecutive equal-size packets to one destination
-//! ([`gso_run`]) become one message with a `UDP_SEGMENT` control message; the
+//! [`MAX_BATCH`] packets per socket (the packets grouped by socket first,
+//! each socket's in order). With UDP GSO enabled (see [`TxBatch::new`])
+//! runs of consecutive equal-size packets from one socket to one
+//! destination ([`gso_run`]) become one message with a `UDP_SEGMENT` control message; the
 //! first refusal (`EIO`, `EINVAL`, ...) turns GSO off for good and is counted.
 //!
 //! GSO is wire-exact: the kernel builds the segments itself and gives them
@@ -84,8 +85,9 @@ impl TxPkt {
 }
 
 /// How many packets from the start of `pkts` form one GSO send: consecutive
-/// packets from one socket to one destination, contiguous in the arena (a
-/// payload by reference between a packet's head and tail), all as long as
+/// packets from one socket to one destination (anywhere in the arena: each
+/// piece is an iovec, a payload by reference between its packet's head and
+/// tail), all as long as
 /// the first except the last, which may be shorter; at most `max_segs`
 /// packets and `max_bytes` bytes. Always at least 1 for a non-empty slice.
 pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usize {
@@ -94,7 +96,6 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
     };
     let mut n = 1;
     let mut bytes = first.len;
-    let mut arena_bytes = first.arena_len();
     for (i, p) in pkts.iter().enumerate().skip(1) {
         // A shorter packet followed by one as long as itself starts a
         // run of its own rather than ending this one.
@@ -109,13 +110,11 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
             || p.len > first.len
             || p.len == 0
             || bytes + p.len > max_bytes
-            || p.off != first.off + arena_bytes
         {
             break;
         }
         n += 1;
         bytes += p.len;
-        arena_bytes += p.arena_len();
         if p.len < first.len {
             break; // a shorter packet ends the run
         }
@@ -124,8 +123,8 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
 }
 
 /// Most iovecs one `sendmmsg` needs: a packet with a payload by reference
-/// takes its head, the payload and its tail (fewer when the tail and the
-/// next head touch in the arena), at most `MAX_BATCH` packets.
+/// takes its head, the payload and its tail (fewer when pieces touch in
+/// the arena), any other packet one; at most `MAX_BATCH` packets.
 const MAX_IOVECS: usize = 3 * MAX_BATCH;
 
 /// Transmit counters.
@@ -147,6 +146,9 @@ pub(crate) struct TxCounters {
 pub(crate) struct TxBatch {
     arena: Box<[u8]>,
     pkts: Vec<TxPkt>,
+    /// Scratch for [`TxBatch::group_by_socket`] (kept: no allocation per
+    /// flush).
+    grouped: Vec<TxPkt>,
     end: usize,
     gso: bool,
     /// No GSO towards loopback addresses: their receivers on this host may
@@ -259,6 +261,7 @@ impl TxBatch {
         TxBatch {
             arena: vec![0; MAX_BATCH * TX_SLOT].into_boxed_slice(),
             pkts: Vec::with_capacity(MAX_BATCH),
+            grouped: Vec::with_capacity(MAX_BATCH),
             end: 0,
             gso,
             gso_loopback: true,
@@ -431,6 +434,30 @@ impl TxBatch {
         self.addrs[i].2
     }
 
+    /// Reorder the packets so that each socket's are together, in the
+    /// order they were committed. QPs take turns packet by packet, so a
+    /// pass over several QPs interleaves their sockets (each QP sends from
+    /// one); grouped, a QP's equal packets to one peer make one GSO run
+    /// (their pieces need not touch in the arena: each is an iovec). The
+    /// order between sockets is between different QPs, which the wire
+    /// never promised (they leave from different UDP ports).
+    /// `ib_send_bw -s 64 -q 4`: 0.26-0.33 -> 0.8-1.16 M msg/s.
+    fn group_by_socket(&mut self) {
+        let Some(first) = self.pkts.first().map(|p| p.sock) else {
+            return;
+        };
+        if self.pkts.iter().all(|p| p.sock == first) {
+            return;
+        }
+        let last = self.pkts.iter().map(|p| p.sock).max().unwrap_or(first);
+        self.grouped.clear();
+        for sock in 0..=last {
+            self.grouped
+                .extend(self.pkts.iter().filter(|p| p.sock == sock).copied());
+        }
+        std::mem::swap(&mut self.pkts, &mut self.grouped);
+    }
+
     /// Send everything queued, each packet from `socks[its sock]`: one
     /// `sendmmsg` per up to `MAX_BATCH` messages from one socket, waiting a
     /// bounded time when a socket buffer is full. A packet naming no socket
@@ -448,6 +475,7 @@ impl TxBatch {
             }
             return;
         }
+        self.group_by_socket();
         // A packet naming no socket of `socks` cannot leave.
         let unsendable = self
             .pkts
@@ -456,9 +484,8 @@ impl TxBatch {
             .count();
         self.counters.errors += unsendable as u64;
         let mut deadline: Option<Instant> = None;
-        // Socket by socket: QPs round-robin packet by packet, so a batch
-        // interleaves the sockets; each one's packets (in order) go in as
-        // few calls as possible.
+        // Socket by socket (grouped above), each one's packets in as few
+        // calls as possible.
         for (sock_index, sock) in socks.iter().enumerate() {
             let (fd, sock_index) = (sock.as_fd(), sock_index as u8);
             let mine = |pkts: &[TxPkt], from: usize| {
@@ -591,9 +618,8 @@ impl TxBatch {
 }
 
 impl TxBatch {
-    /// The iovecs of `pkts` (queued in this batch, contiguous in the
-    /// arena) written into the start of `out`, arena pieces that touch
-    /// merged; returns how many (only those are initialised).
+    /// The iovecs of `pkts` (queued in this batch) written into the start
+    /// of `out`, arena pieces that touch merged; returns how many (only those are initialised).
     fn iovecs(&self, pkts: &[TxPkt], out: &mut [MaybeUninit<libc::iovec>]) -> usize {
         let mut n = 0;
         // The piece being extended: base, length, and its end in the arena
@@ -1053,12 +1079,14 @@ mod tests {
         assert_eq!(runs(&p, 64, 1 << 20), [2, 2]);
     }
 
+    /// A run's packets need not touch in the arena (grouped by socket, a
+    /// QP's packets lie between other QPs'): each piece is an iovec.
     #[test]
-    fn gso_runs_need_contiguous_packets() {
+    fn gso_runs_gather_packets_apart_in_the_arena() {
         let mut p = pkts(&[(64, 1); 4]);
         p[2].off += 8;
         p[3].off += 8;
-        assert_eq!(runs(&p, 64, 1 << 20), [2, 2]);
+        assert_eq!(runs(&p, 64, 1 << 20), [4]);
     }
 
     fn pair() -> (std::net::UdpSocket, std::net::UdpSocket) {
@@ -1169,6 +1197,54 @@ mod tests {
     #[test]
     fn sendmmsg_and_recvmmsg_carry_every_packet_in_order() {
         exchange(false, false);
+    }
+
+    /// Two QPs' packets taking turns in one pass (each QP has its own
+    /// socket): each socket's leave as one GSO send, in order.
+    #[test]
+    fn interleaved_sockets_make_one_gso_run_each() {
+        let (a, b) = pair();
+        let a2 = super::super::socket::bind("127.0.0.1".parse().unwrap(), 0).unwrap();
+        let from = [a.local_addr().unwrap(), a2.local_addr().unwrap()];
+        let port = b.local_addr().unwrap().port();
+        let mut tx = TxBatch::new(port, true);
+        let dst: IpAddr = "127.0.0.1".parse().unwrap();
+        const N: usize = 32;
+        for i in 0..N {
+            let s = tx.slot();
+            s[..80].fill(i as u8);
+            s[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            tx.commit(80, dst, (i % 2) as u8, None);
+        }
+        tx.flush(&[&a, &a2]);
+        assert_eq!(tx.counters.datagrams, N as u64, "{:?}", tx.counters);
+        if tx.counters.gso_refused == 0 {
+            assert_eq!(
+                (tx.counters.gso_sends, tx.counters.syscalls),
+                (2, 2),
+                "one run per socket: {:?}",
+                tx.counters
+            );
+        }
+        let mut rx = RxBatch::new(false);
+        let mut seen = [Vec::new(), Vec::new()];
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while seen[0].len() + seen[1].len() < N && Instant::now() < give_up {
+            let n = rx.recv(&b).unwrap();
+            for k in 0..n {
+                let (sender, d, _) = rx.get(k);
+                let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
+                assert_eq!(d.len(), 80);
+                assert!(d[4..].iter().all(|&x| x == i as u8), "packet {i}");
+                let sock = from.iter().position(|f| Some(*f) == sender).unwrap();
+                assert_eq!(sock, i % 2, "packet {i}");
+                seen[sock].push(i);
+            }
+        }
+        for k in [0, 1] {
+            let want: Vec<usize> = (0..N).filter(|i| i % 2 == k).collect();
+            assert_eq!(seen[k], want, "socket {k}");
+        }
     }
 
     #[test]
