@@ -469,12 +469,14 @@ run_c_case() { # roxe-role(server|client) "PROGRAM ARGS"
 # control exchange; a REQ that beats the server's rdma_listen is rejected
 # (reason 8, by the kernel's CM as by roxe's) and that perftest's retry then
 # reuses ids it destroyed and crashes (fixed upstream). Such a run is
-# repeated (at most 3 times), logged; any other failure counts.
+# repeated (at most 5 times: on 2026-11-26 the roxe client's REQ beat the
+# guest's listen in 5 of 9 attempts, and all 3 of one run), logged; any
+# other failure counts.
 run_c_case_retrying() { # role spec
   local attempt
-  for attempt in 1 2 3; do
+  for attempt in 1 2 3 4 5; do
     run_c_case "$1" "$2"
-    if [ "$last_verdict" = FAIL ] && [ $attempt -lt 3 ] &&
+    if [ "$last_verdict" = FAIL ] && [ $attempt -lt 5 ] &&
       printf ' %s' $2 | grep -qw -- -R &&
       grep -qs 'RDMA_CM_EVENT_REJECTED; error: 8' "$last_rlog" "$last_glog"; then
       say "$2 ($1): perftest's REQ came before the listen (perftest 4.5-0.17 -R race); again"
