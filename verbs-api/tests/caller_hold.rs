@@ -181,3 +181,40 @@ fn a_ping_pong_of_large_messages_never_holds() {
     }
     assert_eq!((holds(&a), holds(&b)), (0, 0));
 }
+
+/// `a` posts `n` SENDs of `size` bytes as one list to `b`, whose progress
+/// thread is paused (no ACK comes back), then polls its CQ once, empty:
+/// the holds that poll took.
+fn hold_after_sending(a: &Side, b: &Side, n: usize, size: u32) -> u64 {
+    device(b).pause_progress_thread(true);
+    for i in 0..n as u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![b.mr.sge(0, size)],
+        })
+        .unwrap();
+    }
+    let wrs: Vec<SendWr> = (0..n as u64)
+        .map(|i| SendWr::new(i, SendOpcode::Send, vec![a.mr.sge(0, size)]))
+        .collect();
+    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+    let before = holds(a);
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    let taken = holds(a) - before;
+    device(b).pause_progress_thread(false);
+    poll_n(b, n);
+    poll_n(a, n);
+    taken
+}
+
+/// A sender with many small messages in flight from a post list holds
+/// (its caller receives the ACKs); one with as many large ones does not
+/// (their ACKs pace it, and the progress thread receives them alongside).
+#[test]
+fn a_post_list_of_small_messages_in_flight_makes_the_sender_hold() {
+    let (a, b) = pair(["chs-a", "chs-b"], ["127.0.228.35", "127.0.228.36"], true);
+    assert_eq!(hold_after_sending(&a, &b, 32, 64), 1, "64 B messages");
+    let (c, d) = pair(["chl-a", "chl-b"], ["127.0.228.37", "127.0.228.38"], true);
+    assert_eq!(hold_after_sending(&c, &d, 16, 65536), 0, "64 KiB messages");
+}

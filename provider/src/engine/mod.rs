@@ -1085,18 +1085,22 @@ impl Engine {
         self.transmit(now, buf, hold_new, pass.payload_by_ref)
     }
 
-    /// Whether the device sends a stream: `n` messages or more posted and
-    /// not yet completed on the QPs with PSNs in flight (one large message,
-    /// a ping-pong's, is not a stream however many packets it makes).
+    /// Whether the device sends a stream of small messages: `n` messages
+    /// or more posted and not yet completed on the QPs with PSNs in flight
+    /// (one large message, a ping-pong's, is not a stream however many
+    /// packets it makes), of two packets or fewer on average (a stream of
+    /// large ones is paced by its ACKs, which the progress thread had
+    /// better receive alongside the caller: `roxe perf write -s 65536`
+    /// measured 2.5 % slower otherwise).
     pub fn sends_stream(&self, n: usize) -> bool {
-        let mut sum = 0;
+        let (mut messages, mut psns) = (0, 0);
         for (_, qpn) in &self.timers {
-            sum += self.qps.get(qpn).map_or(0, |q| q.queued_messages());
-            if sum >= n {
-                return true;
+            if let Some(q) = self.qps.get(qpn) {
+                messages += q.queued_messages();
+                psns += q.unacked_psns() as usize;
             }
         }
-        false
+        messages >= n && psns <= 2 * messages
     }
 
     /// Whether the QPs with PSNs in flight (an armed timer) have at least
