@@ -67,20 +67,19 @@ const STREAM_SEND_QUEUE: usize = 16;
 /// (the kernel's wake-affine rule for a synchronous wake-up), preempting
 /// the peer: `ib_send_bw -l 16` ran at 0.6-0.8 M msg/s in most runs and
 /// 1.3 in the others. So while the device receives a stream (the last
-/// burst ended [`STREAM_BURST`] messages or more) or sends one
-/// ([`STREAM_SEND_QUEUE`] messages posted and not completed), a caller's
-/// empty poll
-/// takes a hold: the progress thread leaves the socket out of its sleep
-/// until the hold expires, which a kernel timer (`timerfd`) signals, so a
-/// caller that stops polling without notice leaves packets waiting at most
+/// burst ended [`STREAM_BURST`] messages or more) or sends one of small
+/// messages by post lists ([`STREAM_SEND_QUEUE`] posted and not completed,
+/// `Engine::sends_stream`), a caller's empty poll takes a hold: the
+/// progress thread leaves the socket out of its sleep until the hold
+/// expires, which a kernel timer (`timerfd`) signals, so a caller that
+/// stops polling without notice leaves packets waiting at most
 /// [`CALLER_HOLD`]. A ping-pong never holds, whatever its message size
 /// (one message at a time): its caller takes a completion and may go to
 /// spin on its buffer (`ib_write_lat`), and the progress thread must be
-/// listening then.
-/// Arming a completion notification ends the hold at once (the program is
-/// about to sleep on its channel), and so does a post whose new message
-/// waits for an ACK (someone must receive that ACK now, not at the
-/// program's next poll).
+/// listening then. Arming a completion notification ends the hold at once
+/// (the program is about to sleep on its channel), and so does a post
+/// whose new message waits for an ACK (someone must receive that ACK now,
+/// not at the program's next poll).
 #[derive(Debug)]
 struct CallerHold {
     /// A hold is on: the progress thread sleeps without the socket.
@@ -116,7 +115,7 @@ impl CallerHold {
         })
     }
 
-    /// A caller polls an empty CQ: while a stream comes in, hold the socket
+    /// A caller polls an empty CQ: while a stream flows, hold the socket
     /// (the timer armed before `on` is set, so `on` never stands without
     /// one), or keep holding it.
     fn extend(&self) {
