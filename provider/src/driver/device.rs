@@ -364,9 +364,8 @@ impl std::fmt::Debug for Device {
 pub struct EngineGuard<'a> {
     core: Option<MutexGuard<'a, Core>>,
     shared: &'a Shared,
-    /// The pass when it drops is ACK-clocked ([`Device::engine_for_post`]).
-    ack_clocked: bool,
-    /// What the guard was taken for.
+    /// What the guard was taken for (after a single post, the pass is
+    /// ACK-clocked where the device is: [`Device::engine_for_post`]).
     post: Post,
 }
 
@@ -405,13 +404,14 @@ impl std::ops::DerefMut for EngineGuard<'_> {
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
-            self.shared.after_work(&mut core, self.ack_clocked);
+            let ack_clocked = self.post == Post::Single && self.shared.ack_clocked;
+            self.shared.after_work(&mut core, ack_clocked);
             // A stream of single posts is ACK-clocked: the progress thread
             // receives the ACK that sends what waits (measured: holding the
             // socket for the caller then slowed `ib_send_bw -s 64` by 12 %).
             // A stream of post lists goes without ACKs' help: its callers
             // receive (`ib_send_bw -s 64 -l 16` 0.65 -> 1.1 M msg/s).
-            let held = self.ack_clocked && core.engine.has_held();
+            let held = ack_clocked && core.engine.has_held();
             let hold = &self.shared.hold;
             match self.post {
                 Post::Other => {}
@@ -706,7 +706,21 @@ impl Device {
             return false;
         }
         s.hold.extend();
-        s.receive_here()
+        let Some(mut rx) = s.rx.try_lock() else {
+            return false;
+        };
+        let mut guard = None;
+        s.receive_udp(&mut rx, &mut guard);
+        drop(rx);
+        match guard {
+            Some(mut core) => {
+                core.stats.rx_caller_batches += 1;
+                s.after_work(&mut core, false);
+                MutexGuard::unlock_fair(core);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The program is about to sleep (a completion notification was
@@ -769,12 +783,12 @@ impl Device {
 
     /// Lock the engine for a verbs call.
     pub fn engine(&self) -> EngineGuard<'_> {
-        self.guard(false, Post::Other)
+        self.guard(Post::Other)
     }
 
     /// [`engine`](Self::engine) for posting a list of send WRs.
     pub fn engine_for_post_list(&self) -> EngineGuard<'_> {
-        self.guard(false, Post::List)
+        self.guard(Post::List)
     }
 
     /// [`engine`](Self::engine) for posting one send WR (`ibv_post_send`
@@ -787,10 +801,10 @@ impl Device {
     /// holding lists back halved 64 KiB WRITEs over 1,024 QPs (each QP was
     /// left one message in flight).
     pub fn engine_for_post(&self) -> EngineGuard<'_> {
-        self.guard(self.shared.ack_clocked, Post::Single)
+        self.guard(Post::Single)
     }
 
-    fn guard(&self, ack_clocked: bool, post: Post) -> EngineGuard<'_> {
+    fn guard(&self, post: Post) -> EngineGuard<'_> {
         let mut core = self.shared.core.lock();
         // Work deferred by earlier calls happens before this one: a verb
         // sees what the drops before it did (a listener destroyed just
@@ -799,7 +813,6 @@ impl Device {
         EngineGuard {
             core: Some(core),
             shared: &self.shared,
-            ack_clocked,
             post,
         }
     }
@@ -900,26 +913,6 @@ impl Drop for Device {
 impl Shared {
     fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
-    }
-
-    /// Receive one burst in this (a caller's) thread and handle it, unless
-    /// another thread is receiving. True if packets were handled.
-    fn receive_here(&self) -> bool {
-        let Some(mut rx) = self.rx.try_lock() else {
-            return false;
-        };
-        let mut guard = None;
-        self.receive_udp(&mut rx, &mut guard);
-        drop(rx);
-        match guard {
-            Some(mut core) => {
-                core.stats.rx_caller_batches += 1;
-                self.after_work(&mut core, false);
-                MutexGuard::unlock_fair(core);
-                true
-            }
-            None => false,
-        }
     }
 
     /// End a caller's hold on the socket now (see [`CallerHold`]).

@@ -1664,13 +1664,13 @@ unsafe extern "C" fn post_srq_recv(
             return libc::EINVAL;
         };
         // SAFETY: wr is the caller's list.
-        unsafe { post_recv_list(wr, bad_wr, |r| s.srq.post_recv(r).map_err(|e| e.errno())) }
+        unsafe { post_recv_each(wr, bad_wr, |r| s.srq.post_recv(r).map_err(|e| e.errno())) }
     })
 }
 
-/// Walk a receive WR list, posting each; on failure name the first WR
-/// not posted in `bad_wr`.
-unsafe fn post_recv_list(
+/// Walk a receive WR list, posting each on its own; on failure name the
+/// first WR not posted in `bad_wr`.
+unsafe fn post_recv_each(
     mut wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
     mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
@@ -1678,11 +1678,9 @@ unsafe fn post_recv_list(
     while !wr.is_null() {
         // SAFETY: wr is a node of the caller's list.
         let w = unsafe { &*wr };
-        let r = match unsafe { sges(w.sg_list, w.num_sge) } {
-            Some(sg_list) => post(RecvWr {
-                wr_id: w.wr_id,
-                sg_list,
-            }),
+        // SAFETY: per ibv_post_recv's contract, its SGEs are readable.
+        let r = match unsafe { recv_wr_from_c(w) } {
+            Some(r) => post(r),
             None => Err(libc::EINVAL),
         };
         if let Err(e) = r {
@@ -1695,6 +1693,19 @@ unsafe fn post_recv_list(
         wr = w.next;
     }
     0
+}
+
+/// A receive WR of the caller's (`None`: its SGE list does not convert).
+///
+/// # Safety
+/// `w.sg_list` must point at `w.num_sge` readable `ibv_sge`s.
+unsafe fn recv_wr_from_c(w: &ibv_recv_wr) -> Option<RecvWr> {
+    // SAFETY: per this function's contract.
+    let sg_list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    Some(RecvWr {
+        wr_id: w.wr_id,
+        sg_list,
+    })
 }
 
 /// The caller's scatter/gather list (`num_sge` entries at `sg`); `None`
@@ -2299,7 +2310,7 @@ unsafe extern "C" fn post_recv(
         if wr.is_null() || unsafe { (*wr).next.is_null() } {
             // SAFETY: wr is the caller's list (of one, or none).
             return unsafe {
-                post_recv_list(wr, bad_wr, |r| q.qp.post_recv(r).map_err(|e| e.errno()))
+                post_recv_each(wr, bad_wr, |r| q.qp.post_recv(r).map_err(|e| e.errno()))
             };
         }
         // A list: converted first, then posted under one lock. A WR whose
@@ -2312,11 +2323,8 @@ unsafe extern "C" fn post_recv(
             // SAFETY: at is a node of the caller's list.
             let w = unsafe { &*at };
             // SAFETY: per post_recv's contract.
-            match unsafe { sges(w.sg_list, w.num_sge) } {
-                Some(sg_list) => wrs.push(RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list,
-                }),
+            match unsafe { recv_wr_from_c(w) } {
+                Some(r) => wrs.push(r),
                 None => {
                     refused = Some((at, libc::EINVAL));
                     break;
