@@ -95,6 +95,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "Payloads of 1 KiB or more leave straight from registered memory, not copied first (default on)",
     ),
     (
+        "ROXE_RX_COALESCE_US",
+        "roxe-rx-coalesce-us",
+        "0..1000",
+        "After a receive burst of 32 KiB+, the progress thread sleeps this many µs without the socket (default 20; 0 off)",
+    ),
+    (
         "ROXE_LOG",
         "roxe-log",
         "FILTER",

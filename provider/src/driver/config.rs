@@ -183,6 +183,14 @@ pub struct DeviceConfig {
     /// straight from it (an iovec per payload), not copied into the
     /// transmit buffer first (`ROXE_TX_BY_REF`, default on).
     pub payload_by_ref: bool,
+    /// After a receive burst of 32 KiB or more, the progress thread sleeps
+    /// this long without watching the socket before it receives again
+    /// (timers, wake-ups and `roxe stat` still end the sleep), so that a
+    /// bulk stream is received in larger bursts and the sender's datagrams
+    /// do not each wake it (`ROXE_RX_COALESCE_US`, microseconds, default
+    /// 20, at most 1000; 0: off). A caller that arms a completion
+    /// notification ends the sleep; callers that poll receive themselves.
+    pub rx_coalesce_us: u32,
 }
 
 impl Default for DeviceConfig {
@@ -198,6 +206,7 @@ impl Default for DeviceConfig {
             caller_hold: true,
             ack_clocked: true,
             payload_by_ref: true,
+            rx_coalesce_us: 20,
         }
     }
 }
@@ -216,12 +225,29 @@ pub fn parse_switch(var: &'static str, value: &str) -> Result<bool, ConfigError>
     }
 }
 
+/// A whole number of microseconds from 0 to `max`; anything else is an
+/// error naming the variable.
+pub fn parse_micros(var: &'static str, value: &str, max: u32) -> Result<u32, ConfigError> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&us| us <= max)
+        .ok_or_else(|| {
+            invalid(
+                var,
+                format!("{value:?}: expected microseconds from 0 (off) to {max}"),
+            )
+        })
+}
+
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
     /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off`,
-    /// `ROXE_CALLER_HOLD=on|off`, `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off` (switches:
+    /// `ROXE_CALLER_HOLD=on|off`, `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off`,
+    /// `ROXE_RX_COALESCE_US=0..1000` (switches:
     /// [`parse_switch`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
@@ -256,6 +282,9 @@ impl DeviceConfig {
         }
         if let Some(v) = var("ROXE_TX_BY_REF") {
             base.payload_by_ref = parse_switch("ROXE_TX_BY_REF", &v)?;
+        }
+        if let Some(v) = var("ROXE_RX_COALESCE_US") {
+            base.rx_coalesce_us = parse_micros("ROXE_RX_COALESCE_US", &v, 1000)?;
         }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);
@@ -318,6 +347,17 @@ mod tests {
         }
         let e = parse_switch("ROXE_BUSY_POLL", "maybe").unwrap_err();
         assert!(e.to_string().contains("ROXE_BUSY_POLL"), "{e}");
+    }
+
+    #[test]
+    fn microseconds_parse_within_their_bound() {
+        assert_eq!(parse_micros("ROXE_RX_COALESCE_US", "0", 1000), Ok(0));
+        assert_eq!(parse_micros("ROXE_RX_COALESCE_US", " 20 ", 1000), Ok(20));
+        assert_eq!(parse_micros("ROXE_RX_COALESCE_US", "1000", 1000), Ok(1000));
+        for bad in ["1001", "-1", "20us", "", "off"] {
+            let e = parse_micros("ROXE_RX_COALESCE_US", bad, 1000).unwrap_err();
+            assert!(e.to_string().contains("ROXE_RX_COALESCE_US"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -55,6 +55,10 @@ const HOLD_REARM_POLLS: u32 = 64;
 /// A burst that ends this many messages or more makes the device a
 /// stream's receiver (see [`CallerHold`]).
 const STREAM_BURST: u32 = 8;
+
+/// A receive burst of at least this many bytes is bulk: the progress
+/// thread then coalesces (`DeviceConfig::rx_coalesce_us`).
+const RX_BULK_BURST: usize = 32 * 1024;
 /// This many messages posted and not completed make the device a stream's
 /// sender (see [`CallerHold`]).
 const STREAM_SEND_QUEUE: usize = 16;
@@ -196,6 +200,9 @@ pub struct DriverStats {
     /// spinning on an empty CQ during a stream kept the socket from the
     /// progress thread.
     pub caller_holds: u64,
+    /// Sleeps the progress thread took without the socket after a bulk
+    /// receive burst (`DeviceConfig::rx_coalesce_us`).
+    pub rx_coalesced: u64,
 }
 
 /// Everything a device counts.
@@ -329,6 +336,14 @@ struct Shared {
     /// The socket left to a caller spinning on `poll_cq` (see
     /// [`CallerHold`]).
     hold: CallerHold,
+    /// `DeviceConfig::rx_coalesce_us`, in nanoseconds (0: off).
+    rx_coalesce_ns: u64,
+    /// The last receive burst held 32 KiB or more (see `rx_coalesce_ns`);
+    /// cleared by the progress thread as it starts a coalescing sleep, and
+    /// by a caller arming a notification.
+    rx_bulk: AtomicBool,
+    /// The progress thread is in (or about to start) a coalescing sleep.
+    rx_coalescing: AtomicBool,
     /// ACK-clocked sends after verbs (`DeviceConfig::ack_clocked`).
     ack_clocked: bool,
     /// Large payloads sent by reference (`DeviceConfig::payload_by_ref`).
@@ -666,6 +681,9 @@ impl Device {
             rx: Mutex::new(RxBatch::new(gro)),
             caller_progress,
             hold,
+            rx_coalesce_ns: u64::from(config.rx_coalesce_us) * 1000,
+            rx_bulk: AtomicBool::new(false),
+            rx_coalescing: AtomicBool::new(false),
             ack_clocked: config.ack_clocked,
             payload_by_ref: config.payload_by_ref,
             progress_paused: AtomicBool::new(false),
@@ -726,7 +744,15 @@ impl Device {
     /// The program is about to sleep (a completion notification was
     /// armed): the progress thread takes the socket back now.
     pub fn caller_sleeps(&self) {
-        self.shared.end_hold();
+        let s = &*self.shared;
+        // A coalescing sleep (`DeviceConfig::rx_coalesce_us`) would delay
+        // the event the caller waits for: end it, and start none (see the
+        // progress loop for the ordering).
+        s.rx_bulk.store(false, Ordering::SeqCst);
+        if s.rx_coalescing.load(Ordering::SeqCst) {
+            s.wake();
+        }
+        s.end_hold();
     }
 
     /// For tests: whether a caller holds the socket now (see `CallerHold`).
@@ -951,7 +977,7 @@ impl Shared {
              naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
-             progress_wakeups={} caller_holds={} drops={}",
+             progress_wakeups={} caller_holds={} rx_coalesced={} drops={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -975,6 +1001,7 @@ impl Shared {
             d.rx_caller_batches,
             d.progress_wakeups,
             self.hold.taken.load(Ordering::Relaxed),
+            d.rx_coalesced,
             drops_field(&e.drops),
         );
         for q in core.engine.qp_snapshots() {
@@ -1177,8 +1204,10 @@ impl Shared {
         let now = self.now();
         core.stats.rx_batches += 1;
         let mut messages = 0u32;
+        let mut bytes = 0usize;
         for k in 0..n {
             let (from, d, seg) = rx.get(k);
+            bytes += d.len();
             let Some(from) = from else {
                 core.stats.rx_errors += 1;
                 continue;
@@ -1200,6 +1229,8 @@ impl Shared {
         self.hold
             .stream
             .store(messages >= STREAM_BURST, Ordering::Relaxed);
+        self.rx_bulk
+            .store(bytes >= RX_BULK_BURST, Ordering::Relaxed);
         n == super::batch::MAX_BATCH
     }
 
@@ -1292,6 +1323,7 @@ impl Shared {
         let mut stat_pending = false;
         // Counted here, added to the stats under the next lock.
         let mut wakeups = 0u64;
+        let mut coalesced = 0u64;
         while !self.stop.load(Ordering::Acquire) {
             if self.progress_paused.load(Ordering::Acquire) {
                 let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
@@ -1325,6 +1357,7 @@ impl Shared {
             }
             let mut core = guard.unwrap_or_else(|| self.core.lock());
             core.stats.progress_wakeups += std::mem::take(&mut wakeups);
+            core.stats.rx_coalesced += std::mem::take(&mut coalesced);
             let now = self.now();
             if core
                 .engine
@@ -1366,20 +1399,43 @@ impl Shared {
             self.sleeping_until
                 .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
             MutexGuard::unlock_fair(core);
-            let timeout = deadline
+            let until_deadline = deadline
                 .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
-                .unwrap_or(MAX_SLEEP)
-                .min(MAX_SLEEP);
-            let ts = rustix::time::Timespec {
-                tv_sec: timeout.as_secs() as _,
-                tv_nsec: timeout.subsec_nanos() as _,
-            };
+                .unwrap_or(Duration::MAX);
             let stat_fd = self.stat.as_ref().map(|s| s.fd());
             let stat_or_wake = stat_fd.unwrap_or(self.wake.as_fd());
             // While a caller holds the socket, its datagrams do not wake
             // this thread; the hold's timer does when it expires.
             let held = self.hold.on.load(Ordering::Acquire);
-            let socket_or_wake = if held {
+            // After a bulk burst, a short sleep without the socket: the
+            // next burst is larger and the sender's datagrams meanwhile
+            // wake nobody (see `DeviceConfig::rx_coalesce_us`).
+            // `rx_coalescing` is set before `rx_bulk` is taken, and a
+            // caller arming a notification clears `rx_bulk` before it
+            // reads `rx_coalescing` (all SeqCst): either this thread sees
+            // the cleared flag, or the caller sees this one and wakes it.
+            let coalescing = self.rx_coalesce_ns > 0
+                && !held
+                && until_deadline > Duration::from_nanos(self.rx_coalesce_ns)
+                && {
+                    self.rx_coalescing.store(true, Ordering::SeqCst);
+                    let bulk = self.rx_bulk.swap(false, Ordering::SeqCst);
+                    if !bulk {
+                        self.rx_coalescing.store(false, Ordering::Relaxed);
+                    }
+                    bulk
+                };
+            let sleep = if coalescing {
+                coalesced += 1;
+                Duration::from_nanos(self.rx_coalesce_ns)
+            } else {
+                until_deadline.min(MAX_SLEEP)
+            };
+            let ts = rustix::time::Timespec {
+                tv_sec: sleep.as_secs() as _,
+                tv_nsec: sleep.subsec_nanos() as _,
+            };
+            let socket_or_wake = if held || coalescing {
                 self.wake.as_fd()
             } else {
                 self.socket.as_fd()
@@ -1392,6 +1448,7 @@ impl Shared {
                 PollFd::new(&self.hold.timer, PollFlags::IN),
             ];
             let _ = rustix::event::poll(&mut fds, Some(&ts));
+            self.rx_coalescing.store(false, Ordering::Relaxed);
             wakeups += 1;
             stat_pending = stat_fd.is_some() && !fds[3].revents().is_empty();
             if !fds[4].revents().is_empty() {
