@@ -51,7 +51,7 @@ fn bench_icrc(c: &mut Criterion) {
         });
         // Re-signing a GSO segment for its identification (what the
         // transmit batch does instead of a second CRC): one per run, then
-        // one delta per segment.
+        // one delta per segment (a few XORs from the per-bit table).
         let r = icrc::Reident::new(len - 4);
         g.bench_with_input(BenchmarkId::new("reident_delta", len), &r, |b, r| {
             b.iter(|| black_box(r).delta(0, black_box(7)))

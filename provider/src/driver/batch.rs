@@ -160,6 +160,8 @@ pub(crate) struct TxBatch {
     /// is re-signed for IPv4 identification `k` (see the module
     /// documentation).
     resign_idents: bool,
+    /// The last length's re-signing table (runs mostly share a length).
+    reident: Option<(usize, roxe_wire::icrc::Reident)>,
     /// Destination socket addresses, built once per destination, and
     /// whether the destination is reached directly (see `direct`).
     addrs: Vec<(IpAddr, socket2::SockAddr, bool)>,
@@ -267,6 +269,7 @@ impl TxBatch {
             gso_loopback: true,
             port,
             resign_idents: false,
+            reident: None,
             addrs: Vec::new(),
             direct: None,
             counters: TxCounters::default(),
@@ -309,7 +312,6 @@ impl TxBatch {
         if !self.resign_idents {
             return;
         }
-        let mut reident: Option<(usize, roxe_wire::icrc::Reident)> = None;
         for k in 0..n {
             // k < MAX_GSO_SEGMENTS (64): fits the 16-bit identification.
             let ident = if n > 1 { k as u16 } else { 0 };
@@ -323,11 +325,11 @@ impl TxBatch {
                 continue;
             };
             // The segments of a run share one length (the last may not).
-            let r = match reident {
+            let r = match self.reident {
                 Some((l, r)) if l == body_len => r,
                 _ => {
                     let r = roxe_wire::icrc::Reident::new(body_len);
-                    reident = Some((body_len, r));
+                    self.reident = Some((body_len, r));
                     r
                 }
             };
