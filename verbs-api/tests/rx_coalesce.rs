@@ -3,8 +3,10 @@
 //! without watching the socket, so a bulk stream arrives in larger bursts
 //! and the sender's datagrams do not each wake it. These tests check that
 //! a stream of 64 KiB WRITEs makes the receiver coalesce (and lands every
-//! byte), that it never does with coalescing off, and that a program
-//! arming a completion notification ends a coalescing sleep at once.
+//! byte), that a burst as large of small SENDs does not (their senders
+//! wait on prompt ACKs), that it never does with coalescing off, and that
+//! a program arming a completion notification ends a coalescing sleep at
+//! once.
 
 mod common;
 
@@ -32,8 +34,11 @@ fn side(name: &str, addr: &str, rx_coalesce_us: u32) -> Side {
     let ctx = common::open_with(name, addr, base);
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
-    let cq = ctx.create_cq(256, Some(&channel)).unwrap();
-    let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq, &cq)).unwrap();
+    let cq = ctx.create_cq(2048, Some(&channel)).unwrap();
+    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+    init.cap.max_send_wr = 1024;
+    init.cap.max_recv_wr = 1024;
+    let qp = pd.create_qp(&init).unwrap();
     let mr = pd
         .reg_mr(
             WRITES * SIZE,
@@ -111,6 +116,50 @@ fn a_bulk_write_stream_makes_the_receiver_coalesce() {
         "4 MiB of WRITEs: bursts of 32 KiB or more"
     );
     assert_eq!(coalesced(&a), 0, "ACKs are no bulk burst");
+}
+
+/// 512 SENDs of 64 bytes wait in b's socket (its progress thread paused)
+/// and are received in bursts of 32 KiB and more, of small packets: no
+/// coalescing.
+#[test]
+fn a_burst_of_small_messages_does_not_coalesce() {
+    const N: usize = 512;
+    let (a, b) = pair(["rcs-a", "rcs-b"], ["127.0.228.45", "127.0.228.46"], 20);
+    let device = b.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    for i in 0..N {
+        b.qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![b.mr.sge(64 * i, 64)],
+        })
+        .unwrap();
+    }
+    for chunk in 0..N / 64 {
+        let wrs: Vec<SendWr> = (0..64)
+            .map(|i| {
+                let k = chunk * 64 + i;
+                SendWr::new(k as u64, SendOpcode::Send, vec![a.mr.sge(64 * k, 64)])
+            })
+            .collect();
+        a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+    }
+    let before = b.ctx.stats().unwrap().driver;
+    device.pause_progress_thread(false);
+    let wcs = a.cq.poll_wait(N, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    let wcs = b.cq.poll_wait(N, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    let after = b.ctx.stats().unwrap().driver;
+    let bursts = after.rx_batches - before.rx_batches;
+    println!(
+        "{} datagrams in {bursts} bursts",
+        after.rx_datagrams - before.rx_datagrams
+    );
+    assert!(
+        bursts < N as u64 / 8,
+        "the SENDs waited together and came in large bursts"
+    );
+    assert_eq!(after.rx_coalesced, 0);
 }
 
 #[test]

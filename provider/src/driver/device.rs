@@ -56,9 +56,14 @@ const HOLD_REARM_POLLS: u32 = 64;
 /// stream's receiver (see [`CallerHold`]).
 const STREAM_BURST: u32 = 8;
 
-/// A receive burst of at least this many bytes is bulk: the progress
-/// thread then coalesces (`DeviceConfig::rx_coalesce_us`).
+/// A receive burst of at least this many bytes, in packets of
+/// [`RX_BULK_PACKET`] bytes or more on average, is bulk: the progress
+/// thread then coalesces (`DeviceConfig::rx_coalesce_us`). Streams of
+/// small messages are not: their senders wait on prompt ACKs (measured:
+/// `ib_send_bw -s 64 -q 4` medians 1.11 -> 0.96 M msg/s when they
+/// coalesced).
 const RX_BULK_BURST: usize = 32 * 1024;
+const RX_BULK_PACKET: usize = 1024;
 /// This many messages posted and not completed make the device a stream's
 /// sender (see [`CallerHold`]).
 const STREAM_SEND_QUEUE: usize = 16;
@@ -1204,7 +1209,7 @@ impl Shared {
         let now = self.now();
         core.stats.rx_batches += 1;
         let mut messages = 0u32;
-        let mut bytes = 0usize;
+        let (mut bytes, mut packets) = (0usize, 0usize);
         for k in 0..n {
             let (from, d, seg) = rx.get(k);
             bytes += d.len();
@@ -1218,6 +1223,7 @@ impl Shared {
                 .enumerate()
             {
                 core.stats.rx_datagrams += 1;
+                packets += 1;
                 if let Some(t) = core.tap.as_mut() {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
@@ -1229,8 +1235,10 @@ impl Shared {
         self.hold
             .stream
             .store(messages >= STREAM_BURST, Ordering::Relaxed);
-        self.rx_bulk
-            .store(bytes >= RX_BULK_BURST, Ordering::Relaxed);
+        self.rx_bulk.store(
+            bytes >= RX_BULK_BURST && bytes >= packets * RX_BULK_PACKET,
+            Ordering::Relaxed,
+        );
         n == super::batch::MAX_BATCH
     }
 
