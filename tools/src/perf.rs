@@ -195,6 +195,10 @@ pub struct Args {
     /// Receives posted per QP (send, and latency ping-pongs).
     #[arg(short = 'r', long, default_value_t = 512)]
     pub rx_depth: u32,
+    /// READs (and atomics) outstanding per QP each way (perftest's -o;
+    /// default, as perftest: the most both devices allow).
+    #[arg(short = 'o', long)]
+    pub outs: Option<u8>,
     /// Send payloads of up to SIZE bytes inline (perftest's -I; by
     /// default perftest's choice: 220 for write and 236 for send latency
     /// runs, 0 otherwise).
@@ -272,6 +276,11 @@ struct Params {
     /// `-D`: seconds to send for (0: `iters` operations).
     #[serde(default)]
     duration: u32,
+    /// `-o`: READs and atomics outstanding per QP, the most the client's
+    /// device allows unless given (the server lowers it to its own limit
+    /// and says so in `Ready`).
+    #[serde(default = "default_outs")]
+    outs: u8,
     /// `-b`: both sides send.
     #[serde(default)]
     bidir: bool,
@@ -301,6 +310,11 @@ impl Params {
     }
 }
 
+/// READs outstanding of a peer that does not say (before `-o`).
+fn default_outs() -> u8 {
+    16
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct RemoteMr {
     addr: u64,
@@ -319,6 +333,10 @@ enum Msg {
     Ready {
         eps: Vec<Endpoint>,
         mr: RemoteMr,
+        /// The READs outstanding the server connected with (the client's
+        /// `outs`, or less where its device allows less).
+        #[serde(default)]
+        outs: Option<u8>,
     },
     Done {
         report: Report,
@@ -355,6 +373,9 @@ struct Report {
     qps: u32,
     tx_depth: u32,
     cq_mod: u32,
+    /// READs and atomics outstanding per QP.
+    #[serde(default = "default_outs")]
+    outs: u8,
     mtu: u32,
     seconds: f64,
     bytes: u64,
@@ -413,6 +434,8 @@ fn params_of(args: &Args) -> Res<Params> {
         tx_depth: args.tx_depth,
         cq_mod: args.cq_mod.min(args.tx_depth),
         rx_depth: args.rx_depth,
+        // The client's device decides the default (`client_run`).
+        outs: args.outs.unwrap_or_else(default_outs),
         mtu: args.mtu,
         // perftest's defaults (DEF_INLINE_WRITE, DEF_INLINE_SEND_RC_UC).
         inline_size: args.inline_size.unwrap_or(match (args.lat, args.op) {
@@ -645,6 +668,9 @@ struct Setup {
     /// A hardware device: nothing in this process needs the core, so a
     /// poller spins without yielding (as perftest does).
     hardware: bool,
+    /// The most READs and atomics outstanding a QP of the device may have
+    /// each way (`max_qp_init_rd_atom`, `max_qp_rd_atom`).
+    max_outs: u8,
 }
 
 const ACCESS: AccessFlags = AccessFlags(
@@ -690,6 +716,12 @@ fn setup(p: &Params, event: bool, args: &Args) -> Res<Setup> {
         _pd: pd,
         addr: dev.addr(),
         hardware: dev.backend() == roxe_verbs::Backend::Hardware,
+        max_outs: {
+            let a = dev.query_device();
+            a.max_qp_init_rd_atom
+                .min(a.max_qp_rd_atom)
+                .clamp(1, u32::from(u8::MAX)) as u8
+        },
     })
 }
 
@@ -724,7 +756,8 @@ impl Setup {
             len: self.mr.len() as u64,
         }
     }
-    fn connect(&self, p: &Params, remote: &[Endpoint]) -> Res<()> {
+    /// Connect every QP, `outs` READs outstanding each way.
+    fn connect(&self, p: &Params, remote: &[Endpoint], outs: u8) -> Res<()> {
         if remote.len() != self.qps.len() {
             return Err(format!(
                 "the peer sent {} endpoints for {} QPs",
@@ -734,7 +767,7 @@ impl Setup {
         }
         let mtu = mtu_of(p.mtu)?;
         for ((q, &psn), r) in self.qps.iter().zip(&self.psns).zip(remote) {
-            q.connect(psn, r, mtu, ACCESS, 14)
+            q.connect_with_outstanding(psn, r, mtu, ACCESS, 14, outs)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
@@ -973,8 +1006,20 @@ fn print_run(r: &Report, args: &Args) {
 fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Res<Report> {
     let (json, event) = (args.json, args.event);
     let s = setup(p, event, args)?;
+    let outs = match args.outs {
+        Some(0) => return Err("-o 0: at least one READ must be outstanding".into()),
+        Some(o) if o > s.max_outs => {
+            return Err(format!(
+                "-o {o}: device {} allows {} READs outstanding per QP",
+                s.addr, s.max_outs
+            ))
+        }
+        Some(o) => o,
+        None => s.max_outs,
+    };
     let p = &Params {
         poll_buffer: p.lat && p.op == Op::Write && s.hardware,
+        outs,
         ..*p
     };
     ctrl.send(&Msg::Hello {
@@ -982,8 +1027,8 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
         eps: s.eps(),
         mr: s.remote_mr(),
     })?;
-    let (eps, rmr) = match ctrl.recv(deadline, "the server's endpoints")? {
-        Msg::Ready { eps, mr } => (eps, mr),
+    let (eps, rmr, server_outs) = match ctrl.recv(deadline, "the server's endpoints")? {
+        Msg::Ready { eps, mr, outs } => (eps, mr, outs.unwrap_or_else(default_outs)),
         m => return Err(format!("expected the server's endpoints, got {m:?}")),
     };
     if rmr.len < s.mr.len() as u64 {
@@ -993,7 +1038,11 @@ fn client_run(p: &Params, ctrl: &mut Ctrl, deadline: Instant, args: &Args) -> Re
             s.mr.len()
         ));
     }
-    s.connect(p, &eps)?;
+    let p = &Params {
+        outs: p.outs.min(server_outs),
+        ..*p
+    };
+    s.connect(p, &eps, p.outs)?;
     if !json && (!args.all || p.size == 1 << ALL_SIZES.start()) {
         println!(
             "roxe perf {} {}: device {} -> server {}, {} QP(s), {} B x {}, MTU {}{}",
@@ -1553,6 +1602,7 @@ fn report(p: &Params, elapsed: Duration, lat_us: Option<LatUs>) -> Report {
         qps: p.qps,
         tx_depth: p.tx_depth,
         cq_mod: p.cq_mod,
+        outs: p.outs,
         mtu: p.mtu,
         seconds,
         bytes,
@@ -1700,7 +1750,8 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
             s.mr.len()
         ));
     }
-    s.connect(&p, &ceps)?;
+    let outs = p.outs.clamp(1, s.max_outs);
+    s.connect(&p, &ceps, outs)?;
     // Receives go up before `ready`: the client starts sending on it.
     let mut recv_posted = vec![0u64; s.qps.len()];
     let pingpong_mode = p.lat && p.op != Op::Read && !p.poll_buffer;
@@ -1712,6 +1763,7 @@ fn server_run(args: &Args, ctrl: &mut Ctrl, deadline: Instant) -> Res<Report> {
     ctrl.send(&Msg::Ready {
         eps: s.eps(),
         mr: s.remote_mr(),
+        outs: Some(outs),
     })?;
     if !args.json {
         eprintln!(

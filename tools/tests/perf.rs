@@ -155,6 +155,16 @@ fn read_bw() {
     perf(2, "read", &["-n", "200"], 65536, 200, 1, false);
 }
 
+/// `-o`: READs outstanding per QP; by default the most both devices allow
+/// (a soft device: 128, as rxe), as perftest.
+#[test]
+fn read_bw_outstanding_reads() {
+    let c = perf(16, "read", &["-n", "200", "-o", "4"], 65536, 200, 1, false);
+    assert_eq!(c["outs"], 4, "{c}");
+    let c = perf(17, "read", &["-n", "200"], 65536, 200, 1, false);
+    assert_eq!(c["outs"], 128, "{c}");
+}
+
 #[test]
 fn send_bw() {
     perf(3, "send", &["-n", "200"], 65536, 200, 1, false);

@@ -1432,6 +1432,7 @@ impl XrcRecvQp {
             access,
             timeout,
             sgid_index: 0,
+            rd_atomic: CONNECT_RD_ATOMIC,
         };
         how.run(remote, |a, m| self.modify(a, m))
     }
@@ -2144,6 +2145,9 @@ impl Drop for QpInner {
     }
 }
 
+/// READs and atomics outstanding each way after [`Qp::connect`].
+const CONNECT_RD_ATOMIC: u8 = 16;
+
 /// How [`Qp::connect`] and [`XrcRecvQp::connect`] bring a QP to RTS.
 struct Connect {
     qp_type: QpType,
@@ -2152,6 +2156,9 @@ struct Connect {
     access: AccessFlags,
     timeout: u8,
     sgid_index: u8,
+    /// `max_rd_atomic` and `max_dest_rd_atomic`: READs and atomics
+    /// outstanding each way.
+    rd_atomic: u8,
 }
 
 impl Connect {
@@ -2196,7 +2203,7 @@ impl Connect {
             | AttrMask::DEST_QPN
             | AttrMask::RQ_PSN;
         if responder {
-            a.max_dest_rd_atomic = 16;
+            a.max_dest_rd_atomic = self.rd_atomic;
             a.min_rnr_timer = 12;
             mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         }
@@ -2211,7 +2218,7 @@ impl Connect {
         if requester {
             a.retry_cnt = 7;
             a.rnr_retry = 7;
-            a.max_rd_atomic = 16;
+            a.max_rd_atomic = self.rd_atomic;
             mask = mask | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
         }
         modify(&a, mask)
@@ -2433,6 +2440,23 @@ impl Qp {
         access: AccessFlags,
         timeout: u8,
     ) -> Result<()> {
+        self.connect_with_outstanding(local_psn, remote, mtu, access, timeout, CONNECT_RD_ATOMIC)
+    }
+
+    /// [`connect`](Self::connect) with `rd_atomic` READs and atomics
+    /// outstanding each way (`max_rd_atomic`, `max_dest_rd_atomic`;
+    /// `connect` uses 16). At most the device's `max_qp_init_rd_atom` and
+    /// `max_qp_rd_atom` ([`DeviceAttr`]), else the modify fails with
+    /// EINVAL, as `ibv_modify_qp` does.
+    pub fn connect_with_outstanding(
+        &self,
+        local_psn: u32,
+        remote: &Endpoint,
+        mtu: Mtu,
+        access: AccessFlags,
+        timeout: u8,
+        rd_atomic: u8,
+    ) -> Result<()> {
         let (mtu, sgid_index) = match self.half() {
             Half::Soft(..) => (mtu, 0),
             Half::Hw(h) => {
@@ -2447,6 +2471,7 @@ impl Qp {
             access,
             timeout,
             sgid_index,
+            rd_atomic,
         };
         how.run(remote, |a, m| self.modify(a, m))
     }
