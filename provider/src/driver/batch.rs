@@ -160,8 +160,11 @@ pub(crate) struct TxBatch {
     /// is re-signed for IPv4 identification `k` (see the module
     /// documentation).
     resign_idents: bool,
-    /// The last length's re-signing table (runs mostly share a length).
-    reident: Option<(usize, roxe_wire::icrc::Reident)>,
+    /// Re-signing tables of the last lengths seen (a run of MIDDLE
+    /// packets ends with a LAST of another length, message after message),
+    /// replaced in turn.
+    reidents: [Option<(usize, roxe_wire::icrc::Reident)>; 4],
+    reident_next: usize,
     /// Destination socket addresses, built once per destination, and
     /// whether the destination is reached directly (see `direct`).
     addrs: Vec<(IpAddr, socket2::SockAddr, bool)>,
@@ -269,7 +272,8 @@ impl TxBatch {
             gso_loopback: true,
             port,
             resign_idents: false,
-            reident: None,
+            reidents: [None; 4],
+            reident_next: 0,
             addrs: Vec::new(),
             direct: None,
             counters: TxCounters::default(),
@@ -325,11 +329,13 @@ impl TxBatch {
                 continue;
             };
             // The segments of a run share one length (the last may not).
-            let r = match self.reident {
-                Some((l, r)) if l == body_len => r,
-                _ => {
+            let r = match self.reidents.iter().flatten().find(|(l, _)| *l == body_len) {
+                Some(&(_, r)) => r,
+                None => {
                     let r = roxe_wire::icrc::Reident::new(body_len);
-                    self.reident = Some((body_len, r));
+                    let at = self.reident_next % self.reidents.len();
+                    self.reidents[at] = Some((body_len, r));
+                    self.reident_next = at + 1;
                     r
                 }
             };
