@@ -13,10 +13,12 @@ pub enum IcrcPolicy {
     /// an unconnected don't-fragment UDP socket (identification 0), which is
     /// how roxe sends; drop on mismatch.
     AssumeLinuxSender,
-    /// Verify as `AssumeLinuxSender`, but accept a mismatch and count it in
+    /// Verify as `AssumeLinuxSender`, but accept a mismatch that some IPv4
+    /// identification and don't-fragment flag explain, counted in
     /// [`Stats::rx_icrc_unverified`]: peers such as rxe and mlx5 put
     /// non-zero identifications in their IPv4 headers, which a UDP socket
-    /// never shows, so their ICRCs cannot be recomputed.
+    /// never shows. Other mismatches are damage, dropped
+    /// (`roxe_wire::icrc::UnseenIpv4Fields`).
     Warn,
     /// Do not verify IPv4 ICRCs.
     Off,

@@ -151,7 +151,8 @@ pub struct Stats {
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// Accepted IPv4 packets whose ICRC did not match the Linux-sender
-    /// assumption (`IcrcPolicy::Warn`).
+    /// assumption but is right for another identification or DF flag
+    /// (`IcrcPolicy::Warn`).
     pub rx_icrc_unverified: u64,
     /// The liveness watchdog ([`Engine::audit_liveness`]) found a QP with a
     /// message in flight and no timer armed, and armed its retransmission
@@ -248,6 +249,8 @@ pub struct Engine {
     /// The latest time the driver gave the engine (receive, timers,
     /// transmit): what completions are stamped with.
     clock: Nanos,
+    /// Receive: ICRC changes of unseen IPv4 fields, per packet length.
+    unseen_ipv4: rx::UnseenIpv4Cache,
     memory: MemoryTable,
     next_pd: u32,
     pds: BTreeMap<u32, u32>,
@@ -309,6 +312,7 @@ impl Engine {
         Engine {
             config,
             clock: 0,
+            unseen_ipv4: rx::UnseenIpv4Cache::default(),
             memory: MemoryTable::new(),
             next_pd: 1,
             pds: BTreeMap::new(),

@@ -138,33 +138,69 @@ impl Engine {
     ) -> bool {
         let body = pkt.icrc_covered();
         let port = roxe_wire::ROCEV2_PORT;
-        // A Linux sender's IPv4 identification: 0 for one datagram, k for
-        // segment k of a GSO send (which GRO hands over in order).
-        let linux_ipv4 = |s, d| {
-            let idents = [u16::try_from(gro_index).unwrap_or(0), 0];
-            let n = if gro_index == 0 { 1 } else { 2 };
-            idents[..n].iter().any(|&id| {
-                icrc::compute_ipv4(s, d, src_port, port, id, body).is_ok_and(|c| c == pkt.icrc())
-            })
-        };
         let want = match (src, self.config.addr) {
             (IpAddr::V4(s), IpAddr::V4(d)) => match policy {
                 IcrcPolicy::Off => return true,
                 // Verified over the real headers by `handle_ip_packet`.
                 IcrcPolicy::WireHeaders => return true,
-                IcrcPolicy::Warn => {
-                    if !linux_ipv4(s, d) {
-                        self.stats.rx_icrc_unverified += 1;
+                IcrcPolicy::Warn | IcrcPolicy::AssumeLinuxSender => {
+                    // One CRC, for identification 0 with DF set (a Linux
+                    // sender's datagram); the rest are deltas.
+                    let Ok(c0) = icrc::compute_ipv4(s, d, src_port, port, 0, body) else {
+                        return false;
+                    };
+                    let diff = c0 ^ pkt.icrc();
+                    if diff == 0 {
+                        return true;
                     }
-                    return true;
+                    let fields = self.unseen_ipv4_fields(body.len());
+                    // Segment k of a Linux sender's GSO send (GRO hands
+                    // them over in order) carries identification k.
+                    let k = u16::try_from(gro_index).unwrap_or(0);
+                    if k != 0 && diff == fields.ident_delta(0, k) {
+                        return true;
+                    }
+                    // rxe and NICs number their datagrams, which a UDP
+                    // socket does not show: accept what some
+                    // identification (and DF either way) explains, drop
+                    // the rest: damaged whatever the header was.
+                    if policy == IcrcPolicy::Warn && fields.explains(diff) {
+                        self.stats.rx_icrc_unverified += 1;
+                        return true;
+                    }
+                    return false;
                 }
-                IcrcPolicy::AssumeLinuxSender => return linux_ipv4(s, d),
             },
             (IpAddr::V6(s), IpAddr::V6(d)) => icrc::compute_ipv6(s, d, src_port, port, body),
             _ => return false,
         };
         want.is_ok_and(|c| c == pkt.icrc())
     }
+}
+
+impl Engine {
+    /// The ICRC changes unseen IPv4 fields can make to packets of
+    /// `roce_len` bytes (see [`icrc::UnseenIpv4Fields`]), for the last few
+    /// lengths received.
+    fn unseen_ipv4_fields(&mut self, roce_len: usize) -> icrc::UnseenIpv4Fields {
+        let cache = &mut self.unseen_ipv4;
+        if let Some(&(_, f)) = cache.entries.iter().flatten().find(|(l, _)| *l == roce_len) {
+            return f;
+        }
+        let f = icrc::UnseenIpv4Fields::new(roce_len);
+        let at = cache.next % cache.entries.len();
+        cache.entries[at] = Some((roce_len, f));
+        cache.next = at + 1;
+        f
+    }
+}
+
+/// [`icrc::UnseenIpv4Fields`] of the last lengths received, replaced in
+/// turn.
+#[derive(Debug, Default)]
+pub(super) struct UnseenIpv4Cache {
+    entries: [Option<(usize, icrc::UnseenIpv4Fields)>; 4],
+    next: usize,
 }
 
 /// The GRH area a UD receive buffer starts with (IBA A17.4.5.2): the
@@ -198,4 +234,85 @@ pub(super) fn grh_area(src: IpAddr, local: IpAddr, udp_payload_len: usize) -> [u
         }
     }
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, IcrcPolicy};
+    use roxe_wire::{BthRepr, ExtHeaders, Opcode, PacketRepr, Psn};
+    use std::net::Ipv4Addr;
+
+    const SRC: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+    const DST: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+    /// A SEND to QP 0x99 (none exists: a packet that passes the ICRC is
+    /// then dropped as NoQp), its ICRC computed for IPv4 identification
+    /// `ident`.
+    fn packet(ident: u16) -> Vec<u8> {
+        let payload = [0x5Au8; 1024];
+        let r = PacketRepr {
+            bth: BthRepr::new(Opcode::RcSendOnly, 0x99, Psn::new(7)),
+            ext: ExtHeaders::NONE,
+            payload: &payload,
+        };
+        let mut buf = vec![0u8; 2048];
+        let n = r.emit_ipv4_linux(&mut buf, SRC, DST, 0xC000, 4791).unwrap();
+        buf.truncate(n);
+        let body = n - roxe_wire::ICRC_LEN;
+        let c = icrc::compute_ipv4(SRC, DST, 0xC000, 4791, ident, &buf[..body]).unwrap();
+        roxe_wire::packet::set_icrc(&mut buf, c);
+        buf
+    }
+
+    fn engine(policy: IcrcPolicy) -> Engine {
+        let mut config = EngineConfig::new(IpAddr::V4(DST));
+        config.icrc_policy = policy;
+        Engine::new(config)
+    }
+
+    fn drops(e: &Engine) -> (u64, u64, u64) {
+        let s = e.stats();
+        (
+            s.drops.get(DropReason::NoQp),
+            s.drops.get(DropReason::BadIcrc),
+            s.rx_icrc_unverified,
+        )
+    }
+
+    #[test]
+    fn warn_accepts_any_identification_but_drops_damage() {
+        let mut e = engine(IcrcPolicy::Warn);
+        let from = IpAddr::V4(SRC);
+        e.handle_packet(0, from, 0xC000, &packet(0));
+        assert_eq!(drops(&e), (1, 0, 0), "identification 0: verified");
+        // rxe's and NICs' datagrams carry identifications a UDP socket
+        // does not show: accepted, counted.
+        e.handle_packet(0, from, 0xC000, &packet(12345));
+        assert_eq!(drops(&e), (2, 0, 1));
+        // Segment 3 of a GSO send: identification 3, verified exactly.
+        e.handle_segment(0, from, 0xC000, &packet(3), 3);
+        assert_eq!(drops(&e), (3, 0, 1));
+        // A payload bit flipped: no identification explains it.
+        let mut bad = packet(12345);
+        bad[100] ^= 0x10;
+        e.handle_packet(0, from, 0xC000, &bad);
+        assert_eq!(drops(&e), (3, 1, 1));
+        // So is a packet from another source port than it was signed for.
+        e.handle_packet(0, from, 0xC001, &packet(0));
+        assert_eq!(drops(&e), (3, 2, 1));
+    }
+
+    #[test]
+    fn assuming_a_linux_sender_accepts_only_its_identifications() {
+        let mut e = engine(IcrcPolicy::AssumeLinuxSender);
+        let from = IpAddr::V4(SRC);
+        e.handle_packet(0, from, 0xC000, &packet(0));
+        e.handle_segment(0, from, 0xC000, &packet(5), 5);
+        e.handle_segment(0, from, 0xC000, &packet(0), 5);
+        assert_eq!(drops(&e), (3, 0, 0));
+        e.handle_packet(0, from, 0xC000, &packet(12345));
+        e.handle_segment(0, from, 0xC000, &packet(6), 5);
+        assert_eq!(drops(&e), (3, 2, 0));
+    }
 }
