@@ -6,9 +6,54 @@
 # rate, memory per idle QP).
 # Needs: cargo build --release -p roxe-tools -p roxe-ibverbs; iperf3,
 # sockperf and perftest (Debian packages). Loopback addresses only.
+#
+# --rounds N: instead, N interleaved rounds of the 64 KiB bandwidth goals
+# (iperf3 TCP 2 s, `roxe perf write|read|send -s 65536`, `ib_write_bw -s
+# 65536` over the drop-in, back to back), one line per round, then the
+# per-round ratios' medians: a VM whose speed drifts for minutes at a
+# time skews ratios of figures measured minutes apart.
 set -u
 R=$(cd "$(dirname "$0")/.." && pwd)/target/release
 L=$R/ibverbs
+if [ "${1:-}" = --rounds ]; then
+  n=${2:?--rounds needs a count}
+  rp() { # op -> GB/s
+    ROXE_ADDR=127.0.221.1 $R/roxe perf $1 -s 65536 -n 30000 -p 18708 --json server >/dev/null 2>&1 & sleep 0.4
+    ROXE_ADDR=127.0.221.2 $R/roxe perf $1 -s 65536 -n 30000 -p 18708 --json client 127.0.0.1 |
+      python3 -c 'import json,sys; print(round(json.load(sys.stdin)["gbytes_per_s"],3))'
+    wait
+  }
+  rounds=$(mktemp)
+  for r in $(seq "$n"); do
+    iperf3 -s -1 -p 5304 >/dev/null 2>&1 & sleep 0.3
+    t=$(iperf3 -c 127.0.0.1 -p 5304 -t 2 -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9,3))')
+    wait
+    w=$(rp write); rd=$(rp read); sd=$(rp send)
+    LD_LIBRARY_PATH=$L ROXE_ADDR=127.0.222.1 ib_write_bw -d roxe0 -x 0 -s 65536 -n 20000 -p 18709 >/dev/null 2>&1 & sleep 0.5
+    ib=$(LD_LIBRARY_PATH=$L ROXE_ADDR=127.0.222.2 ib_write_bw -d roxe0 -x 0 -s 65536 -n 20000 -p 18709 127.0.0.1 | awk '/^ 65536/ {printf "%.3f", $4 * 1048576 / 1e9}')
+    wait
+    echo "round $r: tcp ${t:-nan} write ${w:-nan} read ${rd:-nan} send ${sd:-nan} ib_write_bw ${ib:-nan}" | tee -a "$rounds"
+  done
+  python3 - "$rounds" <<'PY'
+import statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    f = line.split(":", 1)[1].split()
+    rows.append({f[i]: float(f[i + 1]) for i in range(0, len(f), 2)})
+def med(name, f):
+    v = sorted(x for x in (f(r) for r in rows) if x == x)
+    if v:
+        print(f"{name} median {statistics.median(v):.3f} [{v[0]:.2f}-{v[-1]:.2f}] over {len(v)} rounds")
+for k in ("tcp", "write", "read", "send", "ib_write_bw"):
+    med(k + "_GBps", lambda r: r[k])
+med("write/tcp", lambda r: r["write"] / r["tcp"])
+med("read/write", lambda r: r["read"] / r["write"])
+med("send/write", lambda r: r["send"] / r["write"])
+med("ib_write_bw/write", lambda r: r["ib_write_bw"] / r["write"])
+PY
+  rm -f "$rounds"
+  exit 0
+fi
 # iperf3 TCP
 iperf3 -s -1 -p 5301 >/dev/null 2>&1 & sleep 0.5
 echo "iperf3_tcp_GBps $(iperf3 -c 127.0.0.1 -p 5301 -t 5 -J | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9,3))')"
