@@ -4,9 +4,9 @@
 //! and the sender's datagrams do not each wake it. These tests check that
 //! a stream of 64 KiB WRITEs makes the receiver coalesce (and lands every
 //! byte), that a burst as large of small SENDs does not (their senders
-//! wait on prompt ACKs), that it never does with coalescing off, and that
-//! a program arming a completion notification ends a coalescing sleep at
-//! once.
+//! wait on prompt ACKs), nor one whole large message (a ping-pong's), that
+//! it never does with coalescing off, and that a program arming a
+//! completion notification ends a coalescing sleep at once.
 
 mod common;
 
@@ -162,6 +162,41 @@ fn a_burst_of_small_messages_does_not_coalesce() {
     assert_eq!(after.rx_coalesced, 0);
 }
 
+/// `n` 64 KiB WRITEs from `a` into `b`'s region as one post list;
+/// loopback delivers within the sender's system call, so with `b`'s
+/// progress thread paused they wait whole in its socket on return.
+fn write_whole(a: &Side, b: &Side, n: usize) {
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|i| {
+            let mut wr = SendWr::new(
+                i as u64,
+                SendOpcode::RdmaWrite,
+                vec![a.mr.sge(i * SIZE, SIZE as u32)],
+            );
+            wr.remote_addr = b.mr.addr() + (i * SIZE) as u64;
+            wr.rkey = b.mr.rkey();
+            wr
+        })
+        .collect();
+    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+}
+
+/// One whole 64 KiB message per burst, as a ping-pong of large messages
+/// receives, is no stream: its answer would come during the sleep.
+#[test]
+fn one_whole_message_does_not_coalesce() {
+    let (a, b) = pair(["rcw-a", "rcw-b"], ["127.0.228.49", "127.0.228.50"], 20);
+    let device = b.ctx.soft_device().unwrap();
+    for _ in 0..5 {
+        device.pause_progress_thread(true);
+        write_whole(&a, &b, 1);
+        device.pause_progress_thread(false);
+        let wcs = a.cq.poll_wait(1, T).unwrap();
+        assert_eq!(wcs[0].status, WcStatus::Success);
+    }
+    assert_eq!(coalesced(&b), 0);
+}
+
 #[test]
 fn with_coalescing_off_the_receiver_never_coalesces() {
     let (a, b) = pair(["rco-a", "rco-b"], ["127.0.228.41", "127.0.228.42"], 0);
@@ -171,8 +206,8 @@ fn with_coalescing_off_the_receiver_never_coalesces() {
 
 /// `b` coalesces for 2 s after a bulk burst (a setting only the
 /// configuration struct allows: the environment's limit is 1 ms). With its
-/// progress thread paused, one 64 KiB WRITE waits whole in its socket; let
-/// go, the thread receives it as one bulk burst, ACKs it and sleeps.
+/// progress thread paused, two 64 KiB WRITEs wait whole in its socket; let
+/// go, the thread receives them as one bulk burst, ACKs them and sleeps.
 /// Arming b's CQ notification ends that sleep, so a SEND that arrives next
 /// raises the event at once, not seconds later.
 #[test]
@@ -184,15 +219,10 @@ fn arming_a_notification_ends_a_coalescing_sleep() {
     );
     let device = b.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
-    let mut wr = SendWr::new(1, SendOpcode::RdmaWrite, vec![a.mr.sge(0, SIZE as u32)]);
-    wr.remote_addr = b.mr.addr();
-    wr.rkey = b.mr.rkey();
-    a.qp.post_send(wr).unwrap();
-    // Loopback delivers within the sender's system call: the WRITE is in
-    // b's socket now.
+    write_whole(&a, &b, 2);
     device.pause_progress_thread(false);
-    let wcs = a.cq.poll_wait(1, T).unwrap();
-    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    let wcs = a.cq.poll_wait(2, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
     b.qp.post_recv(RecvWr {
         wr_id: 7,
         sg_list: vec![b.mr.sge(0, 64)],

@@ -184,7 +184,8 @@ pub struct DeviceConfig {
     /// transmit buffer first (`ROXE_TX_BY_REF`, default on).
     pub payload_by_ref: bool,
     /// After a receive burst of 32 KiB or more (in packets of 1 KiB or
-    /// more on average: bulk data), the progress thread sleeps
+    /// more on average, ending two messages or more or stopping inside
+    /// one: bulk data), the progress thread sleeps
     /// this long without watching the socket before it receives again
     /// (timers, wake-ups and `roxe stat` still end the sleep), so that a
     /// bulk stream is received in larger bursts and the sender's datagrams

@@ -57,11 +57,13 @@ const HOLD_REARM_POLLS: u32 = 64;
 const STREAM_BURST: u32 = 8;
 
 /// A receive burst of at least this many bytes, in packets of
-/// [`RX_BULK_PACKET`] bytes or more on average, is bulk: the progress
-/// thread then coalesces (`DeviceConfig::rx_coalesce_us`). Streams of
-/// small messages are not: their senders wait on prompt ACKs (measured:
-/// `ib_send_bw -s 64 -q 4` medians 1.11 -> 0.96 M msg/s when they
-/// coalesced).
+/// [`RX_BULK_PACKET`] bytes or more on average, that ends two messages or
+/// more or stops inside one, is bulk: the progress thread then coalesces
+/// (`DeviceConfig::rx_coalesce_us`). Streams of small messages are not:
+/// their senders wait on prompt ACKs (measured: `ib_send_bw -s 64 -q 4`
+/// medians 1.11 -> 0.96 M msg/s when they coalesced); nor is one whole
+/// message, as a ping-pong of large ones receives (its answer comes
+/// during the sleep: 64 KiB `ib_write_lat` typical 57 -> 77 µs medians).
 const RX_BULK_BURST: usize = 32 * 1024;
 const RX_BULK_PACKET: usize = 1024;
 /// This many messages posted and not completed make the device a stream's
@@ -1210,6 +1212,7 @@ impl Shared {
         core.stats.rx_batches += 1;
         let mut messages = 0u32;
         let (mut bytes, mut packets) = (0usize, 0usize);
+        let mut last_ends = false;
         for k in 0..n {
             let (from, d, seg) = rx.get(k);
             bytes += d.len();
@@ -1228,7 +1231,8 @@ impl Shared {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
-                messages += u32::from(ends_message(p));
+                last_ends = ends_message(p);
+                messages += u32::from(last_ends);
                 handle(&mut core.engine, now, from.ip(), from.port(), p, i);
             }
         }
@@ -1236,7 +1240,9 @@ impl Shared {
             .stream
             .store(messages >= STREAM_BURST, Ordering::Relaxed);
         self.rx_bulk.store(
-            bytes >= RX_BULK_BURST && bytes >= packets * RX_BULK_PACKET,
+            bytes >= RX_BULK_BURST
+                && bytes >= packets * RX_BULK_PACKET
+                && (messages >= 2 || !last_ends),
             Ordering::Relaxed,
         );
         n == super::batch::MAX_BATCH
