@@ -80,19 +80,7 @@ fn write_stream(a: &Side, b: &Side) {
         *x = (i / SIZE) as u8 ^ (i as u8).wrapping_mul(31);
     }
     a.mr.write(0, &data).unwrap();
-    let wrs: Vec<SendWr> = (0..WRITES)
-        .map(|i| {
-            let mut wr = SendWr::new(
-                i as u64,
-                SendOpcode::RdmaWrite,
-                vec![a.mr.sge(i * SIZE, SIZE as u32)],
-            );
-            wr.remote_addr = b.mr.addr() + (i * SIZE) as u64;
-            wr.rkey = b.mr.rkey();
-            wr
-        })
-        .collect();
-    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+    write_whole(a, b, WRITES);
     let wcs = a.cq.poll_wait(WRITES, T).unwrap();
     for w in &wcs {
         assert_eq!(w.status, WcStatus::Success, "{w:?}");

@@ -352,6 +352,39 @@ impl Reident {
     }
 }
 
+/// Tables kept for the last few packet lengths seen ([`Reident`],
+/// [`UnseenIpv4Fields`]: built once per length, as packets of one flow
+/// come in a few lengths, e.g. MIDDLE and a LAST with an AETH), replaced
+/// in turn.
+#[derive(Debug, Clone)]
+pub struct RecentLengths<T> {
+    entries: [Option<(usize, T)>; 4],
+    next: usize,
+}
+
+impl<T: Copy> Default for RecentLengths<T> {
+    fn default() -> Self {
+        RecentLengths {
+            entries: [None; 4],
+            next: 0,
+        }
+    }
+}
+
+impl<T: Copy> RecentLengths<T> {
+    /// The table for `len`, built by `make` if it is not kept.
+    pub fn get_or_make(&mut self, len: usize, make: impl FnOnce(usize) -> T) -> T {
+        if let Some(&(_, t)) = self.entries.iter().flatten().find(|(l, _)| *l == len) {
+            return t;
+        }
+        let t = make(len);
+        let at = self.next % self.entries.len();
+        self.entries[at] = Some((len, t));
+        self.next = at + 1;
+        t
+    }
+}
+
 /// The ICRC changes the IPv4 fields a UDP socket never shows can make, for
 /// packets of one length: any identification, and the don't-fragment flag
 /// set or not (rxe and NICs number their datagrams; a UDP receiver sees

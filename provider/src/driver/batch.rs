@@ -161,10 +161,8 @@ pub(crate) struct TxBatch {
     /// documentation).
     resign_idents: bool,
     /// Re-signing tables of the last lengths seen (a run of MIDDLE
-    /// packets ends with a LAST of another length, message after message),
-    /// replaced in turn.
-    reidents: [Option<(usize, roxe_wire::icrc::Reident)>; 4],
-    reident_next: usize,
+    /// packets ends with a LAST of another length, message after message).
+    reidents: roxe_wire::icrc::RecentLengths<roxe_wire::icrc::Reident>,
     /// Destination socket addresses, built once per destination, and
     /// whether the destination is reached directly (see `direct`).
     addrs: Vec<(IpAddr, socket2::SockAddr, bool)>,
@@ -272,8 +270,7 @@ impl TxBatch {
             gso_loopback: true,
             port,
             resign_idents: false,
-            reidents: [None; 4],
-            reident_next: 0,
+            reidents: Default::default(),
             addrs: Vec::new(),
             direct: None,
             counters: TxCounters::default(),
@@ -329,16 +326,9 @@ impl TxBatch {
                 continue;
             };
             // The segments of a run share one length (the last may not).
-            let r = match self.reidents.iter().flatten().find(|(l, _)| *l == body_len) {
-                Some(&(_, r)) => r,
-                None => {
-                    let r = roxe_wire::icrc::Reident::new(body_len);
-                    let at = self.reident_next % self.reidents.len();
-                    self.reidents[at] = Some((body_len, r));
-                    self.reident_next = at + 1;
-                    r
-                }
-            };
+            let r = self
+                .reidents
+                .get_or_make(body_len, roxe_wire::icrc::Reident::new);
             // The ICRC ends the packet's bytes in the arena either way.
             let pkt = &mut self.arena[off..off + pkt.arena_len()];
             let Ok(c) = roxe_wire::icrc::from_wire(pkt) else {

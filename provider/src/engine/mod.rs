@@ -250,7 +250,7 @@ pub struct Engine {
     /// transmit): what completions are stamped with.
     clock: Nanos,
     /// Receive: ICRC changes of unseen IPv4 fields, per packet length.
-    unseen_ipv4: rx::UnseenIpv4Cache,
+    unseen_ipv4: icrc::RecentLengths<icrc::UnseenIpv4Fields>,
     memory: MemoryTable,
     next_pd: u32,
     pds: BTreeMap<u32, u32>,
@@ -312,7 +312,7 @@ impl Engine {
         Engine {
             config,
             clock: 0,
-            unseen_ipv4: rx::UnseenIpv4Cache::default(),
+            unseen_ipv4: Default::default(),
             memory: MemoryTable::new(),
             next_pd: 1,
             pds: BTreeMap::new(),

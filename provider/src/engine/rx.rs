@@ -153,7 +153,9 @@ impl Engine {
                     if diff == 0 {
                         return true;
                     }
-                    let fields = self.unseen_ipv4_fields(body.len());
+                    let fields = self
+                        .unseen_ipv4
+                        .get_or_make(body.len(), icrc::UnseenIpv4Fields::new);
                     // Segment k of a Linux sender's GSO send (GRO hands
                     // them over in order) carries identification k.
                     let k = u16::try_from(gro_index).unwrap_or(0);
@@ -176,31 +178,6 @@ impl Engine {
         };
         want.is_ok_and(|c| c == pkt.icrc())
     }
-}
-
-impl Engine {
-    /// The ICRC changes unseen IPv4 fields can make to packets of
-    /// `roce_len` bytes (see [`icrc::UnseenIpv4Fields`]), for the last few
-    /// lengths received.
-    fn unseen_ipv4_fields(&mut self, roce_len: usize) -> icrc::UnseenIpv4Fields {
-        let cache = &mut self.unseen_ipv4;
-        if let Some(&(_, f)) = cache.entries.iter().flatten().find(|(l, _)| *l == roce_len) {
-            return f;
-        }
-        let f = icrc::UnseenIpv4Fields::new(roce_len);
-        let at = cache.next % cache.entries.len();
-        cache.entries[at] = Some((roce_len, f));
-        cache.next = at + 1;
-        f
-    }
-}
-
-/// [`icrc::UnseenIpv4Fields`] of the last lengths received, replaced in
-/// turn.
-#[derive(Debug, Default)]
-pub(super) struct UnseenIpv4Cache {
-    entries: [Option<(usize, icrc::UnseenIpv4Fields)>; 4],
-    next: usize,
 }
 
 /// The GRH area a UD receive buffer starts with (IBA A17.4.5.2): the

@@ -1670,6 +1670,10 @@ unsafe extern "C" fn post_srq_recv(
 
 /// Walk a receive WR list, posting each on its own; on failure name the
 /// first WR not posted in `bad_wr`.
+///
+/// # Safety
+/// `wr` is NULL or the head of the caller's list of valid `ibv_recv_wr`s
+/// (each with `num_sge` readable SGEs); `bad_wr` is NULL or writable.
 unsafe fn post_recv_each(
     mut wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
