@@ -1865,7 +1865,7 @@ fn poll_soft(
         return Ok(0);
     }
     empty_polls.store(0, Ordering::Relaxed);
-    Ok(dev.engine().poll_cq_at(id, out, at)?)
+    Ok(dev.engine_for_poll().poll_cq_at(id, out, at)?)
 }
 
 impl Drop for CqInner {

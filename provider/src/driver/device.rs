@@ -71,6 +71,13 @@ const RX_BULK_PACKET: usize = 1024;
 /// sender (see [`CallerHold`]).
 const STREAM_SEND_QUEUE: usize = 16;
 
+/// A CQ poll's pass is ACK-clocked as a single post's is (new messages wait
+/// for the ACK on its way) while this many messages are posted and not
+/// completed on the QPs in flight: a stream of single posts, whose polls
+/// would otherwise send each message as its own small batch. Below, a
+/// ping-pong's next message leaves at once.
+const POLL_CLOCKED_QUEUE: usize = 8;
+
 /// The socket left to callers spinning on `poll_cq` while a stream comes
 /// in. A caller that polls an empty CQ receives itself
 /// ([`Device::progress_here`]); the progress thread, asleep in `poll(2)` on
@@ -359,6 +366,8 @@ struct Shared {
     /// Tests: the progress thread does nothing while set
     /// ([`Device::pause_progress_thread`]).
     progress_paused: AtomicBool,
+    /// The progress thread has seen `progress_paused` and does nothing.
+    progress_parked: AtomicBool,
     /// `roxe stat`'s socket (None where it could not be made).
     stat: Option<super::stat::StatServer>,
 }
@@ -403,6 +412,8 @@ enum Post {
     Single,
     /// A list of send WRs ([`Device::engine_for_post_list`]).
     List,
+    /// A CQ poll.
+    Poll,
 }
 
 impl std::ops::Deref for EngineGuard<'_> {
@@ -427,7 +438,12 @@ impl std::ops::DerefMut for EngineGuard<'_> {
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut core) = self.core.take() {
-            let ack_clocked = self.post == Post::Single && self.shared.ack_clocked;
+            let ack_clocked = self.shared.ack_clocked
+                && match self.post {
+                    Post::Single => true,
+                    Post::Poll => core.engine.queued_at_least(POLL_CLOCKED_QUEUE),
+                    Post::Other | Post::List => false,
+                };
             self.shared.after_work(&mut core, ack_clocked);
             // A stream of single posts is ACK-clocked: the progress thread
             // receives the ACK that sends what waits (measured: holding the
@@ -437,7 +453,7 @@ impl Drop for EngineGuard<'_> {
             let held = ack_clocked && core.engine.has_held();
             let hold = &self.shared.hold;
             match self.post {
-                Post::Other => {}
+                Post::Other | Post::Poll => {}
                 Post::Single => hold.sending.store(false, Ordering::Relaxed),
                 Post::List => hold.sending.store(
                     core.engine.sends_stream(STREAM_SEND_QUEUE),
@@ -695,6 +711,7 @@ impl Device {
             ack_clocked: config.ack_clocked,
             payload_by_ref: config.payload_by_ref,
             progress_paused: AtomicBool::new(false),
+            progress_parked: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -772,10 +789,22 @@ impl Device {
     /// For tests: stop the progress thread from receiving, firing timers
     /// or sending (`true`) or let it go on (`false`), so that what still
     /// works is what callers' threads do themselves.
+    /// Pausing returns once the thread has finished what it was doing
+    /// (within 10 s), so nothing it receives afterwards is handled.
     #[doc(hidden)]
     pub fn pause_progress_thread(&self, paused: bool) {
-        self.shared.progress_paused.store(paused, Ordering::Release);
-        self.shared.wake();
+        let s = &*self.shared;
+        // Set again by the thread each time it looks while paused.
+        s.progress_parked.store(false, Ordering::Release);
+        s.progress_paused.store(paused, Ordering::Release);
+        s.wake();
+        let t0 = std::time::Instant::now();
+        while paused
+            && !s.progress_parked.load(Ordering::Acquire)
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// An engine time of this device (a completion's, from
@@ -818,6 +847,11 @@ impl Device {
     /// Lock the engine for a verbs call.
     pub fn engine(&self) -> EngineGuard<'_> {
         self.guard(Post::Other)
+    }
+
+    /// [`engine`](Self::engine) for polling a CQ.
+    pub fn engine_for_poll(&self) -> EngineGuard<'_> {
+        self.guard(Post::Poll)
     }
 
     /// [`engine`](Self::engine) for posting a list of send WRs.
@@ -1341,6 +1375,7 @@ impl Shared {
         let mut coalesced = 0u64;
         while !self.stop.load(Ordering::Acquire) {
             if self.progress_paused.load(Ordering::Acquire) {
+                self.progress_parked.store(true, Ordering::Release);
                 let mut fds = [PollFd::new(&self.wake, PollFlags::IN)];
                 let pause = rustix::time::Timespec {
                     tv_sec: 0,

@@ -1113,6 +1113,16 @@ impl Engine {
         messages >= n && psns <= 2 * messages
     }
 
+    /// Whether at least `n` messages are posted and not completed on the
+    /// QPs with PSNs in flight (the first `STREAM_SAMPLE` of them).
+    pub fn queued_at_least(&self, n: usize) -> bool {
+        let mut sum = 0;
+        self.qps_in_flight().take(STREAM_SAMPLE).any(|q| {
+            sum += q.queued_messages();
+            sum >= n
+        })
+    }
+
     /// Whether the QPs with PSNs in flight have at least `n`
     /// unacknowledged between them.
     fn unacked_at_least(&self, n: i32) -> bool {

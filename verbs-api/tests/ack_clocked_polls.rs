@@ -1,0 +1,121 @@
+//! A CQ poll during a stream of single posts is ACK-clocked as the posts
+//! are: the messages they hold (posted while 16 or more PSNs wait for
+//! their ACK) leave with the ACK's pass, not one small batch per poll
+//! (perftest's `ib_write_bw` polls a completion per message). A ping-pong's
+//! poll, with fewer than 8 messages posted, still sends at once.
+//!
+//! Each test: `a`'s first WRITE completes and its completion is left in
+//! the CQ (seen through the channel, not polled); both progress threads
+//! are paused, so no ACK comes back; `a` posts `n` single 64 KiB WRITEs (the
+//! first leaves at once, 16 packets; the rest wait for its ACK); then `a`
+//! polls, which takes the engine (a completion waits) and runs a pass.
+
+mod common;
+
+use roxe_verbs::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+const SIZE: usize = 65536;
+/// Packets of one message at MTU 4096.
+const PACKETS: u64 = (SIZE / 4096) as u64;
+
+struct Side {
+    ctx: Context,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    channel: CompChannel,
+    _pd: Pd,
+}
+
+fn side(name: &str, addr: &str) -> Side {
+    let ctx = common::open(name, addr);
+    let pd = ctx.alloc_pd().unwrap();
+    let channel = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(64, Some(&channel)).unwrap();
+    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+    init.cap.max_send_wr = 32;
+    let qp = pd.create_qp(&init).unwrap();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let mr = pd.reg_mr(SIZE, access).unwrap();
+    Side {
+        ctx,
+        qp,
+        cq,
+        mr,
+        channel,
+        _pd: pd,
+    }
+}
+
+fn write(a: &Side, b: &Side, wr_id: u64) -> SendWr {
+    let mut wr = SendWr::new(wr_id, SendOpcode::RdmaWrite, vec![a.mr.sge(0, SIZE as u32)]);
+    wr.remote_addr = b.mr.addr();
+    wr.rkey = b.mr.rkey();
+    wr
+}
+
+fn sent(s: &Side) -> u64 {
+    s.ctx.stats().unwrap().driver.tx_datagrams
+}
+
+/// Runs the sequence of the module documentation with `n` WRITEs and
+/// returns the packets `a`'s poll sent.
+fn packets_sent_by_the_poll(names: [&str; 2], addrs: [&str; 2], n: u64) -> u64 {
+    let (a, b) = (side(names[0], addrs[0]), side(names[1], addrs[1]));
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    // A 4 s ACK timeout: no retransmission while b is paused.
+    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 20)
+        .unwrap();
+    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 20)
+        .unwrap();
+    a.cq.req_notify(false).unwrap();
+    a.qp.post_send(write(&a, &b, 0)).unwrap();
+    assert_eq!(
+        a.channel.get_event_timeout(T).unwrap(),
+        Some(a.cq.id()),
+        "the first WRITE completes"
+    );
+    // b's thread: no ACK; a's: no pass of its own (a post that arms an
+    // earlier timer wakes it).
+    let devices = [a.ctx.soft_device().unwrap(), b.ctx.soft_device().unwrap()];
+    for d in &devices {
+        d.pause_progress_thread(true);
+    }
+    let before = sent(&a);
+    for i in 1..=n {
+        a.qp.post_send(write(&a, &b, i)).unwrap();
+    }
+    assert_eq!(
+        sent(&a) - before,
+        PACKETS,
+        "the first of the {n} left at once, the rest wait for its ACK"
+    );
+    let before = sent(&a);
+    let wcs = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (0, WcStatus::Success));
+    let by_poll = sent(&a) - before;
+    for d in &devices {
+        d.pause_progress_thread(false);
+    }
+    let wcs = a.cq.poll_wait(n as usize, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    by_poll
+}
+
+#[test]
+fn a_poll_in_a_stream_of_single_posts_leaves_held_messages_for_the_ack() {
+    let by_poll =
+        packets_sent_by_the_poll(["acp-a", "acp-b"], ["127.0.228.53", "127.0.228.54"], 10);
+    assert_eq!(by_poll, 0, "10 messages posted: the poll sent none");
+}
+
+#[test]
+fn a_poll_in_a_ping_pong_sends_the_held_message_at_once() {
+    let by_poll = packets_sent_by_the_poll(["acq-a", "acq-b"], ["127.0.228.55", "127.0.228.56"], 2);
+    assert_eq!(
+        by_poll, PACKETS,
+        "2 messages posted: the poll sent the second"
+    );
+}
