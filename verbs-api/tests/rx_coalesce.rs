@@ -7,7 +7,9 @@
 //! small SENDs does not (their senders
 //! wait on prompt ACKs), nor one whole large message (a ping-pong's), that
 //! it never does with coalescing off, and that a program arming a
-//! completion notification ends a coalescing sleep at once.
+//! completion notification ends a coalescing sleep at once. A caller
+//! polling a CQ coalesces too, after two bulk bursts in a row (a READ
+//! stream's requester), never after one message at a time.
 
 mod common;
 
@@ -43,7 +45,7 @@ fn side(name: &str, addr: &str, rx_coalesce_us: u32) -> Side {
     let mr = pd
         .reg_mr(
             WRITES * SIZE,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         )
         .unwrap();
     Side {
@@ -59,7 +61,7 @@ fn side(name: &str, addr: &str, rx_coalesce_us: u32) -> Side {
 fn pair(names: [&str; 2], addrs: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
     let a = side(names[0], addrs[0], rx_coalesce_us);
     let b = side(names[1], addrs[1], rx_coalesce_us);
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 14)
         .unwrap();
     b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 14)
@@ -261,4 +263,88 @@ fn arming_a_notification_ends_a_coalescing_sleep() {
     assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::Success));
     let wcs = a.cq.poll_wait(1, T).unwrap();
     assert_eq!((wcs[0].wr_id, wcs[0].status), (8, WcStatus::Success));
+}
+
+fn caller_coalesced(s: &Side) -> u64 {
+    s.ctx.stats().unwrap().driver.rx_caller_coalesced
+}
+
+/// `a` READs `n` 64 KiB messages from `b` as one post list and polls until
+/// they complete. With `a`'s progress thread paused, its poll receives
+/// them, as one burst: `b` has sent every response before the poll.
+fn read_burst(a: &Side, b: &Side, n: usize) {
+    let sent = |s: &Side| s.ctx.stats().unwrap().driver.tx_datagrams;
+    let before = sent(b);
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|i| {
+            let mut wr = SendWr::new(
+                i as u64,
+                SendOpcode::RdmaRead,
+                vec![a.mr.sge(i * SIZE, SIZE as u32)],
+            );
+            wr.remote_addr = b.mr.addr() + (i * SIZE) as u64;
+            wr.rkey = b.mr.rkey();
+            wr
+        })
+        .collect();
+    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+    let t0 = Instant::now();
+    while sent(b) - before < (n * SIZE / 4096) as u64 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let wcs = a.cq.poll_wait(n, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+}
+
+/// Two bursts of four 64 KiB READ responses: the caller's next poll sleeps
+/// out the coalescing interval (200 ms here) before it receives.
+#[test]
+fn a_caller_polling_after_two_bulk_bursts_sleeps_before_receiving() {
+    let (a, b) = pair(
+        ["rcc-a", "rcc-b"],
+        ["127.0.228.57", "127.0.228.58"],
+        200_000,
+    );
+    let device = a.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    read_burst(&a, &b, 4);
+    assert_eq!(caller_coalesced(&a), 0, "one bulk burst is no run");
+    read_burst(&a, &b, 4);
+    let t0 = Instant::now();
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    let slept = t0.elapsed();
+    println!("the poll took {slept:?}");
+    assert_eq!(caller_coalesced(&a), 1);
+    assert!(slept >= Duration::from_millis(50), "{slept:?}");
+    device.pause_progress_thread(false);
+}
+
+/// One whole 64 KiB READ response per burst (a READ latency run's): no
+/// caller sleeps, nor with coalescing off after bulk bursts.
+#[test]
+fn a_caller_never_coalesces_one_message_at_a_time_or_with_coalescing_off() {
+    let (a, b) = pair(
+        ["rcd-a", "rcd-b"],
+        ["127.0.228.59", "127.0.228.60"],
+        200_000,
+    );
+    let device = a.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    for _ in 0..4 {
+        read_burst(&a, &b, 1);
+    }
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    assert_eq!(caller_coalesced(&a), 0);
+    device.pause_progress_thread(false);
+
+    let (c, d) = pair(["rce-a", "rce-b"], ["127.0.228.61", "127.0.228.62"], 0);
+    let device = c.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    read_burst(&c, &d, 4);
+    read_burst(&c, &d, 4);
+    assert_eq!(c.cq.poll(&mut none).unwrap(), 0);
+    assert_eq!(caller_coalesced(&c), 0);
+    device.pause_progress_thread(false);
 }

@@ -191,7 +191,10 @@ pub struct DeviceConfig {
     /// bulk stream is received in larger bursts and the sender's datagrams
     /// do not each wake it (`ROXE_RX_COALESCE_US`, microseconds, default
     /// 20, at most 1000; 0: off). A caller that arms a completion
-    /// notification ends the sleep; callers that poll receive themselves.
+    /// notification ends the sleep; callers that poll receive themselves,
+    /// and after two bulk bursts in a row (a stream, not one message
+    /// split over two bursts) a polling caller sleeps out the same
+    /// interval before it receives.
     pub rx_coalesce_us: u32,
 }
 

@@ -218,6 +218,9 @@ pub struct DriverStats {
     /// Sleeps the progress thread took without the socket after a bulk
     /// receive burst (`DeviceConfig::rx_coalesce_us`).
     pub rx_coalesced: u64,
+    /// Sleeps callers polling a CQ took before receiving, in a run of
+    /// bulk bursts (the same interval).
+    pub rx_caller_coalesced: u64,
 }
 
 /// Everything a device counts.
@@ -353,6 +356,18 @@ struct Shared {
     hold: CallerHold,
     /// `DeviceConfig::rx_coalesce_us`, in nanoseconds (0: off).
     rx_coalesce_ns: u64,
+    /// When (device clock) the last of two or more bulk bursts in a row
+    /// was received, by any thread; 0: the last burst was not bulk, or
+    /// the first. A caller's receive then waits for the end of the
+    /// coalescing interval ([`Device::progress_here`]). One message split
+    /// over two bursts (a 64 KiB ping-pong's, received by a spinning
+    /// caller as it comes) makes no run: `ib_send_lat -s 65536` took 131
+    /// µs instead of 65 when a single bulk burst was enough.
+    rx_bulk_at: AtomicU64,
+    /// Bulk bursts in a row.
+    rx_bulk_run: AtomicU32,
+    /// Sleeps callers took before receiving (`rx_bulk_at`).
+    rx_caller_coalesced: AtomicU64,
     /// The last receive burst held 32 KiB or more (see `rx_coalesce_ns`);
     /// cleared by the progress thread as it starts a coalescing sleep, and
     /// by a caller arming a notification.
@@ -706,6 +721,9 @@ impl Device {
             caller_progress,
             hold,
             rx_coalesce_ns: u64::from(config.rx_coalesce_us) * 1000,
+            rx_bulk_at: AtomicU64::new(0),
+            rx_bulk_run: AtomicU32::new(0),
+            rx_caller_coalesced: AtomicU64::new(0),
             rx_bulk: AtomicBool::new(false),
             rx_coalescing: AtomicBool::new(false),
             ack_clocked: config.ack_clocked,
@@ -749,6 +767,22 @@ impl Device {
             return false;
         }
         s.hold.extend();
+        // Coalescing, as the progress thread does after a bulk burst (see
+        // `rx_bulk_at`): a caller spinning on the CQ of a bulk stream sleeps
+        // out the rest of the interval, leaving the core to the peer's
+        // sender on a small machine, and then takes a larger burst.
+        // `roxe perf read -s 65536` (its requester polls): 3.07 -> 3.34 GB/s
+        // medians of 8 alternated pairs; `-e` (sleeping on the channel)
+        // measured 3.6 against 3.0 polling before.
+        let bulk_at = s.rx_bulk_at.load(Ordering::Relaxed);
+        if bulk_at > 0 {
+            let until = bulk_at.saturating_add(s.rx_coalesce_ns);
+            let now = s.now();
+            if now < until {
+                std::thread::sleep(Duration::from_nanos(until - now));
+                s.rx_caller_coalesced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let Some(mut rx) = s.rx.try_lock() else {
             return false;
         };
@@ -958,6 +992,7 @@ impl Device {
                 tx_gso_sends: tx.gso_sends,
                 tx_gso_refused: tx.gso_refused,
                 caller_holds: self.shared.hold.taken.load(Ordering::Relaxed),
+                rx_caller_coalesced: self.shared.rx_caller_coalesced.load(Ordering::Relaxed),
                 ..core.stats
             },
             faults: core.faults.as_ref().map(Faults::stats).unwrap_or_default(),
@@ -1019,7 +1054,7 @@ impl Shared {
              naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
-             progress_wakeups={} caller_holds={} rx_coalesced={} drops={}",
+             progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} drops={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -1044,6 +1079,7 @@ impl Shared {
             d.progress_wakeups,
             self.hold.taken.load(Ordering::Relaxed),
             d.rx_coalesced,
+            self.rx_caller_coalesced.load(Ordering::Relaxed),
             drops_field(&e.drops),
         );
         for q in core.engine.qp_snapshots() {
@@ -1274,12 +1310,18 @@ impl Shared {
         self.hold
             .stream
             .store(messages >= STREAM_BURST, Ordering::Relaxed);
-        self.rx_bulk.store(
-            bytes >= RX_BULK_BURST
-                && bytes >= packets * RX_BULK_PACKET
-                && (messages >= 2 || !last_ends),
-            Ordering::Relaxed,
-        );
+        let bulk = bytes >= RX_BULK_BURST
+            && bytes >= packets * RX_BULK_PACKET
+            && (messages >= 2 || !last_ends);
+        self.rx_bulk.store(bulk, Ordering::Relaxed);
+        let run = if bulk {
+            self.rx_bulk_run.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.rx_bulk_run.store(0, Ordering::Relaxed);
+            0
+        };
+        self.rx_bulk_at
+            .store(if run >= 2 { now.max(1) } else { 0 }, Ordering::Relaxed);
         n == super::batch::MAX_BATCH
     }
 
