@@ -280,9 +280,9 @@ pub fn addr_of_lid(lid: u16) -> Option<IpAddr> {
 
 pub(crate) struct Core {
     engine: Engine,
-    /// Packets of the current pass, sent together.
-    tx: TxBatch,
-    /// Where a packet goes through the fault injector (which may hold it).
+    /// Where a pass writes its first packet (before it takes
+    /// `Shared::tx`), and where a packet goes through the fault injector
+    /// (which may hold it).
     tx_buf: Vec<u8>,
     faults: Option<Faults>,
     tap: Option<Tap>,
@@ -328,6 +328,16 @@ struct Shared {
     /// as wall-clock times (`Device::wallclock_ns`).
     epoch_wall_ns: u64,
     core: Mutex<Core>,
+    /// The packets of a pass, sent together. Taken under `core` (never
+    /// the other way round) by a pass that has a packet to send, and held
+    /// until the batch has left, which is after `core` is released: the
+    /// next pass, and the verbs calls that send nothing (single posts held
+    /// for an ACK, polls), need not wait for the system call. Batches
+    /// leave in the order passes ran. Payloads sent by reference stay
+    /// valid: a verb that may unregister memory first waits for the
+    /// batch in flight ([`Shared::wait_for_batch`]), and no later batch
+    /// refers to memory it removed.
+    tx: Mutex<TxBatch>,
     wake: OwnedFd,
     /// The deadline the progress thread sleeps towards (`u64::MAX`: none;
     /// 0: it is awake and will look at the timers before sleeping again).
@@ -459,7 +469,7 @@ impl Drop for EngineGuard<'_> {
                     Post::Poll => core.engine.queued_at_least(POLL_CLOCKED_QUEUE),
                     Post::Other | Post::List => false,
                 };
-            self.shared.after_work(&mut core, ack_clocked);
+            let batch = self.shared.after_work(&mut core, ack_clocked);
             // A stream of single posts is ACK-clocked: the progress thread
             // receives the ACK that sends what waits (measured: holding the
             // socket for the caller then slowed `ib_send_bw -s 64` by 12 %).
@@ -476,6 +486,7 @@ impl Drop for EngineGuard<'_> {
                 ),
             }
             MutexGuard::unlock_fair(core);
+            self.shared.send_batch(batch);
             // A message held for an ACK needs someone receiving now, not at
             // the program's next poll.
             if held && hold.on.load(Ordering::Acquire) {
@@ -689,20 +700,20 @@ impl Device {
             direct_rx: shared == Shared4791::Yes,
             epoch,
             epoch_wall_ns,
+            tx: Mutex::new({
+                let mut tx = TxBatch::new(ROCEV2_PORT, gso);
+                // Beside rxe the peers on this host receive through raw
+                // sockets, which see a GSO send uncut: none to them,
+                // except to shared-mode roxe peers reached at their
+                // claim port (a UDP socket with GRO).
+                tx.set_source(addr, gso_loopback);
+                if shared == Shared4791::Yes {
+                    tx.set_direct(super::batch::DirectPeers::new(SHARED_MODE_PORT));
+                }
+                tx
+            }),
             core: Mutex::new(Core {
                 engine: Engine::new(ec),
-                tx: {
-                    let mut tx = TxBatch::new(ROCEV2_PORT, gso);
-                    // Beside rxe the peers on this host receive through raw
-                    // sockets, which see a GSO send uncut: none to them,
-                    // except to shared-mode roxe peers reached at their
-                    // claim port (a UDP socket with GRO).
-                    tx.set_source(addr, gso_loopback);
-                    if shared == Shared4791::Yes {
-                        tx.set_direct(super::batch::DirectPeers::new(SHARED_MODE_PORT));
-                    }
-                    tx
-                },
                 tx_buf: vec![0; TX_SLOT],
                 faults: config.fault.map(Faults::new),
                 tap,
@@ -792,8 +803,9 @@ impl Device {
         match guard {
             Some(mut core) => {
                 core.stats.rx_caller_batches += 1;
-                s.after_work(&mut core, false);
+                let batch = s.after_work(&mut core, false);
                 MutexGuard::unlock_fair(core);
+                s.send_batch(batch);
                 true
             }
             None => false,
@@ -908,6 +920,11 @@ impl Device {
 
     fn guard(&self, post: Post) -> EngineGuard<'_> {
         let mut core = self.shared.core.lock();
+        // A verb that may unregister memory (any but posts and polls)
+        // waits for the batch in flight (see `Shared::tx`).
+        if post == Post::Other {
+            self.shared.wait_for_batch();
+        }
         // Work deferred by earlier calls happens before this one: a verb
         // sees what the drops before it did (a listener destroyed just
         // before another listens on its port has released it).
@@ -982,7 +999,7 @@ impl Device {
     /// Counters.
     pub fn stats(&self) -> DeviceStats {
         let core = self.shared.core.lock();
-        let tx = core.tx.counters;
+        let tx = self.shared.tx.lock().counters;
         DeviceStats {
             engine: core.engine.stats(),
             driver: DriverStats {
@@ -1046,7 +1063,7 @@ impl Shared {
         use std::fmt::Write as _;
         let e = core.engine.stats();
         let d = &core.stats;
-        let tx = core.tx.counters;
+        let tx = self.tx.lock().counters;
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -1127,17 +1144,39 @@ impl Shared {
             return;
         }
         let jobs = std::mem::take(&mut *self.deferred.lock());
+        // Deferred verbs (destroys from drops) may unregister memory.
+        self.wait_for_batch();
         for job in jobs {
             job(&mut core.engine);
         }
     }
 
-    fn after_work(&self, core: &mut Core, ack_clocked: bool) {
+    /// Wait until the batch being sent (if any) has left: for a verb that
+    /// may unregister memory a batch refers to by reference.
+    fn wait_for_batch(&self) {
+        drop(self.tx.lock());
+    }
+
+    /// Send the batch `after_work` returned, after the device lock is
+    /// released.
+    fn send_batch(&self, tx: Option<MutexGuard<'_, TxBatch>>) {
+        if let Some(mut tx) = tx {
+            if !tx.is_empty() {
+                tx.flush(&self.send[..]);
+            }
+        }
+    }
+
+    /// Run deferred work, then a transmit pass and the notifications, under
+    /// the device lock (`core`). Returns the batch of packets the pass made
+    /// (locked), to be sent with [`send_batch`](Self::send_batch) once the
+    /// device lock is released.
+    #[must_use]
+    fn after_work(&self, core: &mut Core, ack_clocked: bool) -> Option<MutexGuard<'_, TxBatch>> {
         self.run_deferred(core);
         let now = self.now();
         let Core {
             engine,
-            tx,
             tx_buf,
             faults,
             tap,
@@ -1145,6 +1184,7 @@ impl Shared {
             event_sinks,
             ..
         } = core;
+        let mut txg: Option<MutexGuard<'_, TxBatch>> = None;
         let socks = &self.send[..];
         // Which socket sends from a packet's source port (the engine took
         // it from this pool, in this order).
@@ -1152,19 +1192,35 @@ impl Shared {
         let sock_of = |sport: u16| ports.iter().position(|&p| p == sport).unwrap_or(0) as u8;
         match faults.as_mut() {
             None => loop {
-                // The engine writes straight into the batch.
-                if tx.is_full() {
-                    tx.flush(socks);
-                }
                 // Large payloads leave straight from registered memory:
-                // the batch is flushed below, before the lock is released
-                // (no deregistration in between).
+                // see `Shared::tx` for why they stay valid until sent.
                 let pass = TxPass {
                     ack_clocked,
                     payload_by_ref: self.payload_by_ref,
                 };
-                let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
-                    break;
+                let (t, tx) = match txg.as_mut() {
+                    // The engine writes straight into the batch.
+                    Some(tx) => {
+                        if tx.is_full() {
+                            tx.flush(socks);
+                        }
+                        let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
+                            break;
+                        };
+                        (t, tx)
+                    }
+                    // The first packet: the batch is taken only if there
+                    // is one (a pass that sends nothing does not wait for
+                    // the batch another thread is sending).
+                    None => {
+                        let Some(t) = engine.poll_transmit_pass(now, tx_buf, pass) else {
+                            break;
+                        };
+                        let tx = txg.insert(self.tx.lock());
+                        let written = t.len.min(TX_SLOT);
+                        tx.slot()[..written].copy_from_slice(&tx_buf[..written]);
+                        (t, tx)
+                    }
                 };
                 let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.payload);
                 if let Some(tap) = tap.as_mut() {
@@ -1185,6 +1241,7 @@ impl Shared {
             Some(f) => {
                 // Each packet through the injector, one at a time; what it
                 // lets through (now or later) joins the batch.
+                let tx = txg.insert(self.tx.lock());
                 let mut emit = |p: &[u8], dst: IpAddr, sport: u16| {
                     if let Some(t) = tap.as_mut() {
                         t.write(self.addr, sport, dst, ROCEV2_PORT, p);
@@ -1197,14 +1254,14 @@ impl Shared {
                 }
             }
         }
-        if !tx.is_empty() {
-            tx.flush(socks);
-        }
         // Roxe peers beside rxe reached at their claim port receive through
         // a UDP socket: the wide window is safe towards them (in-guest
-        // `ib_write_bw -s 65536`: 88 -> 105 MB/s medians).
-        for (peer, direct) in tx.take_direct_changes() {
-            engine.set_udp_peer(peer, direct);
+        // `ib_write_bw -s 65536`: 88 -> 105 MB/s medians). Found by the
+        // flushes of earlier batches.
+        if let Some(tx) = txg.as_mut() {
+            for (peer, direct) in tx.take_direct_changes() {
+                engine.set_udp_peer(peer, direct);
+            }
         }
         // A stream sent ends when its messages are done.
         if self.hold.sending.load(Ordering::Relaxed) && !engine.sends_stream(STREAM_SEND_QUEUE) {
@@ -1245,6 +1302,7 @@ impl Shared {
                 self.wake();
             }
         }
+        txg
     }
 
     /// Receive one burst from the UDP socket and hand it to the engine under
@@ -1443,8 +1501,9 @@ impl Shared {
                 }
                 // A full burst: send what it produced and let verbs calls in.
                 if let Some(mut g) = guard.take() {
-                    self.after_work(&mut g, false);
+                    let batch = self.after_work(&mut g, false);
                     MutexGuard::unlock_fair(g);
+                    self.send_batch(batch);
                 }
             }
             let mut core = guard.unwrap_or_else(|| self.core.lock());
@@ -1472,13 +1531,14 @@ impl Shared {
                     st.serve(|| self.stat_answer(&core));
                 }
             }
-            self.after_work(&mut core, false);
+            let batch = self.after_work(&mut core, false);
             let deadline = earliest(
                 core.engine.poll_timeout(),
                 core.faults.as_ref().and_then(Faults::next_release),
             );
             if self.busy_poll {
                 MutexGuard::unlock_fair(core);
+                self.send_batch(batch);
                 std::hint::spin_loop();
                 continue;
             }
@@ -1491,6 +1551,7 @@ impl Shared {
             self.sleeping_until
                 .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
             MutexGuard::unlock_fair(core);
+            self.send_batch(batch);
             let until_deadline = deadline
                 .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
                 .unwrap_or(Duration::MAX);
