@@ -496,6 +496,9 @@ impl Drop for EngineGuard<'_> {
     }
 }
 
+/// The batch lock, held ([`Device::hold_batch`]).
+pub struct BatchHold<'a>(#[allow(dead_code)] MutexGuard<'a, TxBatch>);
+
 /// The UDP port a device sends from, and holds as its claim on its
 /// address, where port 4791 belongs to the kernel's rxe (see [`Shared4791`]).
 pub const SHARED_MODE_PORT: u16 = 47910;
@@ -810,6 +813,13 @@ impl Device {
             }
             None => false,
         }
+    }
+
+    /// For tests: take the batch lock as a pass sending a batch holds it
+    /// (see `Shared::tx`), until the returned guard drops.
+    #[doc(hidden)]
+    pub fn hold_batch(&self) -> BatchHold<'_> {
+        BatchHold(self.shared.tx.lock())
     }
 
     /// The program is about to sleep (a completion notification was

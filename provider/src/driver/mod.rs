@@ -16,7 +16,7 @@ mod tap;
 pub use channel::CompChannel;
 pub use config::{parse_switch, ConfigError, DeviceConfig, FaultSpec, IcrcMode};
 pub use device::{
-    addr_of_lid, lid_of, next_auto_addr, CmEventSink, Device, DeviceStats, DriverStats,
+    addr_of_lid, lid_of, next_auto_addr, BatchHold, CmEventSink, Device, DeviceStats, DriverStats,
     EngineGuard, EventSink, ROCEV2_PORT, SHARED_MODE_PORT,
 };
 pub use fault::FaultStats;
