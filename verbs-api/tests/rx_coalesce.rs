@@ -184,13 +184,15 @@ fn a_burst_of_small_messages_does_not_coalesce() {
 /// loopback delivers within the sender's system call, so with `b`'s
 /// progress thread paused they wait whole in its socket on return.
 fn write_whole(a: &Side, b: &Side, n: usize) {
+    post_list(a, b, SendOpcode::RdmaWrite, n);
+}
+
+/// `n` 64 KiB `op`s (WRITE or READ) from `a` on slot `i` of both regions,
+/// as one post list.
+fn post_list(a: &Side, b: &Side, op: SendOpcode, n: usize) {
     let wrs: Vec<SendWr> = (0..n)
         .map(|i| {
-            let mut wr = SendWr::new(
-                i as u64,
-                SendOpcode::RdmaWrite,
-                vec![a.mr.sge(i * SIZE, SIZE as u32)],
-            );
+            let mut wr = SendWr::new(i as u64, op, vec![a.mr.sge(i * SIZE, SIZE as u32)]);
             wr.remote_addr = b.mr.addr() + (i * SIZE) as u64;
             wr.rkey = b.mr.rkey();
             wr
@@ -275,19 +277,7 @@ fn caller_coalesced(s: &Side) -> u64 {
 fn read_burst(a: &Side, b: &Side, n: usize) {
     let sent = |s: &Side| s.ctx.stats().unwrap().driver.tx_datagrams;
     let before = sent(b);
-    let wrs: Vec<SendWr> = (0..n)
-        .map(|i| {
-            let mut wr = SendWr::new(
-                i as u64,
-                SendOpcode::RdmaRead,
-                vec![a.mr.sge(i * SIZE, SIZE as u32)],
-            );
-            wr.remote_addr = b.mr.addr() + (i * SIZE) as u64;
-            wr.rkey = b.mr.rkey();
-            wr
-        })
-        .collect();
-    a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
+    post_list(a, b, SendOpcode::RdmaRead, n);
     let t0 = Instant::now();
     while sent(b) - before < (n * SIZE / 4096) as u64 && t0.elapsed() < T {
         std::thread::sleep(Duration::from_millis(1));
