@@ -4106,3 +4106,32 @@ fn the_window_widens_towards_a_peer_known_to_receive_through_udp() {
     net.engines[0].set_udp_peer(peer, false);
     assert_eq!(net.engines[0].config().udp_peers, Vec::<IpAddr>::new());
 }
+
+/// The wide window towards loopback peers is `EngineConfig::loopback_window`
+/// (the driver sizes it by its socket's receive buffer): 52 PSNs leave,
+/// then the rest waits for their ACKs.
+#[test]
+fn the_loopback_window_is_the_configured_one() {
+    let mut net = Net::new(2, 68, Faults::default());
+    for e in 0..2 {
+        let mut cfg = EngineConfig::new(net.engines[e].addr());
+        cfg.loopback_window = 52;
+        net.engines[e] = Engine::new(cfg);
+    }
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    // 200 WRITEs of 1 KiB: one packet (one PSN) each.
+    for i in 0..200u64 {
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, i, SendOpcode::RdmaWrite, i * 1024, 1024, b, i * 1024),
+        );
+    }
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    let mut sent = 0;
+    while net.engines[0].poll_transmit(now, &mut buf).is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, 52);
+}

@@ -675,6 +675,19 @@ impl Device {
         // socket, get the wide window once the batch finds them
         // (`Engine::set_udp_peer`, in `after_work`).
         ec.wide_loopback_window = raw.is_none();
+        // As wide as the peers' receive buffers allow (ours tells: the
+        // same limits apply on this host).
+        let rcvbuf = socket::recv_buffer(&socket)?;
+        ec.loopback_window = socket::loopback_window(rcvbuf);
+        if ec.loopback_window < crate::engine::MAX_LOOPBACK_WINDOW {
+            tracing::info!(
+                %addr,
+                rcvbuf,
+                window = ec.loopback_window,
+                "small socket receive buffer: the window towards loopback peers is narrowed \
+                 (raise net.core.rmem_max to 8 MiB, or run with CAP_NET_ADMIN, for the full one)"
+            );
+        }
         // Peers on this host that read through raw sockets (beside rxe, or
         // `ROXE_ICRC=raw` like this device) see a GSO send uncut.
         let gso_loopback = shared == Shared4791::No && config.icrc != IcrcMode::Raw;

@@ -45,6 +45,25 @@ pub fn bind(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
     Ok(s.into())
 }
 
+/// The window towards loopback peers (`EngineConfig::loopback_window`), in
+/// PSNs, for a socket whose receive buffer the kernel reports as
+/// `rcvbuf` bytes (`SO_RCVBUF`, twice what was granted: the kernel's
+/// allowance for each datagram's overhead). The peers on this host get the
+/// same `rmem_max`, and a burst larger than a peer's buffer is dropped and
+/// resent whole: without root, a distribution's default `rmem_max` (208
+/// KiB) and the full window (1,024 PSNs, 4 MiB) gave 64 KiB WRITEs 48 MB/s
+/// and 20,156 retransmissions per 20,000 messages. Each PSN is counted at
+/// twice the largest MTU (a datagram's overhead on top of its payload).
+pub(crate) fn loopback_window(rcvbuf: usize) -> i32 {
+    let psns = rcvbuf / (2 * 4096);
+    psns.clamp(8, crate::engine::MAX_LOOPBACK_WINDOW as usize) as i32
+}
+
+/// The receive buffer the kernel reports for `s` (`SO_RCVBUF`).
+pub(crate) fn recv_buffer(s: &UdpSocket) -> io::Result<usize> {
+    Ok(rustix::net::sockopt::socket_recv_buffer_size(s)?)
+}
+
 /// `UDP_NO_CHECK6_RX`: Linux otherwise drops IPv6 UDP datagrams with a zero
 /// checksum, which RoCEv2 senders use (the ICRC protects the payload).
 fn allow_zero_udp6_checksums(s: &Socket) -> io::Result<()> {
@@ -96,6 +115,17 @@ pub fn enable_gro(s: &UdpSocket) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_loopback_window_follows_the_receive_buffer() {
+        // A distribution's default rmem_max (212,992), reported doubled.
+        assert_eq!(loopback_window(425_984), 52);
+        // 8 MiB granted (with CAP_NET_ADMIN), reported 16 MiB: the full one.
+        assert_eq!(loopback_window(16 << 20), 1024);
+        assert_eq!(loopback_window(8 << 20), 1024);
+        // Tiny buffers keep a few PSNs.
+        assert_eq!(loopback_window(4096), 8);
+    }
 
     #[test]
     fn binds_ipv4_and_ipv6_loopback() {

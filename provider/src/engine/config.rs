@@ -65,11 +65,20 @@ pub struct EngineConfig {
     /// the kernel's rxe, `ROXE_ICRC=raw`) keeps 128, since its peers there
     /// receive the same way and drop bursts the UDP path would hold.
     pub wide_loopback_window: bool,
+    /// That wide window, in PSNs (at most 1,024): the driver sizes it by
+    /// the receive buffer its socket got (`driver::socket`), since its
+    /// peers on this host get the same `rmem_max` and a burst larger than
+    /// their buffer is dropped whole.
+    pub loopback_window: i32,
     /// Loopback peers known to receive through a UDP socket even where
     /// `wide_loopback_window` is off: roxe devices beside rxe, reached at
     /// their claim port (`Engine::set_udp_peer`).
     pub udp_peers: Vec<IpAddr>,
 }
+
+/// The largest window towards loopback peers, in PSNs: 2,048 measured
+/// slower than 1,024 with 8 MiB socket buffers (`req.rs`).
+pub const MAX_LOOPBACK_WINDOW: i32 = 1024;
 
 impl EngineConfig {
     /// Defaults for a device at `addr`.
@@ -86,6 +95,7 @@ impl EngineConfig {
             src_ports: Vec::new(),
             active_mtu: Mtu::Mtu4096,
             wide_loopback_window: true,
+            loopback_window: MAX_LOOPBACK_WINDOW,
             udp_peers: Vec::new(),
         }
     }

@@ -19,7 +19,7 @@ mod rx;
 mod tm;
 #[cfg(test)]
 mod watchdog_tests;
-pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr};
+pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr, MAX_LOOPBACK_WINDOW};
 pub use drops::{DropCounts, DropReason};
 pub use tm::{tmh_op, SrqOp, SrqOpKind, Tmh, MAX_RNDV_HDR, RVH_LEN, TMH_LEN};
 

@@ -24,13 +24,14 @@ use std::collections::VecDeque;
 /// 64 KiB READs from rxe in an rxe-peer guest lost responses, and each
 /// go-back-N resent the same burst until RETRY_EXC_ERR.
 const MAX_UNACKED_PSNS: i32 = 128;
-/// The same towards a peer on this host's loopback
-/// (`EngineConfig::wide_loopback_window`), where the only queues are the
-/// two sockets' buffers (sized by roxe, `driver/socket.rs`) and 128
-/// packets (512 KiB at MTU 4096) do not cover the round trip through the
-/// peer's wake-up: 64 KiB WRITEs measured 2.08 GB/s at 128, 2.58 at 512,
-/// 2.87 at 1,024, 2.72 at 2,048 (alternated, one session).
-const MAX_UNACKED_PSNS_LOOPBACK: i32 = 1024;
+// Towards a peer on this host's loopback
+// (`EngineConfig::wide_loopback_window`) the only queues are the two
+// sockets' buffers, and 128 packets (512 KiB at MTU 4096) do not cover
+// the round trip through the peer's wake-up: 64 KiB WRITEs measured 2.08
+// GB/s at 128, 2.58 at 512, 2.87 at 1,024, 2.72 at 2,048 (alternated, one
+// session, 8 MiB buffers). That window is `EngineConfig::loopback_window`
+// (`MAX_LOOPBACK_WINDOW` at most), smaller where the sockets' buffers are.
+
 /// In an ACK-clocked pass (`Engine::poll_transmit_ack_clocked`, after a
 /// verb), a new message of a reliable QP waits while at least this many
 /// PSNs of the device's QPs are unacknowledged: the ACK on its way
@@ -467,7 +468,9 @@ impl Qp {
             p.is_loopback() && (cx.config.wide_loopback_window || cx.config.udp_peers.contains(&p))
         };
         let window = if peer.is_some_and(wide) {
-            MAX_UNACKED_PSNS_LOOPBACK
+            cx.config
+                .loopback_window
+                .clamp(1, super::config::MAX_LOOPBACK_WINDOW)
         } else {
             MAX_UNACKED_PSNS
         };
