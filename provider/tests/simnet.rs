@@ -4065,36 +4065,45 @@ fn tag_matching_half_received_message_flushes_as_tm_recv() {
     );
 }
 
-/// Where the driver receives through a raw socket (beside rxe), the
-/// window towards loopback peers stays at rxe's 128 PSNs; towards a peer
-/// the driver found receiving through a UDP socket (a roxe device reached
-/// at its claim port, `Engine::set_udp_peer`) it is the wide one again.
-#[test]
-fn the_window_widens_towards_a_peer_known_to_receive_through_udp() {
-    let mut net = Net::new(2, 67, Faults::default());
+/// Two engines configured by `tune`, an RC pair between them at MTU 1024,
+/// and `n` 1 KiB WRITEs posted on `a`: one packet (one PSN) each.
+fn pair_with_writes(seed: u64, n: u64, tune: impl Fn(&mut EngineConfig)) -> Net {
+    let mut net = Net::new(2, seed, Faults::default());
     for e in 0..2 {
         let mut cfg = EngineConfig::new(net.engines[e].addr());
-        cfg.wide_loopback_window = false;
+        tune(&mut cfg);
         net.engines[e] = Engine::new(cfg);
     }
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    // 512 WRITEs of 1 KiB: one packet (one PSN) each.
-    for i in 0..512u64 {
+    for i in 0..n {
         post(
             &mut net,
             a,
             rdma_wr(a, i, SendOpcode::RdmaWrite, i * 1024, 1024, b, i * 1024),
         );
     }
+    net
+}
+
+/// The packets engine 0 sends now, until it has nothing more (no ACK
+/// comes back in between).
+fn burst(net: &mut Net) -> usize {
     let mut buf = vec![0u8; 9000];
     let now = net.now;
-    let mut burst = |net: &mut Net| {
-        let mut n = 0;
-        while net.engines[0].poll_transmit(now, &mut buf).is_some() {
-            n += 1;
-        }
-        n
-    };
+    let mut n = 0;
+    while net.engines[0].poll_transmit(now, &mut buf).is_some() {
+        n += 1;
+    }
+    n
+}
+
+/// Where the driver receives through a raw socket (beside rxe), the
+/// window towards loopback peers stays at rxe's 128 PSNs; towards a peer
+/// the driver found receiving through a UDP socket (a roxe device reached
+/// at its claim port, `Engine::set_udp_peer`) it is the wide one again.
+#[test]
+fn the_window_widens_towards_a_peer_known_to_receive_through_udp() {
+    let mut net = pair_with_writes(67, 512, |c| c.wide_loopback_window = false);
     assert_eq!(burst(&mut net), 128, "rxe's window");
     let peer = net.engines[1].addr();
     net.engines[0].set_udp_peer(peer, true);
@@ -4112,26 +4121,6 @@ fn the_window_widens_towards_a_peer_known_to_receive_through_udp() {
 /// then the rest waits for their ACKs.
 #[test]
 fn the_loopback_window_is_the_configured_one() {
-    let mut net = Net::new(2, 68, Faults::default());
-    for e in 0..2 {
-        let mut cfg = EngineConfig::new(net.engines[e].addr());
-        cfg.loopback_window = 52;
-        net.engines[e] = Engine::new(cfg);
-    }
-    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    // 200 WRITEs of 1 KiB: one packet (one PSN) each.
-    for i in 0..200u64 {
-        post(
-            &mut net,
-            a,
-            rdma_wr(a, i, SendOpcode::RdmaWrite, i * 1024, 1024, b, i * 1024),
-        );
-    }
-    let mut buf = vec![0u8; 9000];
-    let now = net.now;
-    let mut sent = 0;
-    while net.engines[0].poll_transmit(now, &mut buf).is_some() {
-        sent += 1;
-    }
-    assert_eq!(sent, 52);
+    let mut net = pair_with_writes(68, 200, |c| c.loopback_window = 52);
+    assert_eq!(burst(&mut net), 52);
 }

@@ -99,12 +99,7 @@ fn write_stream(a: &Side, b: &Side) {
 #[test]
 fn a_bulk_burst_makes_the_receiver_coalesce() {
     let (a, b) = pair(["rcb-a", "rcb-b"], ["127.0.228.51", "127.0.228.52"], 20);
-    let device = b.ctx.soft_device().unwrap();
-    device.pause_progress_thread(true);
-    write_whole(&a, &b, 2);
-    device.pause_progress_thread(false);
-    let wcs = a.cq.poll_wait(2, T).unwrap();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    write_burst(&a, &b, 2);
     // Counted when the sleep ends: wait for it.
     let t0 = Instant::now();
     while coalesced(&b) == 0 && t0.elapsed() < T {
@@ -180,11 +175,22 @@ fn a_burst_of_small_messages_does_not_coalesce() {
     assert_eq!(after.rx_coalesced, 0);
 }
 
-/// `n` 64 KiB WRITEs from `a` into `b`'s region as one post list;
-/// loopback delivers within the sender's system call, so with `b`'s
-/// progress thread paused they wait whole in its socket on return.
+/// `n` 64 KiB WRITEs from `a` into `b`'s region as one post list.
 fn write_whole(a: &Side, b: &Side, n: usize) {
     post_list(a, b, SendOpcode::RdmaWrite, n);
+}
+
+/// [`write_whole`] with `b`'s progress thread paused: loopback delivers
+/// within the sender's system call, so they wait whole in its socket until
+/// the thread is let go and receives them as one burst. Then `a` waits for
+/// all `n` to complete.
+fn write_burst(a: &Side, b: &Side, n: usize) {
+    let device = b.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    write_whole(a, b, n);
+    device.pause_progress_thread(false);
+    let wcs = a.cq.poll_wait(n, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
 }
 
 /// `n` 64 KiB `op`s (WRITE or READ) from `a` on slot `i` of both regions,
@@ -206,13 +212,8 @@ fn post_list(a: &Side, b: &Side, op: SendOpcode, n: usize) {
 #[test]
 fn one_whole_message_does_not_coalesce() {
     let (a, b) = pair(["rcw-a", "rcw-b"], ["127.0.228.49", "127.0.228.50"], 20);
-    let device = b.ctx.soft_device().unwrap();
     for _ in 0..5 {
-        device.pause_progress_thread(true);
-        write_whole(&a, &b, 1);
-        device.pause_progress_thread(false);
-        let wcs = a.cq.poll_wait(1, T).unwrap();
-        assert_eq!(wcs[0].status, WcStatus::Success);
+        write_burst(&a, &b, 1);
     }
     assert_eq!(coalesced(&b), 0);
 }
@@ -237,12 +238,7 @@ fn arming_a_notification_ends_a_coalescing_sleep() {
         ["127.0.228.43", "127.0.228.44"],
         2_000_000,
     );
-    let device = b.ctx.soft_device().unwrap();
-    device.pause_progress_thread(true);
-    write_whole(&a, &b, 2);
-    device.pause_progress_thread(false);
-    let wcs = a.cq.poll_wait(2, T).unwrap();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    write_burst(&a, &b, 2);
     b.qp.post_recv(RecvWr {
         wr_id: 7,
         sg_list: vec![b.mr.sge(0, 64)],

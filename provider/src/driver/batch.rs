@@ -362,7 +362,7 @@ impl TxBatch {
     /// returns its bytes in the arena.
     ///
     /// A payload by reference must stay registered until the batch is
-    /// flushed: the device flushes before it releases the engine.
+    /// flushed (the device's `Shared::tx` says how it does).
     pub(crate) fn commit(
         &mut self,
         len: usize,
@@ -383,6 +383,22 @@ impl TxBatch {
         self.pkts.push(pkt);
         self.end += used;
         &self.arena[pkt.off..pkt.off + used]
+    }
+
+    /// [`commit`](Self::commit) a packet the engine wrote into `from`
+    /// instead of the slot: the bytes it takes in the arena are copied in
+    /// (the headers and tail only, for a payload by reference).
+    pub(crate) fn commit_copy(
+        &mut self,
+        from: &[u8],
+        len: usize,
+        dst: IpAddr,
+        sock: u8,
+        payload: Option<PayloadAt>,
+    ) -> &[u8] {
+        let used = len - payload.map_or(0, |p| p.data.len());
+        self.slot()[..used].copy_from_slice(&from[..used]);
+        self.commit(len, dst, sock, payload)
     }
 
     /// Queue a copy of `p` for `socks[sock]`, flushing first if the batch

@@ -1221,7 +1221,7 @@ impl Shared {
                     ack_clocked,
                     payload_by_ref: self.payload_by_ref,
                 };
-                let (t, tx) = match txg.as_mut() {
+                let (t, p) = match txg.as_mut() {
                     // The engine writes straight into the batch.
                     Some(tx) => {
                         if tx.is_full() {
@@ -1230,7 +1230,7 @@ impl Shared {
                         let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
                             break;
                         };
-                        (t, tx)
+                        (t, tx.commit(t.len, t.dst, sock_of(t.src_port), t.payload))
                     }
                     // The first packet: the batch is taken only if there
                     // is one (a pass that sends nothing does not wait for
@@ -1240,12 +1240,10 @@ impl Shared {
                             break;
                         };
                         let tx = txg.insert(self.tx.lock());
-                        let written = t.len.min(TX_SLOT);
-                        tx.slot()[..written].copy_from_slice(&tx_buf[..written]);
-                        (t, tx)
+                        let sock = sock_of(t.src_port);
+                        (t, tx.commit_copy(tx_buf, t.len, t.dst, sock, t.payload))
                     }
                 };
-                let p = tx.commit(t.len, t.dst, sock_of(t.src_port), t.payload);
                 if let Some(tap) = tap.as_mut() {
                     match t.payload {
                         None => tap.write(self.addr, t.src_port, t.dst, ROCEV2_PORT, p),
