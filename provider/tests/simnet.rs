@@ -4124,3 +4124,44 @@ fn the_loopback_window_is_the_configured_one() {
     let mut net = pair_with_writes(68, 200, |c| c.loopback_window = 52);
     assert_eq!(burst(&mut net), 52);
 }
+
+/// READ responses come into the requester's one socket whichever QP asked
+/// for them, so the loopback window bounds the device's READs together as
+/// well as each QP's. Four QPs with 8 READs of 4 PSNs each, window 20:
+/// each QP's first READ starts (it has nothing in flight of its own), then
+/// one more (20 PSNs in all), and the rest wait for responses. All 32
+/// complete, with the data. (Each QP alone would have started 5: 20
+/// requests.)
+#[test]
+fn reads_of_several_qps_share_the_loopback_window() {
+    let mut net = Net::new(2, 69, Faults::default());
+    for e in 0..2 {
+        let mut cfg = EngineConfig::new(net.engines[e].addr());
+        cfg.loopback_window = 20;
+        net.engines[e] = Engine::new(cfg);
+    }
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let mut qps = vec![(a, b)];
+    for _ in 0..3 {
+        let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
+        link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+        qps.push((a2, b2));
+    }
+    let data: Vec<u8> = (0..32 * 4096).map(|i| (i * 7 + i / 4096) as u8).collect();
+    fill(&mut net, b, 0, &data);
+    for (k, &(a, b)) in qps.iter().enumerate() {
+        for i in 0..8u64 {
+            let at = (k as u64 * 8 + i) * 4096;
+            post(
+                &mut net,
+                a,
+                rdma_wr(a, at, SendOpcode::RdmaRead, at, 4096, b, at),
+            );
+        }
+    }
+    assert_eq!(burst(&mut net), 5, "READ requests before any response");
+    let wcs = wait_wcs(&mut net, a, 32);
+    assert_eq!(wcs.len(), 32);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(read(&net, a, 0, data.len()), data);
+}

@@ -171,6 +171,23 @@ fn read_bw_outstanding_reads() {
     assert_eq!(c["outs"], 128, "{c}");
 }
 
+/// Sixteen QPs reading at once: their responses share the requester's
+/// socket, and the loopback window bounds them together (each QP with a
+/// whole window of its own overflowed it: lost responses, go-back-N
+/// re-reads, and in most runs of 20,000 READs RETRY_EXC_ERR).
+#[test]
+fn read_bw_over_sixteen_qps() {
+    perf(
+        23,
+        "read",
+        &["-n", "6400", "-q", "16"],
+        65536,
+        6400,
+        16,
+        false,
+    );
+}
+
 #[test]
 fn send_bw() {
     perf(3, "send", &["-n", "200"], 65536, 200, 1, false);

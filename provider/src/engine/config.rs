@@ -68,7 +68,8 @@ pub struct EngineConfig {
     /// That wide window, in PSNs (at most 1,024): the driver sizes it by
     /// the receive buffer its socket got (`driver::socket`), since its
     /// peers on this host get the same `rmem_max` and a burst larger than
-    /// their buffer is dropped whole.
+    /// their buffer is dropped whole. It bounds the device's QPs together
+    /// as well as each (`Engine::loopback_unacked`).
     pub loopback_window: i32,
     /// Loopback peers known to receive through a UDP socket even where
     /// `wide_loopback_window` is off: roxe devices beside rxe, reached at
@@ -81,6 +82,12 @@ pub struct EngineConfig {
 pub const MAX_LOOPBACK_WINDOW: i32 = 1024;
 
 impl EngineConfig {
+    /// Whether a reliable QP towards `peer` sends under the wide window
+    /// (`loopback_window`) rather than rxe's.
+    pub(crate) fn uses_loopback_window(&self, peer: IpAddr) -> bool {
+        peer.is_loopback() && (self.wide_loopback_window || self.udp_peers.contains(&peer))
+    }
+
     /// Defaults for a device at `addr`.
     pub fn new(addr: IpAddr) -> Self {
         EngineConfig {

@@ -262,6 +262,11 @@ pub struct Engine {
     xrcds: BTreeSet<u32>,
     next_qpn: u32,
     qps: BTreeMap<u32, Qp>,
+    /// PSNs unacknowledged on all reliable QPs that send under the
+    /// loopback window (`Qp::loopback_unacked`): the window is the
+    /// device's as much as each QP's (see `request_transmit`). The sum of
+    /// the QPs' `counted_loopback_unacked`, kept by `with_qp`.
+    loopback_unacked: i32,
     /// Round-robin cursor for transmit fairness between QPs.
     tx_cursor: u32,
     /// QPs that may have a packet to send: `poll_transmit` visits only
@@ -325,6 +330,7 @@ impl Engine {
             // QPN 0 and 1 are the special QPs; rxe starts numbering at 17.
             next_qpn: 0x11,
             qps: BTreeMap::new(),
+            loopback_unacked: 0,
             tx_cursor: 0,
             active: BTreeSet::new(),
             timers: BTreeSet::new(),
@@ -383,9 +389,15 @@ impl Engine {
             }
             _ => return,
         }
-        // Their QPs may send more now (or must wait): look at them again.
-        let theirs = self.qps.iter().filter(|(_, q)| q.peer == Some(peer));
-        self.active.extend(theirs.map(|(&qpn, _)| qpn));
+        // Their QPs may send more now (or must wait): look at them again,
+        // and count them under their window.
+        let config = &self.config;
+        for q in self.qps.values_mut().filter(|q| q.peer == Some(peer)) {
+            let counted = q.loopback_unacked(config);
+            self.loopback_unacked += counted - q.counted_loopback_unacked;
+            q.counted_loopback_unacked = counted;
+            self.active.insert(q.qpn);
+        }
     }
 
     /// The limits and identity the engine was created with.
@@ -827,6 +839,7 @@ impl Engine {
         if let Some(d) = q.indexed_deadline {
             self.timers.remove(&(d, qpn));
         }
+        self.loopback_unacked -= q.counted_loopback_unacked;
         self.active.remove(&qpn);
         Ok(())
     }
@@ -859,8 +872,13 @@ impl Engine {
             overflowed: Vec::new(),
             payload_by_ref: false,
             held_new: false,
+            loopback_unacked: self.loopback_unacked,
         };
         let result = f(q, &mut cx);
+        // Every change to a QP's PSNs, state or peer happens in here.
+        let counted = q.loopback_unacked(config);
+        self.loopback_unacked += counted - q.counted_loopback_unacked;
+        q.counted_loopback_unacked = counted;
         let overflowed = cx.overflowed;
         for cq in overflowed {
             self.cq_overflowed(cq);
@@ -1002,6 +1020,20 @@ impl Engine {
                 panic!("QP {:#x} would stall: {why}: {:?}", q.qpn, q.req);
             }
         }
+        debug_assert!(
+            self.qps
+                .values()
+                .all(|q| q.counted_loopback_unacked == q.loopback_unacked(&self.config)),
+            "a QP's PSNs changed outside with_qp"
+        );
+        debug_assert_eq!(
+            self.loopback_unacked,
+            self.qps
+                .values()
+                .map(|q| q.counted_loopback_unacked)
+                .sum::<i32>(),
+            "the loopback window's count missed a QP"
+        );
         match (first_qp, self.cm.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

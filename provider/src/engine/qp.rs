@@ -79,6 +79,9 @@ pub(crate) struct QpCtx<'a> {
     /// Set by the requester when an ACK-clocked pass held a new message
     /// (the engine releases it at the next pass that is not).
     pub held_new: bool,
+    /// PSNs unacknowledged on all QPs towards loopback peers
+    /// (`Engine::loopback_unacked`), when the call began.
+    pub loopback_unacked: i32,
 }
 
 impl QpCtx<'_> {
@@ -137,6 +140,9 @@ pub(crate) struct Qp {
     pub drops: DropCounts,
     /// What this QP sent and received (`roxe stat`).
     pub counters: QpCounters,
+    /// This QP's share of `Engine::loopback_unacked`, as last counted
+    /// (`Engine::with_qp`).
+    pub counted_loopback_unacked: i32,
 }
 
 /// One QP's traffic counters, as `roxe stat` shows them.
@@ -176,6 +182,7 @@ impl Qp {
             port_mtu,
             drops: DropCounts::default(),
             counters: QpCounters::default(),
+            counted_loopback_unacked: 0,
         }
     }
 
