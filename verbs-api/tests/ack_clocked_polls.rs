@@ -119,3 +119,128 @@ fn a_poll_in_a_ping_pong_sends_the_held_message_at_once() {
         "2 messages posted: the poll sent the second"
     );
 }
+
+/// `a` streams `n` single-posted, signaled 64 KiB WRITEs to `b` as
+/// perftest's `ib_write_bw` does (16 outstanding, one posted per
+/// completion), its thread spinning on the CQ, then stops polling for
+/// 200 ms. Returns `a`'s `tx_left_to_caller`, the packets it sent by
+/// the end of those 200 ms, and the WRITEs posted by then.
+fn stream_then_pause(
+    names: [&str; 2],
+    addrs: [&str; 2],
+    base: DeviceConfig,
+    recent: Option<Duration>,
+    n: u64,
+    stop_after: u64,
+) -> (u64, u64, u64) {
+    let open = |i: usize| {
+        let ctx = common::open_with(names[i], addrs[i], base.clone());
+        let pd = ctx.alloc_pd().unwrap();
+        let channel = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(64, Some(&channel)).unwrap();
+        let mut init = QpInit::new(QpType::Rc, &cq, &cq);
+        init.cap.max_send_wr = 32;
+        let qp = pd.create_qp(&init).unwrap();
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = pd.reg_mr(SIZE, access).unwrap();
+        Side {
+            ctx,
+            qp,
+            cq,
+            mr,
+            channel,
+            _pd: pd,
+        }
+    };
+    let (a, b) = (open(0), open(1));
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 14)
+        .unwrap();
+    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 14)
+        .unwrap();
+    if let Some(d) = recent {
+        a.ctx.soft_device().unwrap().set_handover_recent(d);
+    }
+    let mut posted = 0;
+    while posted < 16 {
+        a.qp.post_send(write(&a, &b, posted)).unwrap();
+        posted += 1;
+    }
+    let mut done = 0;
+    let mut out = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 16];
+    let t0 = std::time::Instant::now();
+    while done < stop_after {
+        assert!(t0.elapsed() < T, "{done} of {n} completed in {T:?}");
+        let got = a.cq.poll(&mut out).unwrap();
+        for wc in &out[..got] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            done += 1;
+            if posted < n {
+                a.qp.post_send(write(&a, &b, posted)).unwrap();
+                posted += 1;
+            }
+        }
+    }
+    // No poll now: what was left to this caller must leave all the same.
+    std::thread::sleep(Duration::from_millis(200));
+    let stats = a.ctx.stats().unwrap().driver;
+    let wcs = a.cq.poll_wait((posted - done) as usize, T).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    (stats.tx_left_to_caller, stats.tx_datagrams, posted)
+}
+
+/// perftest's pattern: the progress thread, handling an ACK while the
+/// caller spins on the CQ, leaves the messages held for that ACK to the
+/// caller's next poll. (The window for "polled recently" is stretched to
+/// 10 s here so that a loaded machine's scheduling cannot decide it.)
+#[test]
+fn the_progress_thread_leaves_held_messages_to_a_polling_caller() {
+    let (left, _, _) = stream_then_pause(
+        ["hnd-a", "hnd-b"],
+        ["127.0.229.1", "127.0.229.2"],
+        DeviceConfig::default(),
+        Some(Duration::from_secs(10)),
+        400,
+        400,
+    );
+    assert!(left > 0, "no pass left its held messages to the caller");
+}
+
+/// With ACK clocking off nothing is held, so nothing is left.
+#[test]
+fn without_ack_clocking_nothing_is_left_to_the_caller() {
+    let base = DeviceConfig {
+        ack_clocked: false,
+        ..DeviceConfig::default()
+    };
+    let (left, _, _) = stream_then_pause(
+        ["hne-a", "hne-b"],
+        ["127.0.229.3", "127.0.229.4"],
+        base,
+        Some(Duration::from_secs(10)),
+        400,
+        400,
+    );
+    assert_eq!(left, 0);
+}
+
+/// A caller that stops polling mid-stream (after 200 completions, with 16
+/// WRITEs outstanding) strands nothing: every message posted leaves within
+/// the 200 ms pause (what the progress thread left to it goes with the
+/// next ACK's pass, or the thread's own at most 50 µs later).
+#[test]
+fn messages_left_to_a_caller_that_stops_polling_still_leave() {
+    let (_, sent, posted) = stream_then_pause(
+        ["hnf-a", "hnf-b"],
+        ["127.0.229.5", "127.0.229.6"],
+        DeviceConfig::default(),
+        None,
+        400,
+        200,
+    );
+    assert_eq!(
+        sent,
+        posted * PACKETS,
+        "every WRITE posted sent before any poll"
+    );
+}
