@@ -30,7 +30,11 @@ struct Side {
 }
 
 fn side(name: &str, addr: &str) -> Side {
-    let ctx = common::open(name, addr);
+    side_with(name, addr, DeviceConfig::default())
+}
+
+fn side_with(name: &str, addr: &str, base: DeviceConfig) -> Side {
+    let ctx = common::open_with(name, addr, base);
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(64, Some(&channel)).unwrap();
@@ -133,25 +137,7 @@ fn stream_then_pause(
     n: u64,
     stop_after: u64,
 ) -> (u64, u64, u64) {
-    let open = |i: usize| {
-        let ctx = common::open_with(names[i], addrs[i], base.clone());
-        let pd = ctx.alloc_pd().unwrap();
-        let channel = ctx.create_comp_channel().unwrap();
-        let cq = ctx.create_cq(64, Some(&channel)).unwrap();
-        let mut init = QpInit::new(QpType::Rc, &cq, &cq);
-        init.cap.max_send_wr = 32;
-        let qp = pd.create_qp(&init).unwrap();
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let mr = pd.reg_mr(SIZE, access).unwrap();
-        Side {
-            ctx,
-            qp,
-            cq,
-            mr,
-            channel,
-            _pd: pd,
-        }
-    };
+    let open = |i: usize| side_with(names[i], addrs[i], base.clone());
     let (a, b) = (open(0), open(1));
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 14)
