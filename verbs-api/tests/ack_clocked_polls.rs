@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::{connect_sides, Side, SideShape};
 use roxe_verbs::*;
 use std::time::Duration;
 
@@ -20,37 +21,16 @@ const SIZE: usize = 65536;
 /// Packets of one message at MTU 4096.
 const PACKETS: u64 = (SIZE / 4096) as u64;
 
-struct Side {
-    ctx: Context,
-    qp: Qp,
-    cq: Cq,
-    mr: Mr,
-    channel: CompChannel,
-    _pd: Pd,
-}
+const ACCESS: AccessFlags = AccessFlags(AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0);
 
-fn side(name: &str, addr: &str) -> Side {
-    side_with(name, addr, DeviceConfig::default())
-}
-
-fn side_with(name: &str, addr: &str, base: DeviceConfig) -> Side {
-    let ctx = common::open_with(name, addr, base);
-    let pd = ctx.alloc_pd().unwrap();
-    let channel = ctx.create_comp_channel().unwrap();
-    let cq = ctx.create_cq(64, Some(&channel)).unwrap();
-    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
-    init.cap.max_send_wr = 32;
-    let qp = pd.create_qp(&init).unwrap();
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let mr = pd.reg_mr(SIZE, access).unwrap();
-    Side {
-        ctx,
-        qp,
-        cq,
-        mr,
-        channel,
-        _pd: pd,
-    }
+fn side(name: &str, addr: &str, base: DeviceConfig) -> Side {
+    let shape = SideShape {
+        cq_depth: 64,
+        max_wr: 32,
+        mr_len: SIZE,
+        access: ACCESS,
+    };
+    common::side(name, addr, base, &shape)
 }
 
 fn write(a: &Side, b: &Side, wr_id: u64) -> SendWr {
@@ -67,13 +47,13 @@ fn sent(s: &Side) -> u64 {
 /// Runs the sequence of the module documentation with `n` WRITEs and
 /// returns the packets `a`'s poll sent.
 fn packets_sent_by_the_poll(names: [&str; 2], addrs: [&str; 2], n: u64) -> u64 {
-    let (a, b) = (side(names[0], addrs[0]), side(names[1], addrs[1]));
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let base = DeviceConfig::default;
+    let (a, b) = (
+        side(names[0], addrs[0], base()),
+        side(names[1], addrs[1], base()),
+    );
     // A 4 s ACK timeout: no retransmission while b is paused.
-    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 20)
-        .unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 20)
-        .unwrap();
+    connect_sides(&a, &b, ACCESS, 20);
     a.cq.req_notify(false).unwrap();
     a.qp.post_send(write(&a, &b, 0)).unwrap();
     assert_eq!(
@@ -137,13 +117,11 @@ fn stream_then_pause(
     n: u64,
     stop_after: u64,
 ) -> (u64, u64, u64) {
-    let open = |i: usize| side_with(names[i], addrs[i], base.clone());
-    let (a, b) = (open(0), open(1));
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 14)
-        .unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 14)
-        .unwrap();
+    let (a, b) = (
+        side(names[0], addrs[0], base.clone()),
+        side(names[1], addrs[1], base),
+    );
+    connect_sides(&a, &b, ACCESS, 14);
     if let Some(d) = recent {
         a.ctx.soft_device().unwrap().set_handover_recent(d);
     }

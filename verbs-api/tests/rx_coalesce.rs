@@ -13,6 +13,7 @@
 
 mod common;
 
+use common::{connect_sides, Side, SideShape};
 use roxe_verbs::*;
 use std::time::{Duration, Instant};
 
@@ -20,52 +21,21 @@ const T: Duration = Duration::from_secs(10);
 const SIZE: usize = 65536;
 const WRITES: usize = 64;
 
-struct Side {
-    ctx: Context,
-    qp: Qp,
-    cq: Cq,
-    mr: Mr,
-    channel: CompChannel,
-    _pd: Pd,
-}
-
-fn side(name: &str, addr: &str, rx_coalesce_us: u32) -> Side {
+fn pair(names: [&str; 2], addrs: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
     let base = DeviceConfig {
         rx_coalesce_us,
         ..DeviceConfig::default()
     };
-    let ctx = common::open_with(name, addr, base);
-    let pd = ctx.alloc_pd().unwrap();
-    let channel = ctx.create_comp_channel().unwrap();
-    let cq = ctx.create_cq(2048, Some(&channel)).unwrap();
-    let mut init = QpInit::new(QpType::Rc, &cq, &cq);
-    init.cap.max_send_wr = 1024;
-    init.cap.max_recv_wr = 1024;
-    let qp = pd.create_qp(&init).unwrap();
-    let mr = pd
-        .reg_mr(
-            WRITES * SIZE,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        )
-        .unwrap();
-    Side {
-        ctx,
-        qp,
-        cq,
-        mr,
-        channel,
-        _pd: pd,
-    }
-}
-
-fn pair(names: [&str; 2], addrs: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
-    let a = side(names[0], addrs[0], rx_coalesce_us);
-    let b = side(names[1], addrs[1], rx_coalesce_us);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    a.qp.connect(1, &b.qp.endpoint(2), Mtu::Mtu4096, access, 14)
-        .unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), Mtu::Mtu4096, access, 14)
-        .unwrap();
+    let shape = SideShape {
+        cq_depth: 2048,
+        max_wr: 1024,
+        mr_len: WRITES * SIZE,
+        access,
+    };
+    let a = common::side(names[0], addrs[0], base.clone(), &shape);
+    let b = common::side(names[1], addrs[1], base, &shape);
+    connect_sides(&a, &b, access, 14);
     (a, b)
 }
 

@@ -825,7 +825,8 @@ impl Device {
     /// `busy_poll`) or with `caller_progress` off.
     pub fn progress_here(&self) -> bool {
         let s = &*self.shared;
-        s.caller_polled_at.store(s.now(), Ordering::Relaxed);
+        let now = s.now();
+        s.caller_polled_at.store(now, Ordering::Relaxed);
         if !s.caller_progress {
             return false;
         }
@@ -840,7 +841,6 @@ impl Device {
         let bulk_at = s.rx_bulk_at.load(Ordering::Relaxed);
         if bulk_at > 0 {
             let until = bulk_at.saturating_add(s.rx_coalesce_ns);
-            let now = s.now();
             if now < until {
                 std::thread::sleep(Duration::from_nanos(until - now));
                 s.rx_caller_coalesced.fetch_add(1, Ordering::Relaxed);

@@ -24,13 +24,8 @@ use std::collections::VecDeque;
 /// 64 KiB READs from rxe in an rxe-peer guest lost responses, and each
 /// go-back-N resent the same burst until RETRY_EXC_ERR.
 const MAX_UNACKED_PSNS: i32 = 128;
-// Towards a peer on this host's loopback
-// (`EngineConfig::wide_loopback_window`) the only queues are the two
-// sockets' buffers, and 128 packets (512 KiB at MTU 4096) do not cover
-// the round trip through the peer's wake-up: 64 KiB WRITEs measured 2.08
-// GB/s at 128, 2.58 at 512, 2.87 at 1,024, 2.72 at 2,048 (alternated, one
-// session, 8 MiB buffers). That window is `EngineConfig::loopback_window`
-// (`MAX_LOOPBACK_WINDOW` at most), smaller where the sockets' buffers are.
+// Towards a peer on this host's loopback the window is
+// `EngineConfig::loopback_window` (`MAX_LOOPBACK_WINDOW` says why wider).
 
 /// In an ACK-clocked pass (`Engine::poll_transmit_ack_clocked`, after a
 /// verb), a new message of a reliable QP waits while at least this many
