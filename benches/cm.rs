@@ -1,6 +1,6 @@
 //! Connection setup through rdma_cm over real loopback sockets: two roxe
-//! devices in one process (127.0.63.1 listens, 127.0.63.2 connects), the
-//! CM's REQ/REP/RTU on QP1 between them.
+//! devices in one process (one listens, the other connects; addresses from
+//! `roxe_testnet`), the CM's REQ/REP/RTU on QP1 between them.
 //!
 //! - `cm/connect_to_established`: one connection at a time, from
 //!   `connect` to ESTABLISHED on both sides (QPs moved to RTS on the way),
@@ -135,11 +135,11 @@ fn connect_percentiles(s: &mut Server, c: &mut Client, n: usize) {
 fn setup() -> (Server, Client) {
     let sch = EventChannel::new().unwrap();
     let listen = CmId::new(&sch, PortSpace::Tcp);
-    let dst: SocketAddr = "127.0.63.1:7471".parse().unwrap();
+    let dst = SocketAddr::from((roxe_testnet::addr(), roxe_testnet::port()));
     listen.bind_addr(dst).unwrap();
     listen.listen(1024).unwrap();
     let sctx = listen.context().unwrap();
-    let src: SocketAddr = "127.0.63.2:0".parse().unwrap();
+    let src = SocketAddr::from((roxe_testnet::addr(), 0));
     let cctx = open_at(src.ip()).unwrap();
     let server = Server {
         ch: sch,

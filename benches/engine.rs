@@ -37,8 +37,8 @@ const MR_LEN: usize = WINDOW as usize * WRITE_LEN;
 /// Virtual time per pump round (the clock only has to move forward).
 const ROUND_NS: Nanos = 1_000;
 
-const ADDR_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
-const ADDR_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const ADDR_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (the simulated network)
+const ADDR_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (the simulated network)
 
 /// One end of the connection.
 struct End {

@@ -1,5 +1,5 @@
-//! QPs at scale on real devices (two soft devices in one process,
-//! 127.0.64.1 and 127.0.64.2): how fast RC QP pairs are created and
+//! QPs at scale on real devices (two soft devices in one process, on
+//! loopback addresses from `roxe_testnet`): how fast RC QP pairs are created and
 //! connected (RESET → INIT → RTR → RTS on both sides, through the Rust API
 //! as a program would), and what an idle connected QP costs in memory
 //! (resident set growth of the process per QP, `VmRSS` in /proc/self/status).
@@ -37,8 +37,8 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5_000);
-    let a = open("scale-a", "127.0.64.1");
-    let b = open("scale-b", "127.0.64.2");
+    let [a, b] = roxe_testnet::addrs().map(|a| a.to_string());
+    let (a, b) = (open("scale-a", &a), open("scale-b", &b));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (
         a.create_cq(1024, None).unwrap(),

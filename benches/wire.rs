@@ -8,8 +8,8 @@ use roxe_wire::{icrc, BthRepr, ExtHeaders, Opcode, Packet, PacketRepr, Psn, Reth
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 
-const SRC: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const DST: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+const SRC: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1); // testnet: allow (packet bytes only)
+const DST: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2); // testnet: allow (packet bytes only)
 
 fn write_only(payload: &[u8]) -> PacketRepr<'_> {
     PacketRepr {

@@ -390,8 +390,8 @@ fn builder_output_passes_roce_check_for_every_opcode() {
     };
     conversation(
         &mut cap,
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), // testnet: allow (packet bytes only)
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), // testnet: allow (packet bytes only)
         Psn::new(0xFF_FFF0),
     );
     conversation(

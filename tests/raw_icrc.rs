@@ -3,8 +3,8 @@
 //! sender wrote.
 //!
 //! These tests need `CAP_NET_RAW` (CI runs as root); without it each one
-//! prints why it is skipped and passes. Every test has its own addresses in
-//! 127.0.231.0/24 and configures devices through `DeviceConfig` (not the
+//! prints why it is skipped and passes. Every test has its own addresses
+//! (`roxe_testnet`) and configures devices through `DeviceConfig` (not the
 //! environment), so they run in parallel.
 
 use roxe_verbs::*;
@@ -24,9 +24,9 @@ fn access() -> AccessFlags {
         | AccessFlags::REMOTE_ATOMIC
 }
 
-fn config(addr: [u8; 4], icrc: IcrcMode) -> DeviceConfig {
+fn config(addr: Ipv4Addr, icrc: IcrcMode) -> DeviceConfig {
     DeviceConfig {
-        addr: Some(IpAddr::V4(Ipv4Addr::from(addr))),
+        addr: Some(IpAddr::V4(addr)),
         icrc,
         ..DeviceConfig::default()
     }
@@ -61,10 +61,19 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn rc_traffic_between_raw_devices_arrives_intact() {
     const TEST: &str = "rc_traffic_between_raw_devices_arrives_intact";
-    let Some(a) = open(TEST, "raw-rc-a", config([127, 0, 231, 1], IcrcMode::Raw)) else {
+    let Some(a) = open(
+        TEST,
+        "raw-rc-a",
+        config(roxe_testnet::addr(), IcrcMode::Raw),
+    ) else {
         return;
     };
-    let b = open(TEST, "raw-rc-b", config([127, 0, 231, 2], IcrcMode::Raw)).unwrap();
+    let b = open(
+        TEST,
+        "raw-rc-b",
+        config(roxe_testnet::addr(), IcrcMode::Raw),
+    )
+    .unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (
         a.create_cq(64, None).unwrap(),
@@ -193,24 +202,11 @@ fn ud_qp(ctx: &Context, n: u64) -> (Qp, Cq, Mr) {
 #[test]
 fn raw_device_verifies_non_zero_identifications_and_strict_cannot() {
     const TEST: &str = "raw_device_verifies_non_zero_identifications_and_strict_cannot";
-    let (raw_addr, strict_addr, injector) = (
-        Ipv4Addr::new(127, 0, 231, 11),
-        Ipv4Addr::new(127, 0, 231, 12),
-        Ipv4Addr::new(127, 0, 231, 3),
-    );
-    let Some(r) = open(
-        TEST,
-        "raw-inject-r",
-        config(raw_addr.octets(), IcrcMode::Raw),
-    ) else {
+    let [raw_addr, strict_addr, injector] = roxe_testnet::addrs();
+    let Some(r) = open(TEST, "raw-inject-r", config(raw_addr, IcrcMode::Raw)) else {
         return;
     };
-    let s = open(
-        TEST,
-        "raw-inject-s",
-        config(strict_addr.octets(), IcrcMode::Strict),
-    )
-    .unwrap();
+    let s = open(TEST, "raw-inject-s", config(strict_addr, IcrcMode::Strict)).unwrap();
     let sock = rustix::net::socket(
         rustix::net::AddressFamily::INET,
         rustix::net::SocketType::RAW,

@@ -4,10 +4,9 @@
 //! JSON lines over the child's stdin/stdout (`tests/peer/proto.rs`), and
 //! checks what arrives on either side byte for byte.
 //!
-//! Every test uses its own pair of addresses (127.0.7x.1 for the client,
-//! 127.0.7x.2 for the peer; further on if taken) so the tests run in
-//! parallel; the child is killed on every exit path (a drop guard) and
-//! every wait is bounded.
+//! Every test uses its own pair of addresses (`roxe_testnet`), so the
+//! tests run in parallel; the child is killed on every exit path (a drop
+//! guard) and every wait is bounded.
 
 #[path = "peer/proto.rs"]
 mod proto;
@@ -288,7 +287,6 @@ struct Client {
 struct Setup {
     test: &'static str,
     /// The third octet of the test's two loopback addresses.
-    net: u8,
     /// Peer RC QP (index) for each client RC QP.
     pairs: Vec<usize>,
     client_mr: usize,
@@ -298,10 +296,9 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(test: &'static str, net: u8) -> Setup {
+    fn new(test: &'static str) -> Setup {
         Setup {
             test,
-            net,
             pairs: vec![0],
             client_mr: 8 << 20,
             timeout: 14,
@@ -311,14 +308,8 @@ impl Setup {
     }
 
     /// Spawn the peer, open the client's device, connect every pair.
-    ///
-    /// The client is 127.0.`net`.1 and the peer 127.0.`net`.2; should one
-    /// of them be taken (another copy of this suite running at the same
-    /// time), the pair moves on by 20 in the third octet.
     fn start(&self) -> (PeerProc, Client) {
-        let (mut peer, ctx) = (0..8u8)
-            .find_map(|attempt| self.open_pair(self.net + 20 * attempt))
-            .unwrap_or_else(|| panic!("{}: every address pair tried is taken", self.test));
+        let (mut peer, ctx) = self.open_pair();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(4096, None).unwrap();
         let rcq = ctx.create_cq(4096, None).unwrap();
@@ -376,16 +367,15 @@ impl Setup {
         (peer, c)
     }
 
-    /// Open the client's device at 127.0.`net`.1 and start the peer at
-    /// 127.0.`net`.2; `None` if either address is taken.
-    fn open_pair(&self, net: u8) -> Option<(PeerProc, Context)> {
-        let caddr = IpAddr::from([127, 0, net, 1]);
-        let paddr = IpAddr::from([127, 0, net, 2]);
+    /// Open the client's device and start the peer, each on an address of
+    /// its own.
+    fn open_pair(&self) -> (PeerProc, Context) {
+        let [caddr, paddr] = roxe_testnet::addrs().map(IpAddr::V4);
         println!(
             "{}: client {caddr} (fault {:?}), peer {paddr} (ROXE_FAULT {:?}), ack timeout {}, retry_cnt 7",
             self.test, self.client_fault, self.peer_fault, self.timeout
         );
-        let ctx = match device_with(
+        let ctx = device_with(
             format!("two-process-{}", self.test),
             DeviceConfig {
                 addr: Some(caddr),
@@ -394,24 +384,11 @@ impl Setup {
             },
         )
         .open()
-        {
-            Ok(c) => c,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
-                println!("{}: {caddr} is taken", self.test);
-                return None;
-            }
-            Err(e) => panic!("{}: opening the client device at {caddr}: {e}", self.test),
-        };
-        match PeerProc::spawn(self.test, paddr, self.peer_fault.as_deref()) {
-            Ok(peer) => {
-                assert_eq!(peer.hello.addr, paddr.to_string(), "{}", self.test);
-                Some((peer, ctx))
-            }
-            Err(why) => {
-                println!("{}: {paddr} is taken: {why}", self.test);
-                None
-            }
-        }
+        .unwrap_or_else(|e| panic!("{}: opening the client device at {caddr}: {e}", self.test));
+        let peer = PeerProc::spawn(self.test, paddr, self.peer_fault.as_deref())
+            .unwrap_or_else(|why| panic!("{}: the peer at {paddr}: {why}", self.test));
+        assert_eq!(peer.hello.addr, paddr.to_string(), "{}", self.test);
+        (peer, ctx)
     }
 }
 
@@ -542,7 +519,7 @@ fn mbps(bytes: u64, t: Duration) -> f64 {
 #[test]
 fn every_rc_operation_and_ud() {
     let t0 = Instant::now();
-    let (mut peer, c) = Setup::new("every_rc_operation_and_ud", 71).start();
+    let (mut peer, c) = Setup::new("every_rc_operation_and_ud").start();
     let qp = &c.rc[0];
     let (raddr, rkey) = (peer.hello.mr_addr, peer.hello.rkey);
     let peer_qp = peer.hello.rc[0].qpn;
@@ -804,7 +781,7 @@ fn every_rc_operation_and_ud() {
 fn srq_shared_by_two_qps() {
     const N: u64 = 200;
     let t0 = Instant::now();
-    let mut setup = Setup::new("srq_shared_by_two_qps", 72);
+    let mut setup = Setup::new("srq_shared_by_two_qps");
     setup.pairs = vec![1, 2];
     let (mut peer, c) = setup.start();
     let peer_qpns = [peer.hello.rc[1].qpn, peer.hello.rc[2].qpn];
@@ -893,7 +870,7 @@ fn completion_channel_wakes_a_sleeping_peer() {
     const BURSTS: u64 = 6;
     const PER_BURST: u64 = 10;
     let t0 = Instant::now();
-    let (mut peer, c) = Setup::new("completion_channel_wakes_a_sleeping_peer", 73).start();
+    let (mut peer, c) = Setup::new("completion_channel_wakes_a_sleeping_peer").start();
     let qp = &c.rc[0];
     let n = BURSTS * PER_BURST;
     let mut total_events = 0;
@@ -970,7 +947,7 @@ fn one_gib_transfer_checked_by_hash() {
     const N: u64 = 1024;
     const WINDOW: u64 = 16;
     let t0 = Instant::now();
-    let mut setup = Setup::new("one_gib_transfer_checked_by_hash", 74);
+    let mut setup = Setup::new("one_gib_transfer_checked_by_hash");
     setup.client_mr = WINDOW as usize * SIZE;
     let (mut peer, c) = setup.start();
     let blocks = random_blocks(7, SIZE, 0x1610);
@@ -1017,7 +994,7 @@ fn one_gib_transfer_checked_by_hash() {
 #[test]
 fn bad_rkey_gives_rem_access_err() {
     let t0 = Instant::now();
-    let (mut peer, c) = Setup::new("bad_rkey_gives_rem_access_err", 75).start();
+    let (mut peer, c) = Setup::new("bad_rkey_gives_rem_access_err").start();
     let qp = &c.rc[0];
     let (raddr, rkey) = (peer.hello.mr_addr, peer.hello.rkey);
     let bad = rkey ^ 0x00ab_cd00;
@@ -1084,7 +1061,7 @@ fn killed_peer_gives_retry_exc_err() {
     // Qp::connect sets retry_cnt 7.
     const RETRY: u8 = 7;
     let t0 = Instant::now();
-    let mut setup = Setup::new("killed_peer_gives_retry_exc_err", 76);
+    let mut setup = Setup::new("killed_peer_gives_retry_exc_err");
     setup.timeout = TIMEOUT;
     let (mut peer, c) = setup.start();
     let qp = &c.rc[0];
@@ -1152,7 +1129,7 @@ fn transfer_under_injected_loss() {
     const WINDOW: u64 = 16;
     let t0 = Instant::now();
     let seed = seed();
-    let mut setup = Setup::new("transfer_under_injected_loss", 77);
+    let mut setup = Setup::new("transfer_under_injected_loss");
     setup.client_mr = 16 << 20;
     setup.client_fault = Some(FaultSpec {
         loss: 0.05,
@@ -1281,12 +1258,9 @@ fn rc_under_loss_reordering_and_duplication_never_stalls() {
     );
     let quiet_bound =
         Duration::from_nanos(4096 << TIMEOUT) * (RETRY + 1) + Duration::from_millis(1500);
-    for (k, &seed) in seeds.iter().enumerate() {
+    for &seed in &seeds {
         let spec = format!("loss=0.05,reorder=0.02,dup=0.01,seed={seed}");
-        let mut setup = Setup::new(
-            "rc_under_loss_reordering_and_duplication_never_stalls",
-            78 + k as u8,
-        );
+        let mut setup = Setup::new("rc_under_loss_reordering_and_duplication_never_stalls");
         setup.timeout = TIMEOUT;
         setup.client_fault = Some(FaultSpec {
             loss: 0.05,

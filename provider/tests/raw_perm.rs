@@ -7,7 +7,7 @@
 
 use roxe_provider::driver::{Device, DeviceConfig, IcrcMode, NeedsCapNetRaw};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 const CAP_NET_RAW: u32 = 13;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
@@ -54,7 +54,7 @@ fn raw_mode_without_cap_net_raw_fails_with_eperm() {
     let err = std::thread::spawn(|| {
         drop_cap_net_raw_in_this_thread();
         let cfg = DeviceConfig {
-            addr: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 231, 21))),
+            addr: Some(IpAddr::V4(roxe_testnet::addr())),
             icrc: IcrcMode::Raw,
             ..DeviceConfig::default()
         };

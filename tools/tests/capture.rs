@@ -98,17 +98,20 @@ fn hostile_traffic_fails_the_capture_and_is_named() {
     }
     // A well-formed BTH (RC SEND ONLY to QP 0x11) with a wrong ICRC, and
     // random bytes that are no RoCEv2 packet at all, both to port 4791.
-    let o = in_namespace(
+    // (The namespace's lo is the test's alone; the address is leased all
+    // the same, as every test's is.)
+    let to = roxe_testnet::addr();
+    let o = in_namespace(&format!(
         "\"$ROXE\" capture -i lo -c 2 --timeout 20 > /tmp/roxe-capture-hostile.$$ 2>&1 & \
          sleep 0.5; python3 -c '\
 import socket, random\n\
 random.seed(7)\n\
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
 bth = bytes([0x04, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0, 0, 1])\n\
-s.sendto(bth + bytes(16) + b\"\\xde\\xad\\xbe\\xef\", (\"127.0.0.1\", 4791))\n\
-s.sendto(bytes(random.getrandbits(8) for _ in range(5)), (\"127.0.0.1\", 4791))\n\
+s.sendto(bth + bytes(16) + b\"\\xde\\xad\\xbe\\xef\", (\"{to}\", 4791))\n\
+s.sendto(bytes(random.getrandbits(8) for _ in range(5)), (\"{to}\", 4791))\n\
 '; wait $!; echo capture-exit=$?; cat /tmp/roxe-capture-hostile.$$; rm -f /tmp/roxe-capture-hostile.$$",
-    );
+    ));
     let t = text(&o);
     assert!(t.contains("capture-exit=1"), "{t}");
     assert!(t.contains("icrc=BAD"), "the forged ICRC is not named:\n{t}");
@@ -133,12 +136,14 @@ fn gso_segments_carry_the_icrc_of_their_identification() {
     let dir = std::env::temp_dir().join(format!("roxe-capture-gso-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("gso.pcap");
+    let [server, client] = roxe_testnet::addrs();
+    let (port, host) = (roxe_testnet::port(), roxe_testnet::CONTROL_HOST);
     let o = in_namespace(&format!(
         "\"$ROXE\" capture -i lo -c 3000 --timeout 30 -w {pcap} > {d}/out.txt 2>&1 & \
          sleep 0.5; \
-         ROXE_GSO=on ROXE_ICRC=strict ROXE_ADDR=127.0.0.1 \"$ROXE\" perf write -s 65536 -n 40 -p 18610 --timeout 20 > {d}/server.txt 2>&1 & \
+         ROXE_GSO=on ROXE_ICRC=strict ROXE_ADDR={server} \"$ROXE\" perf write -s 65536 -n 40 -p {port} --timeout 20 > {d}/server.txt 2>&1 & \
          sleep 0.3; \
-         ROXE_GSO=on ROXE_ICRC=strict ROXE_ADDR=127.0.0.2 \"$ROXE\" perf write -s 65536 -n 40 -p 18610 --timeout 20 --json client 127.0.0.1 > {d}/client.txt 2>&1; \
+         ROXE_GSO=on ROXE_ICRC=strict ROXE_ADDR={client} \"$ROXE\" perf write -s 65536 -n 40 -p {port} --timeout 20 --json client {host} > {d}/client.txt 2>&1; \
          echo client-exit=$?; wait %2; echo server-exit=$?; kill -INT %1; wait %1; \
          cat {d}/out.txt {d}/client.txt",
         pcap = pcap.display(),

@@ -195,8 +195,8 @@ fn cm_reject_shows_its_reason() {
         },
         payload: &mad,
     };
-    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
-    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
     let mut buf = [0u8; 512];
     let n = build_datagram(&mut buf, a, b, 0xc001, 4791, IpFields::default(), &pkt).unwrap();
     let mut w = PcapWriter::new(Vec::new()).unwrap();
@@ -245,8 +245,8 @@ fn unreadable_and_empty_captures() {
 /// with correct ICRCs over the damaged bytes.
 fn write_malformed_capture(path: &Path) {
     let mut w = PcapWriter::new(Vec::new()).unwrap();
-    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
-    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
     let ack = PacketRepr {
         bth: BthRepr::new(Opcode::RcAcknowledge, 0x11, Psn::new(5)),
         ext: ExtHeaders {

@@ -3,17 +3,23 @@
 
 use std::process::{Command, Output};
 
-fn roxe_devices(env: &[(&str, &str)]) -> Output {
+/// `roxe devices` with a configured address (listing opens nothing, but
+/// keep it ours) and `env`; the address too.
+fn roxe_devices_at(env: &[(&str, &str)]) -> (Output, String) {
+    let addr = roxe_testnet::addr().to_string();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_roxe"));
     cmd.arg("devices")
         .env_remove("ROXE_BACKEND")
         .env_remove("ROXE_SYSTEM_LIBIBVERBS")
-        // A configured address: listing opens nothing, but keep it ours.
-        .env("ROXE_ADDR", "127.0.233.1");
+        .env("ROXE_ADDR", &addr);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("run roxe devices")
+    (cmd.output().expect("run roxe devices"), addr)
+}
+
+fn roxe_devices(env: &[(&str, &str)]) -> Output {
+    roxe_devices_at(env).0
 }
 
 fn stdout(o: &Output) -> String {
@@ -22,7 +28,7 @@ fn stdout(o: &Output) -> String {
 
 #[test]
 fn soft_devices_are_listed_with_their_backend() {
-    let o = roxe_devices(&[]);
+    let (o, addr) = roxe_devices_at(&[]);
     assert!(o.status.success(), "{o:?}");
     let out = stdout(&o);
     assert!(out.contains("backend"), "{out}");
@@ -30,10 +36,7 @@ fn soft_devices_are_listed_with_their_backend() {
         .lines()
         .find(|l| l.trim_start().starts_with("roxe0"))
         .unwrap_or_else(|| panic!("no roxe0 line:\n{out}"));
-    assert!(
-        line.contains("soft") && line.contains("127.0.233.1"),
-        "{line}"
-    );
+    assert!(line.contains("soft") && line.contains(&addr), "{line}");
 }
 
 #[test]
@@ -96,7 +99,7 @@ fn a_closed_pipe_is_not_a_panic() {
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_roxe"))
         .arg("devices")
-        .env("ROXE_ADDR", "127.0.233.2")
+        .env("ROXE_ADDR", roxe_testnet::addr().to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -156,9 +159,10 @@ fn help_lists_every_environment_variable() {
 /// as the variable would.
 #[test]
 fn environment_options_configure_the_devices() {
+    let [a, b] = roxe_testnet::addrs().map(|a| a.to_string());
     for args in [
-        &["--roxe-addr", "127.0.236.1", "devices"][..],
-        &["devices", "--roxe-addr", "127.0.236.2"][..],
+        &["--roxe-addr", &a, "devices"][..],
+        &["devices", "--roxe-addr", &b][..],
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_roxe"))
             .args(args)

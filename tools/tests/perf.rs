@@ -1,26 +1,27 @@
 //! `roxe perf` as a user runs it: a server and a client process, each with
-//! its own soft device (distinct unusual loopback addresses per test, so
-//! tests can run in parallel with each other and with other suites) and
-//! its own control port.
+//! its own soft device and its own control port (from `roxe_testnet`, so
+//! tests run in parallel with each other and with other suites).
 
+use roxe_testnet::CONTROL_HOST;
 use serde_json::Value;
+use std::net::Ipv4Addr;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long one test's processes may run before they are killed.
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn spawn(addr: &str, args: &[&str]) -> Child {
+fn spawn(addr: Ipv4Addr, args: &[&str]) -> Child {
     spawn_with(addr, args, &[])
 }
 
 /// [`spawn`] with more environment.
-fn spawn_with(addr: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
+fn spawn_with(addr: Ipv4Addr, args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_roxe"))
         .arg("perf")
         .args(args)
         .envs(env.iter().copied())
-        .env("ROXE_ADDR", addr)
+        .env("ROXE_ADDR", addr.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -70,25 +71,29 @@ impl Drop for Reaper {
     }
 }
 
-/// Run server and client of one test; `net` (1..=99) picks their device
-/// addresses (127.0.50.2net+1 and +2) and the control port (18600 + net).
-/// Returns both outcomes.
-fn pair(net: u8, server_args: &[&str], client_args: &[&str]) -> (Done, Done) {
-    let server_addr = format!("127.0.50.{}", 2 * net + 1);
-    let client_addr = format!("127.0.50.{}", 2 * net + 2);
-    let port = (18600 + u16::from(net)).to_string();
+/// Run server and client of one test, with `env` on both, on device
+/// addresses and a control port of their own. Returns both outcomes.
+fn pair_with(server_args: &[&str], client_args: &[&str], env: &[(&str, &str)]) -> (Done, Done) {
+    let [server_addr, client_addr] = roxe_testnet::addrs();
+    let port = roxe_testnet::port().to_string();
+    eprintln!("server {server_addr}, client {client_addr}, control port {port}");
     let mut s: Vec<&str> = server_args.to_vec();
     s.extend(["-p", &port, "server"]);
     let mut c: Vec<&str> = client_args.to_vec();
-    c.extend(["-p", &port, "client", "127.0.0.1"]);
+    c.extend(["-p", &port, "client", CONTROL_HOST]);
     let deadline = Instant::now() + LIMIT;
-    let mut reaper = Reaper(vec![spawn(&server_addr, &s)]);
-    reaper.0.push(spawn(&client_addr, &c));
+    let mut reaper = Reaper(vec![spawn_with(server_addr, &s, env)]);
+    reaper.0.push(spawn_with(client_addr, &c, env));
     let client = reaper.0.pop().unwrap();
     let client = finish(client, deadline, "client");
     let server = reaper.0.pop().unwrap();
     let server = finish(server, deadline, "server");
     (server, client)
+}
+
+/// [`pair_with`] with no more environment.
+fn pair(server_args: &[&str], client_args: &[&str]) -> (Done, Done) {
+    pair_with(server_args, client_args, &[])
 }
 
 fn json(d: &Done, who: &str) -> Value {
@@ -105,10 +110,10 @@ fn json(d: &Done, who: &str) -> Value {
 }
 
 /// Run a pair with `--json` and check the client's report.
-fn perf(net: u8, op: &str, extra: &[&str], size: u64, iters: u64, qps: u64, lat: bool) -> Value {
+fn perf(op: &str, extra: &[&str], size: u64, iters: u64, qps: u64, lat: bool) -> Value {
     let mut args = vec![op, "--json"];
     args.extend_from_slice(extra);
-    let (server, client) = pair(net, &args, &args);
+    let (server, client) = pair(&args, &args);
     let c = json(&client, "client");
     let s = json(&server, "server");
     // The server reports the client's results (floats up to a re-parse).
@@ -153,21 +158,21 @@ fn perf(net: u8, op: &str, extra: &[&str], size: u64, iters: u64, qps: u64, lat:
 
 #[test]
 fn write_bw() {
-    perf(1, "write", &["-n", "200"], 65536, 200, 1, false);
+    perf("write", &["-n", "200"], 65536, 200, 1, false);
 }
 
 #[test]
 fn read_bw() {
-    perf(2, "read", &["-n", "200"], 65536, 200, 1, false);
+    perf("read", &["-n", "200"], 65536, 200, 1, false);
 }
 
 /// `-o`: READs outstanding per QP; by default the most both devices allow
 /// (a soft device: 128, as rxe), as perftest.
 #[test]
 fn read_bw_outstanding_reads() {
-    let c = perf(16, "read", &["-n", "200", "-o", "4"], 65536, 200, 1, false);
+    let c = perf("read", &["-n", "200", "-o", "4"], 65536, 200, 1, false);
     assert_eq!(c["outs"], 4, "{c}");
-    let c = perf(17, "read", &["-n", "200"], 65536, 200, 1, false);
+    let c = perf("read", &["-n", "200"], 65536, 200, 1, false);
     assert_eq!(c["outs"], 128, "{c}");
 }
 
@@ -177,20 +182,12 @@ fn read_bw_outstanding_reads() {
 /// re-reads, and in most runs of 20,000 READs RETRY_EXC_ERR).
 #[test]
 fn read_bw_over_sixteen_qps() {
-    perf(
-        23,
-        "read",
-        &["-n", "6400", "-q", "16"],
-        65536,
-        6400,
-        16,
-        false,
-    );
+    perf("read", &["-n", "6400", "-q", "16"], 65536, 6400, 16, false);
 }
 
 #[test]
 fn send_bw() {
-    perf(3, "send", &["-n", "200"], 65536, 200, 1, false);
+    perf("send", &["-n", "200"], 65536, 200, 1, false);
 }
 
 #[test]
@@ -200,29 +197,29 @@ fn write_bw_over_three_qps_with_a_small_window() {
     let args = [
         "-n", "200", "-q", "3", "-s", "4000", "-t", "8", "--cq-mod", "5",
     ];
-    perf(4, "write", &args, 4000, 200, 3, false);
+    perf("write", &args, 4000, 200, 3, false);
 }
 
 #[test]
 fn send_bw_with_fewer_receives_than_messages() {
     // 16 receives per QP for 100 messages each: the server re-posts.
     let args = ["-n", "200", "-q", "2", "-s", "1000", "-r", "16"];
-    perf(5, "send", &args, 1000, 200, 2, false);
+    perf("send", &args, 1000, 200, 2, false);
 }
 
 #[test]
 fn write_lat() {
-    perf(6, "write", &["--lat", "-n", "200"], 64, 200, 1, true);
+    perf("write", &["--lat", "-n", "200"], 64, 200, 1, true);
 }
 
 #[test]
 fn read_lat() {
-    perf(7, "read", &["--lat", "-n", "200"], 64, 200, 1, true);
+    perf("read", &["--lat", "-n", "200"], 64, 200, 1, true);
 }
 
 #[test]
 fn send_lat() {
-    perf(8, "send", &["--lat", "-n", "200"], 64, 200, 1, true);
+    perf("send", &["--lat", "-n", "200"], 64, 200, 1, true);
 }
 
 #[test]
@@ -232,21 +229,21 @@ fn lat_with_multi_packet_messages_and_a_small_window() {
     let args = [
         "--lat", "-n", "200", "-s", "10000", "-m", "1024", "-t", "2", "-r", "4",
     ];
-    perf(9, "send", &args, 10000, 200, 1, true);
-    perf(10, "write", &args, 10000, 200, 1, true);
+    perf("send", &args, 10000, 200, 1, true);
+    perf("write", &args, 10000, 200, 1, true);
 }
 
 #[test]
 fn event_mode() {
     // Both sides sleep on completion channels instead of polling.
-    perf(13, "send", &["-n", "200", "-e"], 65536, 200, 1, false);
-    perf(14, "write", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
-    perf(15, "read", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
+    perf("send", &["-n", "200", "-e"], 65536, 200, 1, false);
+    perf("write", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
+    perf("read", &["--lat", "-n", "200", "-e"], 64, 200, 1, true);
 }
 
 #[test]
 fn human_output_has_the_figures() {
-    let (server, client) = pair(11, &["write", "-n", "100"], &["write", "-n", "100"]);
+    let (server, client) = pair(&["write", "-n", "100"], &["write", "-n", "100"]);
     assert!(server.status.success(), "{}", server.stderr);
     assert!(client.status.success(), "{}", client.stderr);
     for d in [&server, &client] {
@@ -277,7 +274,7 @@ fn human_output_has_the_figures() {
 
 #[test]
 fn mismatched_tests_fail_on_both_sides() {
-    let (server, client) = pair(12, &["write", "--json"], &["read", "--json", "-n", "10"]);
+    let (server, client) = pair(&["write", "--json"], &["read", "--json", "-n", "10"]);
     assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
     assert_eq!(client.status.code(), Some(1), "{}", client.stderr);
     assert!(server.stdout.is_empty() && client.stdout.is_empty());
@@ -291,16 +288,18 @@ fn mismatched_tests_fail_on_both_sides() {
 #[test]
 fn a_missing_server_is_a_bounded_failure() {
     let t = Instant::now();
+    // A leased port: no server listens there.
+    let port = roxe_testnet::port().to_string();
     let c = spawn(
-        "127.0.50.200",
+        roxe_testnet::addr(),
         &[
             "write",
             "--timeout",
             "2",
             "-p",
-            "18699",
+            &port,
             "client",
-            "127.0.0.1",
+            CONTROL_HOST,
         ],
     );
     let d = finish(c, Instant::now() + LIMIT, "client");
@@ -313,13 +312,13 @@ fn a_missing_server_is_a_bounded_failure() {
 fn usage_errors() {
     for args in [
         &["write", "client"][..],
-        &["write", "--lat", "-q", "2", "client", "127.0.0.1"],
-        &["write", "-s", "0", "client", "127.0.0.1"],
-        &["write", "-m", "1500", "client", "127.0.0.1"],
-        &["write", "server", "127.0.0.1"],
-        &["write", "-t", "8", "--cq-mod", "0", "client", "127.0.0.1"],
+        &["write", "--lat", "-q", "2", "client", CONTROL_HOST],
+        &["write", "-s", "0", "client", CONTROL_HOST],
+        &["write", "-m", "1500", "client", CONTROL_HOST],
+        &["write", "server", CONTROL_HOST],
+        &["write", "-t", "8", "--cq-mod", "0", "client", CONTROL_HOST],
     ] {
-        let c = spawn("127.0.50.201", args);
+        let c = spawn(roxe_testnet::addr(), args);
         let d = finish(c, Instant::now() + LIMIT, "roxe perf");
         assert_eq!(d.status.code(), Some(2), "{args:?}: {}", d.stderr);
     }
@@ -329,16 +328,14 @@ fn usage_errors() {
 /// server's address, `-Q` for the signalling interval.
 #[test]
 fn perftest_argument_forms() {
-    let net = 40u8;
-    let port = (18600 + u16::from(net)).to_string();
+    let [server_addr, client_addr] = roxe_testnet::addrs();
+    let port = roxe_testnet::port().to_string();
     let args = ["write", "--json", "-n", "50", "-Q", "5", "-p", &port];
     let deadline = Instant::now() + LIMIT;
-    let mut reaper = Reaper(vec![spawn(&format!("127.0.50.{}", 2 * net + 1), &args)]);
+    let mut reaper = Reaper(vec![spawn(server_addr, &args)]);
     let mut c_args = args.to_vec();
-    c_args.push("127.0.0.1");
-    reaper
-        .0
-        .push(spawn(&format!("127.0.50.{}", 2 * net + 2), &c_args));
+    c_args.push(CONTROL_HOST);
+    reaper.0.push(spawn(client_addr, &c_args));
     let client = finish(reaper.0.pop().unwrap(), deadline, "client");
     let server = finish(reaper.0.pop().unwrap(), deadline, "server");
     let c = json(&client, "client");
@@ -351,11 +348,15 @@ fn perftest_argument_forms() {
     // Role words that do not fit: exit 2 with one line saying why.
     for (words, want) in [
         (&["client"][..], "needs the server's address"),
-        (&["server", "127.0.0.1"][..], "takes no address"),
+        (&["server", CONTROL_HOST][..], "takes no address"),
     ] {
         let mut a = vec!["write", "-p", &port];
         a.extend_from_slice(words);
-        let d = finish(spawn("127.0.50.250", &a), Instant::now() + LIMIT, "misuse");
+        let d = finish(
+            spawn(roxe_testnet::addr(), &a),
+            Instant::now() + LIMIT,
+            "misuse",
+        );
         assert_eq!(d.status.code(), Some(2), "{words:?}: {}", d.stderr);
         assert!(d.stderr.contains(want), "{words:?}: {}", d.stderr);
     }
@@ -365,9 +366,9 @@ fn perftest_argument_forms() {
 /// direction's operations.
 #[test]
 fn bidirectional_write_read_and_send() {
-    for (net, op) in [(16u8, "write"), (17, "read"), (18, "send")] {
+    for op in ["write", "read", "send"] {
         let args = [op, "--json", "-b", "-n", "300", "-s", "8192"];
-        let (server, client) = pair(net, &args, &args);
+        let (server, client) = pair(&args, &args);
         let (c, s) = (json(&client, "client"), json(&server, "server"));
         for r in [&c, &s] {
             assert_eq!(r["iters"], 600, "{op}: {r}");
@@ -381,16 +382,12 @@ fn bidirectional_write_read_and_send() {
 /// end from a last SEND_WITH_IMM); with `-b` too.
 #[test]
 fn duration_runs() {
-    for (net, op, bidir) in [
-        (19u8, "write", false),
-        (20, "send", false),
-        (21, "send", true),
-    ] {
+    for (op, bidir) in [("write", false), ("send", false), ("send", true)] {
         let mut args = vec![op, "--json", "-D", "1", "-s", "4096", "-q", "2"];
         if bidir {
             args.push("-b");
         }
-        let (server, client) = pair(net, &args, &args);
+        let (server, client) = pair(&args, &args);
         let (c, s) = (json(&client, "client"), json(&server, "server"));
         let secs = c["seconds"].as_f64().unwrap();
         assert!((1.0..10.0).contains(&secs), "{op}: ran {secs} s: {c}");
@@ -406,7 +403,7 @@ fn duration_runs() {
 #[test]
 fn all_sizes_one_table() {
     let args = ["write", "-a", "-n", "20", "-t", "16"];
-    let (server, client) = pair(22, &args, &args);
+    let (server, client) = pair(&args, &args);
     assert!(
         client.status.success() && server.status.success(),
         "client {}: {} {}\nserver {}: {}",
@@ -443,29 +440,13 @@ fn all_sizes_one_table() {
 /// with a damaged rkey was accepted, NAKed, and the QP failed).
 #[test]
 fn faults_on_both_sides_are_recovered() {
-    for (net, seed) in [(18u8, "18"), (19, "19"), (20, "20")] {
+    for seed in [18, 19, 20] {
         for op in ["write", "read", "send"] {
             let fault = format!("loss=0.01,dup=0.005,reorder=0.01,corrupt=0.005,seed={seed}");
+            eprintln!("{op} under ROXE_FAULT={fault}");
             let env = [("ROXE_FAULT", fault.as_str())];
-            let port = (18600 + u16::from(net)).to_string();
-            let args = [op, "-s", "65536", "-n", "300", "--json", "-p", &port];
-            let mut s_args = args.to_vec();
-            s_args.push("server");
-            let mut c_args = args.to_vec();
-            c_args.extend(["client", "127.0.0.1"]);
-            let deadline = Instant::now() + LIMIT;
-            let mut reaper = Reaper(vec![spawn_with(
-                &format!("127.0.50.{}", 2 * net + 1),
-                &s_args,
-                &env,
-            )]);
-            reaper.0.push(spawn_with(
-                &format!("127.0.50.{}", 2 * net + 2),
-                &c_args,
-                &env,
-            ));
-            let client = finish(reaper.0.pop().unwrap(), deadline, "client");
-            let server = finish(reaper.0.pop().unwrap(), deadline, "server");
+            let args = [op, "-s", "65536", "-n", "300", "--json"];
+            let (server, client) = pair_with(&args, &args, &env);
             assert!(
                 client.status.success() && server.status.success(),
                 "{op} under {fault}: client {}: {}; server {}: {}",

@@ -3,11 +3,12 @@
 //! ibv_rc_pingpong users run (LID only, -g, -e, -c, sizes and MTUs); its
 //! TCP exchange byte for byte against a fake peer; and its failures.
 //!
-//! Every test has its own device addresses (127.0.40.x) and TCP port, so
-//! the tests run in parallel; every child is killed after a deadline.
+//! Every test has its own device addresses and TCP port (`roxe_testnet`),
+//! so the tests run in parallel; every child is killed after a deadline.
 
+use roxe_testnet::CONTROL_HOST;
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,12 +55,18 @@ fn reader(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
     })
 }
 
+/// The LID roxe gives the device at `addr` (127.0.x.y: x·256 + y).
+fn lid(addr: Ipv4Addr) -> String {
+    let [_, _, x, y] = addr.octets();
+    format!("{:04x}", u16::from_be_bytes([x, y]))
+}
+
 /// `roxe pingpong ARGS` with its device on `addr`.
-fn spawn(addr: &str, args: &[&str]) -> Proc {
+fn spawn(addr: Ipv4Addr, args: &[&str]) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_roxe"))
         .arg("pingpong")
         .args(args)
-        .env("ROXE_ADDR", addr)
+        .env("ROXE_ADDR", addr.to_string())
         .env_remove("ROXE_FAULT")
         .env_remove("ROXE_PCAP")
         .stdin(Stdio::null())
@@ -92,26 +99,37 @@ fn finish(mut p: Proc, deadline: Instant) -> Run {
     }
 }
 
-/// Server on 127.0.40.(2k+1), client on 127.0.40.(2k+2), TCP port
-/// 28515 + k; `server_extra`/`client_extra` after the common `args`.
-fn pair(k: u16, args: &[&str], server_extra: &[&str], client_extra: &[&str]) -> (Run, Run) {
-    let (sa, ca) = (
-        format!("127.0.40.{}", 2 * k + 1),
-        format!("127.0.40.{}", 2 * k + 2),
-    );
-    let port = (28515 + k).to_string();
+/// The server's and the client's device addresses and what they did.
+struct PairRun {
+    server_addr: Ipv4Addr,
+    client_addr: Ipv4Addr,
+    s: Run,
+    c: Run,
+}
+
+/// Server and client on addresses of their own, their TCP exchange on a
+/// port of its own; `server_extra`/`client_extra` after the common `args`.
+fn pair(args: &[&str], server_extra: &[&str], client_extra: &[&str]) -> PairRun {
+    let [sa, ca] = roxe_testnet::addrs();
+    let port = roxe_testnet::port().to_string();
+    eprintln!("server {sa}, client {ca}, TCP port {port}");
     let mut s_args = vec!["-p", &port];
     s_args.extend_from_slice(args);
     s_args.extend_from_slice(server_extra);
     let mut c_args = s_args[..2 + args.len()].to_vec();
     c_args.extend_from_slice(client_extra);
-    c_args.push("127.0.0.1");
+    c_args.push(CONTROL_HOST);
     let deadline = Instant::now() + DEADLINE;
-    let server = spawn(&sa, &s_args);
-    let client = spawn(&ca, &c_args);
+    let server = spawn(sa, &s_args);
+    let client = spawn(ca, &c_args);
     let c = finish(client, deadline);
     let s = finish(server, deadline);
-    (s, c)
+    PairRun {
+        server_addr: sa,
+        client_addr: ca,
+        s,
+        c,
+    }
 }
 
 /// The value after `key` on the line starting with `line`.
@@ -154,38 +172,47 @@ fn check_pair(s: &Run, c: &Run, iters: u32, size: u64) {
 
 #[test]
 fn lid_only() {
-    let (s, c) = pair(0, &["-n", "200", "-s", "4096"], &[], &[]);
-    check_pair(&s, &c, 200, 4096);
-    // LID of 127.0.40.1 / .2, and no GID (ibv_rc_pingpong without -g).
-    assert_eq!(field(&s.stdout, "  local address:  ", "LID "), "0x2801");
-    assert_eq!(field(&c.stdout, "  local address:  ", "LID "), "0x2802");
+    let r = pair(&["-n", "200", "-s", "4096"], &[], &[]);
+    let (s, c) = (&r.s, &r.c);
+    check_pair(s, c, 200, 4096);
+    // The LIDs of the two addresses, and no GID (ibv_rc_pingpong without -g).
+    let lid_field = |a| format!("0x{}", lid(a));
+    assert_eq!(
+        field(&s.stdout, "  local address:  ", "LID "),
+        lid_field(r.server_addr)
+    );
+    assert_eq!(
+        field(&c.stdout, "  local address:  ", "LID "),
+        lid_field(r.client_addr)
+    );
     assert_eq!(field(&s.stdout, "  local address:  ", "GID "), "::");
     assert_eq!(field(&s.stdout, "  remote address: ", "GID "), "::");
 }
 
 #[test]
 fn with_gid_index_0() {
-    let (s, c) = pair(1, &["-n", "200", "-s", "4096", "-g", "0"], &[], &[]);
-    check_pair(&s, &c, 200, 4096);
+    let r = pair(&["-n", "200", "-s", "4096", "-g", "0"], &[], &[]);
+    let (s, c) = (&r.s, &r.c);
+    check_pair(s, c, 200, 4096);
     assert_eq!(
         field(&s.stdout, "  local address:  ", "GID "),
-        "::ffff:127.0.40.3"
+        format!("::ffff:{}", r.server_addr)
     );
     assert_eq!(
         field(&s.stdout, "  remote address: ", "GID "),
-        "::ffff:127.0.40.4"
+        format!("::ffff:{}", r.client_addr)
     );
 }
 
 #[test]
 fn with_events() {
-    let (s, c) = pair(2, &["-n", "200", "-s", "4096", "-e"], &[], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "200", "-s", "4096", "-e"], &[], &[]);
     check_pair(&s, &c, 200, 4096);
 }
 
 #[test]
 fn with_chk() {
-    let (s, c) = pair(3, &["-n", "200", "-s", "4096", "-c"], &[], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "200", "-s", "4096", "-c"], &[], &[]);
     check_pair(&s, &c, 200, 4096);
 }
 
@@ -193,7 +220,7 @@ fn with_chk() {
 fn chk_reports_data_the_client_did_not_mark() {
     // Only the server validates; a client without -c sends 0x7b bytes
     // where -c expects the client's marks.
-    let (s, c) = pair(4, &["-n", "20", "-s", "8192"], &["-c"], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "20", "-s", "8192"], &["-c"], &[]);
     assert!(s.ok() && c.ok(), "{s:?}\n{c:?}");
     assert!(s.stdout.contains("invalid data in page 0\n"), "{s:?}");
     assert!(!c.stdout.contains("invalid data"), "{c:?}");
@@ -201,13 +228,13 @@ fn chk_reports_data_the_client_did_not_mark() {
 
 #[test]
 fn one_byte_messages() {
-    let (s, c) = pair(5, &["-n", "200", "-s", "1"], &[], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "200", "-s", "1"], &[], &[]);
     check_pair(&s, &c, 200, 1);
 }
 
 #[test]
 fn large_messages_with_mtu_4096() {
-    let (s, c) = pair(6, &["-n", "200", "-s", "65536", "-m", "4096"], &[], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "200", "-s", "65536", "-m", "4096"], &[], &[]);
     check_pair(&s, &c, 200, 65536);
 }
 
@@ -216,7 +243,7 @@ fn events_gid_and_chk_together_with_small_rx_depth() {
     let args = [
         "-n", "300", "-s", "2000", "-m", "512", "-r", "3", "-e", "-g", "0", "-c",
     ];
-    let (s, c) = pair(7, &args, &[], &[]);
+    let PairRun { s, c, .. } = pair(&args, &[], &[]);
     check_pair(&s, &c, 300, 2000);
 }
 
@@ -224,7 +251,7 @@ fn events_gid_and_chk_together_with_small_rx_depth() {
 /// without it a successful run prints none.
 #[test]
 fn stats_prints_device_counters() {
-    let (s, c) = pair(8, &["-n", "50", "-s", "4096"], &["--stats"], &[]);
+    let PairRun { s, c, .. } = pair(&["-n", "50", "-s", "4096"], &["--stats"], &[]);
     check_pair(&s, &c, 50, 4096);
     let line = s
         .stderr
@@ -240,20 +267,21 @@ fn stats_prints_device_counters() {
 #[test]
 fn client_without_server_fails_to_connect() {
     let deadline = Instant::now() + DEADLINE;
+    // A leased port: nobody listens there.
+    let (addr, port) = (roxe_testnet::addr(), roxe_testnet::port().to_string());
     let c = finish(
-        spawn(
-            "127.0.40.101",
-            &["-p", "28599", "--timeout", "1", "127.0.0.1"],
-        ),
+        spawn(addr, &["-p", &port, "--timeout", "1", CONTROL_HOST]),
         deadline,
     );
     assert_eq!(c.code(), Some(1), "{c:?}");
     assert!(
-        c.stderr.contains("Couldn't connect to 127.0.0.1:28599\n"),
+        c.stderr
+            .contains(&format!("Couldn't connect to {CONTROL_HOST}:{port}\n")),
         "{c:?}"
     );
     assert!(
-        c.stdout.starts_with("  local address:  LID 0x2865, QPN 0x"),
+        c.stdout
+            .starts_with(&format!("  local address:  LID 0x{}, QPN 0x", lid(addr))),
         "{c:?}"
     );
 }
@@ -261,8 +289,9 @@ fn client_without_server_fails_to_connect() {
 #[test]
 fn server_without_client_times_out() {
     let deadline = Instant::now() + DEADLINE;
+    let port = roxe_testnet::port().to_string();
     let s = finish(
-        spawn("127.0.40.102", &["-p", "28598", "--timeout", "1"]),
+        spawn(roxe_testnet::addr(), &["-p", &port, "--timeout", "1"]),
         deadline,
     );
     assert_eq!(s.code(), Some(1), "{s:?}");
@@ -277,7 +306,7 @@ fn server_without_client_times_out() {
 #[test]
 fn bad_mtu_prints_usage_and_exits_1() {
     let deadline = Instant::now() + DEADLINE;
-    let r = finish(spawn("127.0.40.103", &["-m", "1000"]), deadline);
+    let r = finish(spawn(roxe_testnet::addr(), &["-m", "1000"]), deadline);
     assert_eq!(r.code(), Some(1), "{r:?}");
     assert!(r.stdout.starts_with("Usage:\n"), "{r:?}");
 }
@@ -291,11 +320,13 @@ fn is_hex(b: &[u8]) -> bool {
 /// retries run out as rc_pingpong reports it.
 #[test]
 fn client_wire_exchange_and_retry_exceeded() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = TcpListener::bind((CONTROL_HOST, 0)).unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
     let deadline = Instant::now() + DEADLINE;
+    // `nobody`: a leased address with no device on it.
+    let [addr, nobody] = roxe_testnet::addrs();
     let client = spawn(
-        "127.0.40.105",
+        addr,
         &[
             "-p",
             &port,
@@ -305,7 +336,7 @@ fn client_wire_exchange_and_retry_exceeded() {
             "12345",
             "--timeout",
             "10",
-            "127.0.0.1",
+            CONTROL_HOST,
         ],
     );
     listener.set_nonblocking(true).unwrap();
@@ -321,29 +352,37 @@ fn client_wire_exchange_and_retry_exceeded() {
         .unwrap();
     let mut msg = [0u8; 52];
     conn.read_exact(&mut msg).unwrap();
-    // "%04x:%06x:%06x:%s" + NUL: LID 0x2869 (127.0.40.105), the PSN of
-    // srand48(12345) (483889296 & 0xffffff), the GID ::ffff:127.0.40.105.
-    assert_eq!(&msg[..5], b"2869:", "{}", String::from_utf8_lossy(&msg));
+    // "%04x:%06x:%06x:%s" + NUL: the device's LID, the PSN of
+    // srand48(12345) (483889296 & 0xffffff), the GID ::ffff:<its address>.
+    assert_eq!(
+        &msg[..5],
+        format!("{}:", lid(addr)).as_bytes(),
+        "{}",
+        String::from_utf8_lossy(&msg)
+    );
     assert!(is_hex(&msg[5..11]) && msg[11] == b':');
     assert_eq!(
         &msg[12..19],
         format!("{:06x}:", 483889296 & 0xffffff).as_bytes()
     );
-    assert_eq!(&msg[19..51], b"00000000000000000000ffff7f002869");
+    let gid_hex = format!("00000000000000000000ffff{:08x}", u32::from(addr));
+    assert_eq!(&msg[19..51], gid_hex.as_bytes());
     assert_eq!(msg[51], 0);
     // Our answer: a LID with no device behind it, no GID. (The C program's
     // "parse WC failed %d" prints how many completions that poll returned:
     // the SEND's error, maybe with a flushed receive.)
-    conn.write_all(b"286a:000011:000064:00000000000000000000000000000000\0")
-        .unwrap();
+    let answer = format!("{}:000011:000064:{:032}\0", lid(nobody), 0);
+    conn.write_all(answer.as_bytes()).unwrap();
     let mut done = Vec::new();
     conn.read_to_end(&mut done).unwrap();
     assert_eq!(done, b"done\0");
     let c = finish(client, deadline);
     assert_eq!(c.code(), Some(1), "{c:?}");
     assert!(
-        c.stdout
-            .contains("  remote address: LID 0x286a, QPN 0x000011, PSN 0x000064, GID ::\n"),
+        c.stdout.contains(&format!(
+            "  remote address: LID 0x{}, QPN 0x000011, PSN 0x000064, GID ::\n",
+            lid(nobody)
+        )),
         "{c:?}"
     );
     assert!(
@@ -359,12 +398,14 @@ fn client_wire_exchange_and_retry_exceeded() {
 #[test]
 fn server_wire_exchange() {
     let deadline = Instant::now() + DEADLINE;
+    let [addr, nobody] = roxe_testnet::addrs();
+    let port = roxe_testnet::port();
     let server = spawn(
-        "127.0.40.107",
-        &["-p", "28597", "--seed", "0", "--timeout", "3"],
+        addr,
+        &["-p", &port.to_string(), "--seed", "0", "--timeout", "3"],
     );
     let mut conn = loop {
-        match std::net::TcpStream::connect("127.0.0.1:28597") {
+        match std::net::TcpStream::connect((CONTROL_HOST, port)) {
             Ok(c) => break c,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => panic!("no server: {e}"),
@@ -372,11 +413,16 @@ fn server_wire_exchange() {
     };
     conn.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    conn.write_all(b"286c:000011:000064:00000000000000000000000000000000\0")
-        .unwrap();
+    let hello = format!("{}:000011:000064:{:032}\0", lid(nobody), 0);
+    conn.write_all(hello.as_bytes()).unwrap();
     let mut msg = [0u8; 52];
     conn.read_exact(&mut msg).unwrap();
-    assert_eq!(&msg[..5], b"286b:", "{}", String::from_utf8_lossy(&msg));
+    assert_eq!(
+        &msg[..5],
+        format!("{}:", lid(addr)).as_bytes(),
+        "{}",
+        String::from_utf8_lossy(&msg)
+    );
     assert!(is_hex(&msg[5..11]) && msg[11] == b':');
     // srand48(0): the first lrand48() is 366850414.
     assert_eq!(
@@ -390,8 +436,10 @@ fn server_wire_exchange() {
     let s = finish(server, deadline);
     assert_eq!(s.code(), Some(1), "{s:?}");
     assert!(
-        s.stdout
-            .contains("  remote address: LID 0x286c, QPN 0x000011, PSN 0x000064, GID ::\n"),
+        s.stdout.contains(&format!(
+            "  remote address: LID 0x{}, QPN 0x000011, PSN 0x000064, GID ::\n",
+            lid(nobody)
+        )),
         "{s:?}"
     );
 }

@@ -15,15 +15,14 @@ fn roxe(xdg: &Path) -> Command {
     c
 }
 
-fn pingpong(xdg: &Path, addr: &str, server: Option<&str>) -> Child {
+fn pingpong(xdg: &Path, addr: &str, port: u16, server: Option<&str>) -> Child {
     let mut c = roxe(xdg);
-    c.args([
-        "pingpong", "-g", "0", "-p", "21912", "-n", "2000000", "-s", "64",
-    ])
-    .env("ROXE_ADDR", addr)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
+    c.args(["pingpong", "-g", "0", "-n", "2000000", "-s", "64", "-p"])
+        .arg(port.to_string())
+        .env("ROXE_ADDR", addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     if let Some(s) = server {
         c.arg(s);
     }
@@ -55,14 +54,16 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
     let xdg = std::env::temp_dir().join(format!("roxe-stat-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&xdg);
     std::fs::create_dir_all(&xdg).unwrap();
-    let mut server = pingpong(&xdg, "127.0.234.1", None);
+    let [a, b] = roxe_testnet::addrs().map(|a| a.to_string());
+    let port = roxe_testnet::port();
+    let mut server = pingpong(&xdg, &a, port, None);
     std::thread::sleep(Duration::from_millis(300));
-    let mut client = pingpong(&xdg, "127.0.234.2", Some("127.0.234.1"));
+    let mut client = pingpong(&xdg, &b, port, Some(roxe_testnet::CONTROL_HOST));
     let end = Instant::now() + Duration::from_secs(20);
     let mut last = serde_json::Value::Null;
     while Instant::now() < end {
         last = stat_json(&xdg);
-        if rts_qps(&last, "127.0.234.1") == 1 && rts_qps(&last, "127.0.234.2") == 1 {
+        if rts_qps(&last, &a) == 1 && rts_qps(&last, &b) == 1 {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -72,16 +73,16 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
     let _ = client.kill();
     let _ = server.wait();
     let _ = client.wait();
-    assert_eq!(rts_qps(&last, "127.0.234.1"), 1, "{last:#}");
-    assert_eq!(rts_qps(&last, "127.0.234.2"), 1, "{last:#}");
+    assert_eq!(rts_qps(&last, &a), 1, "{last:#}");
+    assert_eq!(rts_qps(&last, &b), 1, "{last:#}");
     let dev = last["devices"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|d| d["addr"] == "127.0.234.2")
+        .find(|d| d["addr"] == b.as_str())
         .unwrap();
     assert!(dev["tx_packets"].as_u64().unwrap() > 0, "{dev:#}");
-    assert_eq!(dev["qps"][0]["peer"], "127.0.234.1", "{dev:#}");
+    assert_eq!(dev["qps"][0]["peer"], a.as_str(), "{dev:#}");
     // Drops by reason, per device and per QP (none on a clean run).
     assert!(dev["drops"].is_object(), "{dev:#}");
     assert!(dev["qps"][0]["drops"].is_object(), "{dev:#}");
@@ -95,7 +96,7 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
     assert!(cqs.iter().any(|c| c["qps"] == 1), "{dev:#}");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.contains("127.0.234.1 (pid") && table.contains("RTS"),
+        table.contains(&format!("{a} (pid")) && table.contains("RTS"),
         "{table}"
     );
 

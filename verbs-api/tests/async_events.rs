@@ -12,10 +12,7 @@ const T: Duration = Duration::from_secs(5);
 
 #[test]
 fn sq_drained_and_last_wqe_reached() {
-    let (a, b) = (
-        open("async-a", "127.0.232.1"),
-        open("async-b", "127.0.232.2"),
-    );
+    let (a, b) = (open("async-a"), open("async-b"));
     let events = a.async_events().unwrap();
     events.set_nonblocking(true).unwrap();
     assert_eq!(

@@ -1,16 +1,30 @@
-//! rdma_cm over roxe: two devices in one process (127.0.61.x, used by no
-//! other test), connected through the CM protocol on QP1 as two processes
-//! or two hosts would be.
+//! rdma_cm over roxe: two devices in one process (on loopback addresses of
+//! their own, from `roxe_testnet`), connected through the CM protocol on
+//! QP1 as two processes or two hosts would be.
 
 use roxe_verbs::cm::*;
 use roxe_verbs::*;
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn addr(host: u8, port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 61, host], port))
+/// The device address this file calls host `n`: leased (no other test
+/// holds it), the same for every use of `n` in this process. Each test
+/// uses host numbers of its own.
+fn host(n: u8) -> Ipv4Addr {
+    static HOSTS: Mutex<BTreeMap<u8, Ipv4Addr>> = Mutex::new(BTreeMap::new());
+    *HOSTS
+        .lock()
+        .unwrap()
+        .entry(n)
+        .or_insert_with(roxe_testnet::addr)
+}
+
+fn addr(n: u8, port: u16) -> SocketAddr {
+    SocketAddr::from((host(n), port))
 }
 
 fn next(ch: &EventChannel) -> Event {
@@ -66,8 +80,8 @@ fn resolved(src: u8, dst: SocketAddr, ps: PortSpace) -> (EventChannel, CmId) {
 
 #[test]
 fn connect_send_disconnect_from_either_side() {
-    for (k, client_disconnects) in [(0u16, true), (1, false)] {
-        let port = 7471 + k;
+    for client_disconnects in [true, false] {
+        let port = roxe_testnet::port();
         let (sch, _listen) = listener(1, port, PortSpace::Tcp);
         let (cch, cid) = resolved(2, addr(1, port), PortSpace::Tcp);
         let (cqp, cside) = qp_for(&cid);
@@ -137,8 +151,9 @@ fn connect_send_disconnect_from_either_side() {
 #[test]
 fn nobody_listening_is_rejected_at_once() {
     // A device at .3 that listens on nothing.
-    let (_ch, _other) = listener(3, 9000, PortSpace::Tcp);
-    let (cch, cid) = resolved(4, addr(3, 9001), PortSpace::Tcp);
+    let (listening, other) = (roxe_testnet::port(), roxe_testnet::port());
+    let (_ch, _other) = listener(3, listening, PortSpace::Tcp);
+    let (cch, cid) = resolved(4, addr(3, other), PortSpace::Tcp);
     let _ = qp_for(&cid);
     let t0 = Instant::now();
     cid.connect(&ConnParam::default()).unwrap();
@@ -149,8 +164,9 @@ fn nobody_listening_is_rejected_at_once() {
 
 #[test]
 fn reject_with_private_data_and_limits() {
-    let (sch, _l) = listener(5, 7000, PortSpace::Tcp);
-    let (cch, cid) = resolved(6, addr(5, 7000), PortSpace::Tcp);
+    let port = roxe_testnet::port();
+    let (sch, _l) = listener(5, port, PortSpace::Tcp);
+    let (cch, cid) = resolved(6, addr(5, port), PortSpace::Tcp);
     let _ = qp_for(&cid);
     let too_much = ConnParam {
         private_data: vec![1; MAX_CONNECT_PRIVATE_DATA + 1],
@@ -175,7 +191,7 @@ fn reject_with_private_data_and_limits() {
 #[test]
 fn a_dead_peer_is_unreachable_after_the_cm_retries() {
     // Nothing at .8: the REQs go unanswered.
-    let (cch, cid) = resolved(7, addr(8, 7000), PortSpace::Tcp);
+    let (cch, cid) = resolved(7, addr(8, roxe_testnet::port()), PortSpace::Tcp);
     let _ = qp_for(&cid);
     // 4.096 µs × 2^12 ≈ 17 ms, 3 resends.
     cid.set_cm_timeouts(12, 3).unwrap();
@@ -193,19 +209,20 @@ fn a_dead_peer_is_unreachable_after_the_cm_retries() {
 fn binding_an_address_of_no_interface_fails() {
     let ch = EventChannel::new().unwrap();
     let id = CmId::new(&ch, PortSpace::Tcp);
-    let e = id.bind_addr("192.0.2.1:7000".parse().unwrap()).unwrap_err();
+    let e = id.bind_addr("192.0.2.1:1".parse().unwrap()).unwrap_err();
     assert_eq!(e.errno(), 99, "EADDRNOTAVAIL: {e}");
 }
 
 #[test]
 fn one_listener_accepts_sixty_four_connections() {
     const N: usize = 64;
-    let (sch, _l) = listener(9, 7100, PortSpace::Tcp);
+    let port = roxe_testnet::port();
+    let (sch, _l) = listener(9, port, PortSpace::Tcp);
     let cch = EventChannel::new().unwrap();
     let mut clients = Vec::new();
     for _ in 0..N {
         let id = CmId::new(&cch, PortSpace::Tcp);
-        id.resolve_addr(Some(addr(10, 0)), addr(9, 7100)).unwrap();
+        id.resolve_addr(Some(addr(10, 0)), addr(9, port)).unwrap();
         clients.push(id);
     }
     for _ in 0..N {
@@ -248,8 +265,9 @@ fn one_listener_accepts_sixty_four_connections() {
 
 #[test]
 fn ud_ids_resolve_through_sidr() {
-    let (sch, _l) = listener(11, 7200, PortSpace::Udp);
-    let (cch, cid) = resolved(12, addr(11, 7200), PortSpace::Udp);
+    let (port, unheard) = (roxe_testnet::port(), roxe_testnet::port());
+    let (sch, _l) = listener(11, port, PortSpace::Udp);
+    let (cch, cid) = resolved(12, addr(11, port), PortSpace::Udp);
     let cctx = cid.context().unwrap();
     let cpd = cctx.alloc_pd().unwrap();
     let ccq = cctx.create_cq(16, None).unwrap();
@@ -294,7 +312,7 @@ fn ud_ids_resolve_through_sidr() {
         (9, WcStatus::Success, 140)
     );
     // Nobody listening on a UDP port: SIDR says unsupported.
-    let (cch2, cid2) = resolved(12, addr(11, 7201), PortSpace::Udp);
+    let (cch2, cid2) = resolved(12, addr(11, unheard), PortSpace::Udp);
     cid2.connect(&ConnParam::default()).unwrap();
     let e = expect(&cch2, EventKind::Rejected);
     assert_eq!(e.status, 1);
@@ -330,27 +348,26 @@ fn ids_dropped_with_events_in_flight_do_not_deadlock() {
 
 /// IPv6: one device on ::1 (the only IPv6 loopback address) connects to
 /// itself through the CM; the CMA header and GIDs carry IPv6 addresses.
-/// The only test of the workspace that binds [::1]:4791.
+/// It holds ::1 (`roxe_testnet::ipv6_loopback`) for the rest of the
+/// process: the device stays open.
 #[test]
 fn ipv6_connects_to_itself_over_the_cm() {
-    let v6 = |port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    let ipv6 = roxe_testnet::ipv6_loopback("ipv6_connects_to_itself_over_the_cm");
+    let (port, v6) = (roxe_testnet::port(), |port| SocketAddr::from((ipv6, port)));
     let sch = EventChannel::new().unwrap();
     let listen = CmId::new(&sch, PortSpace::Tcp);
-    listen.bind_addr(v6(7400)).unwrap();
+    listen.bind_addr(v6(port)).unwrap();
     listen.listen(4).unwrap();
     let cch = EventChannel::new().unwrap();
     let cid = CmId::new(&cch, PortSpace::Tcp);
-    cid.resolve_addr(Some(v6(0)), v6(7400)).unwrap();
+    cid.resolve_addr(Some(v6(0)), v6(port)).unwrap();
     expect(&cch, EventKind::AddrResolved);
     cid.resolve_route().unwrap();
     expect(&cch, EventKind::RouteResolved);
     let (cqp, cside) = qp_for(&cid);
     cid.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, EventKind::ConnectRequest);
-    assert_eq!(
-        req.id.peer_addr().map(|a| a.ip()),
-        Some(std::net::Ipv6Addr::LOCALHOST.into())
-    );
+    assert_eq!(req.id.peer_addr().map(|a| a.ip()), Some(ipv6.into()));
     assert_eq!(
         req.id.peer_addr().map(|a| a.port()),
         cid.local_addr().map(|a| a.port())
@@ -380,13 +397,14 @@ fn ipv6_connects_to_itself_over_the_cm() {
 /// new listener takes connections.
 #[test]
 fn a_port_is_free_again_right_after_its_listener_is_dropped() {
+    let port = roxe_testnet::port();
     for round in 0..20 {
-        let (ch, l) = listener(40, 7300, PortSpace::Tcp);
+        let (ch, l) = listener(40, port, PortSpace::Tcp);
         drop(l);
         drop(ch);
-        let (lch, l2) = listener(40, 7300, PortSpace::Tcp);
+        let (lch, l2) = listener(40, port, PortSpace::Tcp);
         if round == 19 {
-            let (cch, c) = resolved(41, addr(40, 7300), PortSpace::Tcp);
+            let (cch, c) = resolved(41, addr(40, port), PortSpace::Tcp);
             let (_qp, _side) = qp_for(&c);
             c.connect(&ConnParam::default()).unwrap();
             let req = expect(&lch, EventKind::ConnectRequest);
@@ -401,17 +419,22 @@ fn a_port_is_free_again_right_after_its_listener_is_dropped() {
 /// (active) take, and a connection made from its answers works.
 #[test]
 fn getaddrinfo_answers_connect() {
-    let passive = getaddrinfo(Some("127.0.61.42"), "7301", true, PortSpace::Tcp, None).unwrap();
+    let (server, port) = (host(42).to_string(), roxe_testnet::port());
+    let service = port.to_string();
+    let passive = getaddrinfo(Some(&server), &service, true, PortSpace::Tcp, None).unwrap();
     assert_eq!(passive.len(), 1);
-    assert_eq!(passive[0].src, Some(addr(42, 7301)));
+    assert_eq!(passive[0].src, Some(addr(42, port)));
     assert_eq!(passive[0].qp_type, QpType::Rc);
-    let wildcard = getaddrinfo(None, "7301", true, PortSpace::Udp, None).unwrap();
-    assert_eq!(wildcard[0].src, Some("0.0.0.0:7301".parse().unwrap()));
+    let wildcard = getaddrinfo(None, &service, true, PortSpace::Udp, None).unwrap();
+    assert_eq!(
+        wildcard[0].src,
+        Some(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+    );
     assert_eq!(wildcard[0].qp_type, QpType::Ud);
     let src = Some(addr(43, 0));
-    let active = getaddrinfo(Some("127.0.61.42"), "7301", false, PortSpace::Tcp, src).unwrap();
-    assert_eq!((active[0].src, active[0].dst), (src, Some(addr(42, 7301))));
-    assert!(getaddrinfo(Some("127.0.61.42"), "http", false, PortSpace::Tcp, None).is_err());
+    let active = getaddrinfo(Some(&server), &service, false, PortSpace::Tcp, src).unwrap();
+    assert_eq!((active[0].src, active[0].dst), (src, Some(addr(42, port))));
+    assert!(getaddrinfo(Some(&server), "http", false, PortSpace::Tcp, None).is_err());
     assert!(getaddrinfo(
         Some("no-such-host.invalid"),
         "1",
@@ -456,7 +479,7 @@ fn a_burst_of_events_is_never_stranded() {
     let ids: Vec<CmId> = (0..2000)
         .map(|_| {
             let id = CmId::new(&ch, PortSpace::Tcp);
-            id.resolve_addr(Some(addr(44, 0)), addr(45, 7302)).unwrap();
+            id.resolve_addr(Some(addr(44, 0)), addr(45, 1)).unwrap();
             id
         })
         .collect();

@@ -15,8 +15,8 @@ fn qp(ctx: &Context) -> (Pd, Cq, Qp) {
 
 #[test]
 fn outstanding_reads_are_set_and_bounded() {
-    let a = common::open("co-a", "127.0.228.47");
-    let b = common::open("co-b", "127.0.228.48");
+    let a = common::open("co-a");
+    let b = common::open("co-b");
     let (_pa, _ca, qa) = qp(&a);
     let (_pb, _cb, qb) = qp(&b);
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;

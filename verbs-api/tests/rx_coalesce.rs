@@ -21,7 +21,7 @@ const T: Duration = Duration::from_secs(10);
 const SIZE: usize = 65536;
 const WRITES: usize = 64;
 
-fn pair(names: [&str; 2], addrs: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
+fn pair(names: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
     let base = DeviceConfig {
         rx_coalesce_us,
         ..DeviceConfig::default()
@@ -33,8 +33,8 @@ fn pair(names: [&str; 2], addrs: [&str; 2], rx_coalesce_us: u32) -> (Side, Side)
         mr_len: WRITES * SIZE,
         access,
     };
-    let a = common::side(names[0], addrs[0], base.clone(), &shape);
-    let b = common::side(names[1], addrs[1], base, &shape);
+    let a = common::side(names[0], base.clone(), &shape);
+    let b = common::side(names[1], base, &shape);
     connect_sides(&a, &b, access, 14);
     (a, b)
 }
@@ -68,7 +68,7 @@ fn write_stream(a: &Side, b: &Side) {
 /// ends two messages, and sleeps once before it looks again.
 #[test]
 fn a_bulk_burst_makes_the_receiver_coalesce() {
-    let (a, b) = pair(["rcb-a", "rcb-b"], ["127.0.228.51", "127.0.228.52"], 20);
+    let (a, b) = pair(["rcb-a", "rcb-b"], 20);
     write_burst(&a, &b, 2);
     // Counted when the sleep ends: wait for it.
     let t0 = Instant::now();
@@ -86,7 +86,7 @@ fn a_bulk_burst_makes_the_receiver_coalesce() {
 /// receiver has coalesced.
 #[test]
 fn a_bulk_write_stream_lands_intact_while_the_receiver_coalesces() {
-    let (a, b) = pair(["rc-a", "rc-b"], ["127.0.228.39", "127.0.228.40"], 20);
+    let (a, b) = pair(["rc-a", "rc-b"], 20);
     let mut streams = 0;
     while streams < 10 && coalesced(&b) == 0 {
         write_stream(&a, &b);
@@ -107,7 +107,7 @@ fn a_bulk_write_stream_lands_intact_while_the_receiver_coalesces() {
 #[test]
 fn a_burst_of_small_messages_does_not_coalesce() {
     const N: usize = 512;
-    let (a, b) = pair(["rcs-a", "rcs-b"], ["127.0.228.45", "127.0.228.46"], 20);
+    let (a, b) = pair(["rcs-a", "rcs-b"], 20);
     let device = b.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
     for i in 0..N {
@@ -181,7 +181,7 @@ fn post_list(a: &Side, b: &Side, op: SendOpcode, n: usize) {
 /// receives, is no stream: its answer would come during the sleep.
 #[test]
 fn one_whole_message_does_not_coalesce() {
-    let (a, b) = pair(["rcw-a", "rcw-b"], ["127.0.228.49", "127.0.228.50"], 20);
+    let (a, b) = pair(["rcw-a", "rcw-b"], 20);
     for _ in 0..5 {
         write_burst(&a, &b, 1);
     }
@@ -190,7 +190,7 @@ fn one_whole_message_does_not_coalesce() {
 
 #[test]
 fn with_coalescing_off_the_receiver_never_coalesces() {
-    let (a, b) = pair(["rco-a", "rco-b"], ["127.0.228.41", "127.0.228.42"], 0);
+    let (a, b) = pair(["rco-a", "rco-b"], 0);
     write_stream(&a, &b);
     assert_eq!(coalesced(&b), 0);
 }
@@ -203,11 +203,7 @@ fn with_coalescing_off_the_receiver_never_coalesces() {
 /// raises the event at once, not seconds later.
 #[test]
 fn arming_a_notification_ends_a_coalescing_sleep() {
-    let (a, b) = pair(
-        ["rcn-a", "rcn-b"],
-        ["127.0.228.43", "127.0.228.44"],
-        2_000_000,
-    );
+    let (a, b) = pair(["rcn-a", "rcn-b"], 2_000_000);
     write_burst(&a, &b, 2);
     b.qp.post_recv(RecvWr {
         wr_id: 7,
@@ -256,11 +252,7 @@ fn read_burst(a: &Side, b: &Side, n: usize) {
 /// out the coalescing interval (200 ms here) before it receives.
 #[test]
 fn a_caller_polling_after_two_bulk_bursts_sleeps_before_receiving() {
-    let (a, b) = pair(
-        ["rcc-a", "rcc-b"],
-        ["127.0.228.57", "127.0.228.58"],
-        200_000,
-    );
+    let (a, b) = pair(["rcc-a", "rcc-b"], 200_000);
     let device = a.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
     read_burst(&a, &b, 4);
@@ -280,11 +272,7 @@ fn a_caller_polling_after_two_bulk_bursts_sleeps_before_receiving() {
 /// caller sleeps, nor with coalescing off after bulk bursts.
 #[test]
 fn a_caller_never_coalesces_one_message_at_a_time_or_with_coalescing_off() {
-    let (a, b) = pair(
-        ["rcd-a", "rcd-b"],
-        ["127.0.228.59", "127.0.228.60"],
-        200_000,
-    );
+    let (a, b) = pair(["rcd-a", "rcd-b"], 200_000);
     let device = a.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
     for _ in 0..4 {
@@ -295,7 +283,7 @@ fn a_caller_never_coalesces_one_message_at_a_time_or_with_coalescing_off() {
     assert_eq!(caller_coalesced(&a), 0);
     device.pause_progress_thread(false);
 
-    let (c, d) = pair(["rce-a", "rce-b"], ["127.0.228.61", "127.0.228.62"], 0);
+    let (c, d) = pair(["rce-a", "rce-b"], 0);
     let device = c.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
     read_burst(&c, &d, 4);

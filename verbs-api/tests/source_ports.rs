@@ -21,13 +21,12 @@ fn each_qp_sends_from_one_port_of_a_pool() {
     let cap = dir.join("a.pcap");
     let a = open_with(
         "sport-a",
-        "127.0.228.21",
         DeviceConfig {
             pcap: Some(cap.clone()),
             ..DeviceConfig::default()
         },
     );
-    let b = open_with("sport-b", "127.0.228.22", DeviceConfig::default());
+    let b = open_with("sport-b", DeviceConfig::default());
     let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (
         a.create_cq(256, None).unwrap(),

@@ -167,9 +167,9 @@ proptest! {
     ) {
         let repr = PacketRepr { bth: b, ext: e, payload: &payload };
         let (src, dst) = if v6 {
-            (IpAddr::V6(Ipv6Addr::LOCALHOST), IpAddr::V6("fd00::9".parse().unwrap()))
+            (IpAddr::V6(Ipv6Addr::LOCALHOST), IpAddr::V6("fd00::9".parse().unwrap())) // testnet: allow (packet bytes only)
         } else {
-            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 3, 2, 1)))
+            (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 3, 2, 1))) // testnet: allow (packet bytes only)
         };
         let fields = IpFields { ipv4_ident: ident, tos, ttl, flow_label: u32::from(ident) };
         let mut buf = vec![0u8; 9000];

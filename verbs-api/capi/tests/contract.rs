@@ -20,10 +20,6 @@ use std::time::{Duration, Instant};
 /// How long the C program may run before it is killed.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Its device address: unique among the crate's tests, which run in
-/// parallel (programs.rs uses 127.0.130+k.x).
-const ADDR: &str = "127.0.201.1";
-
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
 
 fn have_cc() -> bool {
@@ -96,7 +92,7 @@ fn verbs_contract_c() {
 
     let mut child = Command::new(&exe)
         .env("LD_LIBRARY_PATH", lib_dir)
-        .env("ROXE_ADDR", ADDR)
+        .env("ROXE_ADDR", roxe_testnet::addr().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

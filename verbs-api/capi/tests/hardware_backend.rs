@@ -19,10 +19,6 @@ use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(10);
-/// The "hardware" device's address (the inner copy's `ROXE_ADDR`) and the
-/// soft device's: unique among this crate's tests.
-const HW_ADDR: &str = "127.0.202.1";
-const SOFT_ADDR: &str = "127.0.202.2";
 const CHILD: &str = "ROXE_TEST_HW_CHILD";
 
 #[test]
@@ -33,7 +29,8 @@ fn roxe_over_roxe_through_the_hardware_backend() {
         .env(CHILD, "1")
         .env("ROXE_SYSTEM_LIBIBVERBS", lib)
         .env("ROXE_HW_ALLOW_DROP_IN", "1")
-        .env("ROXE_ADDR", HW_ADDR)
+        // The "hardware" device's address (the inner copy's).
+        .env("ROXE_ADDR", roxe_testnet::addr().to_string())
         .env_remove("ROXE_BACKEND")
         .output()
         .expect("run the child");
@@ -77,7 +74,10 @@ fn child() {
     let hw = hw_info.open().unwrap();
     assert_eq!(hw.backend(), Backend::Hardware);
     assert!(hw.soft_device().is_none() && hw.stats().is_none());
-    let hw_addr: IpAddr = HW_ADDR.parse().unwrap();
+    let hw_addr: IpAddr = std::env::var("ROXE_ADDR")
+        .expect("ROXE_ADDR from the parent")
+        .parse()
+        .unwrap();
     assert_eq!(hw.addr(), hw_addr, "the address in the default GID");
     assert_eq!(hw.query_port(1).unwrap().state, 4);
     assert!(hw.query_port(9).is_err(), "no port 9");
@@ -88,7 +88,7 @@ fn child() {
     let soft = device_with(
         "soft",
         DeviceConfig {
-            addr: Some(SOFT_ADDR.parse().unwrap()),
+            addr: Some(roxe_testnet::addr().into()),
             ..DeviceConfig::default()
         },
     )
@@ -262,7 +262,7 @@ fn child() {
     // A UD send to an address without an AH on this device: EINVAL.
     let mut u = SendWr::new(52, SendOpcode::Send, vec![hmr.sge(0, 1)]);
     u.ud = Some(UdDest {
-        addr: "127.0.202.99".parse().unwrap(),
+        addr: roxe_testnet::addr().into(),
         remote_qpn: 1,
         remote_qkey: 1,
     });

@@ -38,7 +38,7 @@ fn real_devices_are_listed_after_roxes_and_can_be_hidden() {
     if !common::programs_installed("real_devices_are_listed_after_roxes_and_can_be_hidden") {
         return;
     }
-    let net = Net(58);
+    let net = Net::new();
     let addrs = format!("{},{}", net.server(0), net.client(0));
     // The machine's own system library (where installed): on a machine
     // without RDMA devices it lists none, and the list is roxe's alone.
@@ -82,7 +82,7 @@ fn rc_pingpong_on_a_passed_through_device() {
     if !common::programs_installed("rc_pingpong_on_a_passed_through_device") {
         return;
     }
-    let net = Net(58);
+    let net = Net::new();
     let port = net.port(1).to_string();
     let server = Side::new(
         "ibv_rc_pingpong",
@@ -152,7 +152,7 @@ fn one_program_uses_a_soft_and_a_real_device_side_by_side() {
         return;
     }
     let exe = compile("side_by_side");
-    let net = Net(59);
+    let net = Net::new();
     // roxe0 (soft, first address) and the inner copy's roxe1 (second
     // address, the list's last): no address is opened twice.
     let addrs = format!("{},{}", net.server(0), net.client(0));

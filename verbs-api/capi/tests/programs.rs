@@ -7,8 +7,8 @@
 //!
 //! Each program runs with `LD_LIBRARY_PATH` = a scratch directory holding
 //! `libibverbs.so.1 -> target/<profile>/libibverbs.so` and its own device
-//! address (`ROXE_ADDR`). Test number k uses 127.0.(130+k).x and TCP ports
-//! 21000+10k.. (see [`common::Net`]), so the tests run in parallel. Every
+//! address (`ROXE_ADDR`). Each test leases its addresses and TCP ports
+//! ([`common::Net`], `roxe_testnet`), so the tests run in parallel. Every
 //! run is bounded ([`common::deadline`], 45 s, `ROXE_PROGRAMS_DEADLINE`);
 //! when one side fails the other is killed shortly after, and the failure
 //! message holds both command lines, exit statuses and outputs.
@@ -42,7 +42,7 @@ fn ibv_devices_lists_roxe0() {
     if !common::programs_installed("ibv_devices_lists_roxe0") {
         return;
     }
-    let net = Net(0);
+    let net = Net::new();
     let r = run_one(&Side::new("ibv_devices", &net.server(0), &[]));
     assert!(r.ok(), "{r:?}");
     // "    device          \t   node GUID" / "    roxe0  \t<16 hex digits>"
@@ -67,7 +67,7 @@ fn ibv_devinfo_verbose_shows_roxe0() {
     if !common::programs_installed("ibv_devinfo_verbose_shows_roxe0") {
         return;
     }
-    let net = Net(1);
+    let net = Net::new();
     let addr = net.server(0);
     for args in [&["-v"][..], &["-v", "-d", "roxe0"][..], &[][..]] {
         let r = run_one(&Side::new("ibv_devinfo", &addr, args));
@@ -103,7 +103,7 @@ fn ibv_devinfo_verbose_shows_roxe0() {
 /// `prog` as server and client (run `i` of test `net`), both with
 /// `-d roxe0 -p PORT` and `flags`; the client connects to the server's
 /// address.
-fn pingpong(net: Net, i: u16, prog: &str, flags: &[&str]) -> Pair {
+fn pingpong(net: &Net, i: u16, prog: &str, flags: &[&str]) -> Pair {
     let port = net.port(i).to_string();
     let mut args = vec!["-d", "roxe0", "-p", &port];
     args.extend_from_slice(flags);
@@ -155,8 +155,8 @@ fn rc_pingpong_gid() {
     if !common::programs_installed("rc_pingpong_gid") {
         return;
     }
-    let net = Net(2);
-    let p = pingpong(net, 0, "ibv_rc_pingpong", &["-g", "0", "-n", "100"]);
+    let net = Net::new();
+    let p = pingpong(&net, 0, "ibv_rc_pingpong", &["-g", "0", "-n", "100"]);
     check_pingpong(&p, 100, 4096);
     let local = server_local(&p);
     assert!(
@@ -170,8 +170,8 @@ fn rc_pingpong_lid_only() {
     if !common::programs_installed("rc_pingpong_lid_only") {
         return;
     }
-    let net = Net(3);
-    let p = pingpong(net, 0, "ibv_rc_pingpong", &["-n", "100"]);
+    let net = Net::new();
+    let p = pingpong(&net, 0, "ibv_rc_pingpong", &["-n", "100"]);
     check_pingpong(&p, 100, 4096);
     let local = server_local(&p);
     assert!(
@@ -187,7 +187,7 @@ fn rc_pingpong_events() {
         return;
     }
     let p = pingpong(
-        Net(4),
+        &Net::new(),
         0,
         "ibv_rc_pingpong",
         &["-g", "0", "-e", "-n", "100"],
@@ -202,7 +202,7 @@ fn rc_pingpong_new_send_api() {
     }
     // -N: ibv_create_qp_ex with send-ops flags and the ibv_wr_* calls.
     let p = pingpong(
-        Net(48),
+        &Net::new(),
         0,
         "ibv_rc_pingpong",
         &["-g", "0", "-N", "-c", "-n", "100"],
@@ -222,7 +222,7 @@ fn rc_pingpong_timestamps() {
         return;
     }
     let p = pingpong(
-        Net(49),
+        &Net::new(),
         0,
         "ibv_rc_pingpong",
         &["-g", "0", "-t", "-n", "100"],
@@ -263,7 +263,7 @@ fn rc_pingpong_validate_buffer() {
     }
     // -c: "validate received buffer" (each side checks the peer's marks).
     let p = pingpong(
-        Net(5),
+        &Net::new(),
         0,
         "ibv_rc_pingpong",
         &["-g", "0", "-c", "-n", "100", "-s", "8192"],
@@ -277,7 +277,7 @@ fn rc_pingpong_events_validate_lid_only_small_rx_depth() {
         return;
     }
     let p = pingpong(
-        Net(6),
+        &Net::new(),
         0,
         "ibv_rc_pingpong",
         &[
@@ -293,7 +293,7 @@ fn rc_pingpong_sizes_and_mtus() {
     if !common::programs_installed("rc_pingpong_sizes_and_mtus") {
         return;
     }
-    let net = Net(7);
+    let net = Net::new();
     let runs: [(u64, u32, u64); 6] = [
         (1, 256, 100),
         (4096, 256, 50),
@@ -305,7 +305,7 @@ fn rc_pingpong_sizes_and_mtus() {
     for (i, (size, mtu, iters)) in runs.into_iter().enumerate() {
         let (s, m, n) = (size.to_string(), mtu.to_string(), iters.to_string());
         let p = pingpong(
-            net,
+            &net,
             i as u16,
             "ibv_rc_pingpong",
             &["-g", "0", "-c", "-s", &s, "-m", &m, "-n", &n],
@@ -320,7 +320,7 @@ fn uc_pingpong_gid() {
         return;
     }
     let p = pingpong(
-        Net(8),
+        &Net::new(),
         0,
         "ibv_uc_pingpong",
         &["-g", "0", "-n", "100", "-c"],
@@ -334,7 +334,7 @@ fn uc_pingpong_lid_only_events() {
         return;
     }
     let p = pingpong(
-        Net(9),
+        &Net::new(),
         0,
         "ibv_uc_pingpong",
         &["-e", "-n", "100", "-s", "1024"],
@@ -349,7 +349,7 @@ fn ud_pingpong_gid() {
     }
     // -s must not exceed the port's active MTU (the UD message is one packet).
     let p = pingpong(
-        Net(10),
+        &Net::new(),
         0,
         "ibv_ud_pingpong",
         &["-g", "0", "-n", "100", "-s", "1024", "-c"],
@@ -363,7 +363,7 @@ fn ud_pingpong_lid_only_events() {
         return;
     }
     let p = pingpong(
-        Net(11),
+        &Net::new(),
         0,
         "ibv_ud_pingpong",
         &["-e", "-n", "100", "-s", "512"],
@@ -376,7 +376,12 @@ fn srq_pingpong_gid() {
     if !common::programs_installed("srq_pingpong_gid") {
         return;
     }
-    let p = pingpong(Net(12), 0, "ibv_srq_pingpong", &["-g", "0", "-n", "100"]);
+    let p = pingpong(
+        &Net::new(),
+        0,
+        "ibv_srq_pingpong",
+        &["-g", "0", "-n", "100"],
+    );
     check_pingpong(&p, 100, 4096);
     // One local address line per QP (16 by default).
     assert_eq!(
@@ -392,7 +397,7 @@ fn srq_pingpong_events() {
         return;
     }
     let p = pingpong(
-        Net(13),
+        &Net::new(),
         0,
         "ibv_srq_pingpong",
         &["-g", "0", "-e", "-n", "100", "-q", "4", "-s", "1024"],
@@ -406,7 +411,7 @@ fn srq_pingpong_lid_only() {
         return;
     }
     let p = pingpong(
-        Net(14),
+        &Net::new(),
         0,
         "ibv_srq_pingpong",
         &["-n", "64", "-q", "8", "-c"],
@@ -425,7 +430,7 @@ const ALL_SIZES: &[u64] = &[
 
 /// perftest `tool` (run `i` of test `net`), both sides with
 /// `-d roxe0 -x 0 -p PORT` and `flags`.
-fn perftest(net: Net, i: u16, tool: &str, flags: &[&str]) -> Pair {
+fn perftest(net: &Net, i: u16, tool: &str, flags: &[&str]) -> Pair {
     let port = net.port(i).to_string();
     let mut args = vec!["-d", "roxe0", "-x", "0", "-p", &port];
     args.extend_from_slice(flags);
@@ -494,8 +499,8 @@ fn check_perftest(p: &Pair, sizes: &[u64], iters: Option<u64>, server_sizes: Opt
 }
 
 /// One perftest run: tool, flags, test number; the sizes it must report.
-fn perftest_case(k: u16, tool: &str, flags: &[&str], sizes: &[u64]) {
-    let p = perftest(Net(k), 0, tool, flags);
+fn perftest_case(tool: &str, flags: &[&str], sizes: &[u64]) {
+    let p = perftest(&Net::new(), 0, tool, flags);
     let value = |flag: &str| -> Option<u64> {
         let i = flags.iter().position(|f| *f == flag)?;
         Some(flags[i + 1].parse().expect("a number"))
@@ -519,68 +524,63 @@ fn perftest_send_bw() {
     if !common::programs_installed("perftest_send_bw") {
         return;
     }
-    perftest_case(15, "ib_send_bw", &["-n", "200"], &[65536]);
+    perftest_case("ib_send_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_write_bw() {
     if !common::programs_installed("perftest_write_bw") {
         return;
     }
-    perftest_case(16, "ib_write_bw", &["-n", "200"], &[65536]);
+    perftest_case("ib_write_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw() {
     if !common::programs_installed("perftest_read_bw") {
         return;
     }
-    perftest_case(17, "ib_read_bw", &["-n", "200"], &[65536]);
+    perftest_case("ib_read_bw", &["-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw() {
     if !common::programs_installed("perftest_atomic_bw") {
         return;
     }
-    perftest_case(18, "ib_atomic_bw", &["-n", "500"], &[8]);
+    perftest_case("ib_atomic_bw", &["-n", "500"], &[8]);
 }
 #[test]
 fn perftest_send_lat() {
     if !common::programs_installed("perftest_send_lat") {
         return;
     }
-    perftest_case(19, "ib_send_lat", &["-n", "500"], &[2]);
+    perftest_case("ib_send_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_write_lat() {
     if !common::programs_installed("perftest_write_lat") {
         return;
     }
-    perftest_case(20, "ib_write_lat", &["-n", "500"], &[2]);
+    perftest_case("ib_write_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_read_lat() {
     if !common::programs_installed("perftest_read_lat") {
         return;
     }
-    perftest_case(21, "ib_read_lat", &["-n", "500"], &[2]);
+    perftest_case("ib_read_lat", &["-n", "500"], &[2]);
 }
 #[test]
 fn perftest_atomic_lat() {
     if !common::programs_installed("perftest_atomic_lat") {
         return;
     }
-    perftest_case(22, "ib_atomic_lat", &["-n", "500"], &[8]);
+    perftest_case("ib_atomic_lat", &["-n", "500"], &[8]);
 }
 #[test]
 fn perftest_atomic_cmp_and_swap() {
     if !common::programs_installed("perftest_atomic_cmp_and_swap") {
         return;
     }
-    perftest_case(
-        23,
-        "ib_atomic_bw",
-        &["-n", "200", "-A", "CMP_AND_SWAP"],
-        &[8],
-    );
+    perftest_case("ib_atomic_bw", &["-n", "200", "-A", "CMP_AND_SWAP"], &[8]);
 }
 
 // Size sweeps: 2 .. 8 MiB.
@@ -589,21 +589,21 @@ fn perftest_write_bw_all_sizes() {
     if !common::programs_installed("perftest_write_bw_all_sizes") {
         return;
     }
-    perftest_case(24, "ib_write_bw", &["-a", "-n", "10"], ALL_SIZES);
+    perftest_case("ib_write_bw", &["-a", "-n", "10"], ALL_SIZES);
 }
 #[test]
 fn perftest_send_lat_all_sizes() {
     if !common::programs_installed("perftest_send_lat_all_sizes") {
         return;
     }
-    perftest_case(25, "ib_send_lat", &["-a", "-n", "10"], ALL_SIZES);
+    perftest_case("ib_send_lat", &["-a", "-n", "10"], ALL_SIZES);
 }
 #[test]
 fn perftest_read_bw_all_sizes() {
     if !common::programs_installed("perftest_read_bw_all_sizes") {
         return;
     }
-    perftest_case(26, "ib_read_bw", &["-a", "-n", "5"], ALL_SIZES);
+    perftest_case("ib_read_bw", &["-a", "-n", "5"], ALL_SIZES);
 }
 
 // Several QPs.
@@ -612,7 +612,7 @@ fn perftest_write_bw_4_qps() {
     if !common::programs_installed("perftest_write_bw_4_qps") {
         return;
     }
-    perftest_case(27, "ib_write_bw", &["-q", "4", "-n", "200"], &[65536]);
+    perftest_case("ib_write_bw", &["-q", "4", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_send_bw_4_qps() {
@@ -620,7 +620,6 @@ fn perftest_send_bw_4_qps() {
         return;
     }
     perftest_case(
-        28,
         "ib_send_bw",
         &["-q", "4", "-n", "200", "-s", "4096"],
         &[4096],
@@ -633,36 +632,21 @@ fn perftest_send_bw_inline() {
     if !common::programs_installed("perftest_send_bw_inline") {
         return;
     }
-    perftest_case(
-        29,
-        "ib_send_bw",
-        &["-I", "64", "-s", "64", "-n", "500"],
-        &[64],
-    );
+    perftest_case("ib_send_bw", &["-I", "64", "-s", "64", "-n", "500"], &[64]);
 }
 #[test]
 fn perftest_write_bw_inline() {
     if !common::programs_installed("perftest_write_bw_inline") {
         return;
     }
-    perftest_case(
-        30,
-        "ib_write_bw",
-        &["-I", "64", "-s", "32", "-n", "500"],
-        &[32],
-    );
+    perftest_case("ib_write_bw", &["-I", "64", "-s", "32", "-n", "500"], &[32]);
 }
 #[test]
 fn perftest_send_lat_inline() {
     if !common::programs_installed("perftest_send_lat_inline") {
         return;
     }
-    perftest_case(
-        31,
-        "ib_send_lat",
-        &["-I", "64", "-s", "64", "-n", "500"],
-        &[64],
-    );
+    perftest_case("ib_send_lat", &["-I", "64", "-s", "64", "-n", "500"], &[64]);
 }
 #[test]
 fn perftest_write_lat_inline() {
@@ -670,7 +654,6 @@ fn perftest_write_lat_inline() {
         return;
     }
     perftest_case(
-        32,
         "ib_write_lat",
         &["-I", "64", "-s", "16", "-n", "500"],
         &[16],
@@ -683,42 +666,42 @@ fn perftest_send_bw_events() {
     if !common::programs_installed("perftest_send_bw_events") {
         return;
     }
-    perftest_case(33, "ib_send_bw", &["-e", "-n", "200"], &[65536]);
+    perftest_case("ib_send_bw", &["-e", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw_events() {
     if !common::programs_installed("perftest_read_bw_events") {
         return;
     }
-    perftest_case(34, "ib_read_bw", &["-e", "-n", "200"], &[65536]);
+    perftest_case("ib_read_bw", &["-e", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw_events() {
     if !common::programs_installed("perftest_atomic_bw_events") {
         return;
     }
-    perftest_case(35, "ib_atomic_bw", &["-e", "-n", "200"], &[8]);
+    perftest_case("ib_atomic_bw", &["-e", "-n", "200"], &[8]);
 }
 #[test]
 fn perftest_send_lat_events() {
     if !common::programs_installed("perftest_send_lat_events") {
         return;
     }
-    perftest_case(36, "ib_send_lat", &["-e", "-n", "200"], &[2]);
+    perftest_case("ib_send_lat", &["-e", "-n", "200"], &[2]);
 }
 #[test]
 fn perftest_read_lat_events() {
     if !common::programs_installed("perftest_read_lat_events") {
         return;
     }
-    perftest_case(37, "ib_read_lat", &["-e", "-n", "200"], &[2]);
+    perftest_case("ib_read_lat", &["-e", "-n", "200"], &[2]);
 }
 #[test]
 fn perftest_atomic_lat_events() {
     if !common::programs_installed("perftest_atomic_lat_events") {
         return;
     }
-    perftest_case(38, "ib_atomic_lat", &["-e", "-n", "200"], &[8]);
+    perftest_case("ib_atomic_lat", &["-e", "-n", "200"], &[8]);
 }
 
 // Bidirectional (-b) bandwidth.
@@ -727,28 +710,28 @@ fn perftest_send_bw_bidirectional() {
     if !common::programs_installed("perftest_send_bw_bidirectional") {
         return;
     }
-    perftest_case(39, "ib_send_bw", &["-b", "-n", "200"], &[65536]);
+    perftest_case("ib_send_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_write_bw_bidirectional() {
     if !common::programs_installed("perftest_write_bw_bidirectional") {
         return;
     }
-    perftest_case(40, "ib_write_bw", &["-b", "-n", "200"], &[65536]);
+    perftest_case("ib_write_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_read_bw_bidirectional() {
     if !common::programs_installed("perftest_read_bw_bidirectional") {
         return;
     }
-    perftest_case(41, "ib_read_bw", &["-b", "-n", "200"], &[65536]);
+    perftest_case("ib_read_bw", &["-b", "-n", "200"], &[65536]);
 }
 #[test]
 fn perftest_atomic_bw_bidirectional() {
     if !common::programs_installed("perftest_atomic_bw_bidirectional") {
         return;
     }
-    perftest_case(42, "ib_atomic_bw", &["-b", "-n", "200"], &[8]);
+    perftest_case("ib_atomic_bw", &["-b", "-n", "200"], &[8]);
 }
 
 // UC connections.
@@ -758,7 +741,6 @@ fn perftest_write_bw_uc() {
         return;
     }
     perftest_case(
-        43,
         "ib_write_bw",
         &["-c", "UC", "-n", "200", "-s", "4096"],
         &[4096],
@@ -770,7 +752,6 @@ fn perftest_send_bw_ud() {
         return;
     }
     perftest_case(
-        44,
         "ib_send_bw",
         &["-c", "UD", "-n", "200", "-s", "1024"],
         &[1024],
@@ -814,7 +795,7 @@ fn tutorial() -> Option<&'static Path> {
     .as_deref()
 }
 
-fn tutorial_pair(net: Net, flags: &[&str]) -> Option<Pair> {
+fn tutorial_pair(net: &Net, flags: &[&str]) -> Option<Pair> {
     let bin = tutorial()?;
     let bin = bin.to_str().expect("UTF-8 path");
     let port = net.port(0).to_string();
@@ -844,8 +825,8 @@ fn tutorial_gid() {
     if !common::programs_installed("tutorial_gid") {
         return;
     }
-    let net = Net(45);
-    let Some(p) = tutorial_pair(net, &["-g", "0", "-s", "65536", "-m", "1024"]) else {
+    let net = Net::new();
+    let Some(p) = tutorial_pair(&net, &["-g", "0", "-s", "65536", "-m", "1024"]) else {
         return;
     };
     check_tutorial(&p, 65536);
@@ -862,8 +843,8 @@ fn tutorial_lid_only() {
     if !common::programs_installed("tutorial_lid_only") {
         return;
     }
-    let net = Net(46);
-    let Some(p) = tutorial_pair(net, &[]) else {
+    let net = Net::new();
+    let Some(p) = tutorial_pair(&net, &[]) else {
         return;
     };
     check_tutorial(&p, 4096);
@@ -887,7 +868,7 @@ fn pcap_captures_pass_roce_check() {
         eprintln!("SKIPPED: roce-check not found (set ROXE_ROCE_CHECK)");
         return;
     };
-    let net = Net(47);
+    let net = Net::new();
     let dir = scratch("pcap");
     let mut files = Vec::new();
 
@@ -943,7 +924,7 @@ fn verbs_log_level_and_file_log_qp_states() {
     if !common::programs_installed("verbs_log_level_and_file_log_qp_states") {
         return;
     }
-    let net = Net(57);
+    let net = Net::new();
     let dir = scratch("verbs_log");
     let (slog, clog) = (dir.join("server.log"), dir.join("client.log"));
     let port = net.port(0).to_string();
@@ -996,7 +977,7 @@ fn stat_shows_the_qps_of_a_running_ib_write_bw() {
     if !common::programs_installed("stat_shows_the_qps_of_a_running_ib_write_bw") {
         return;
     }
-    let net = Net(43);
+    let net = Net::new();
     let xdg = common::scratch("stat_ib_write_bw");
     let port = net.port(0).to_string();
     let args = ["-d", "roxe0", "-x", "0", "-p", &port, "-D", "3"];
@@ -1059,7 +1040,7 @@ fn tutorial_memory_windows() {
         return;
     };
     let bin = bin.to_str().expect("UTF-8 path").to_string();
-    let net = Net(44);
+    let net = Net::new();
     let dir = scratch("tutorial_mw");
     let mut files = Vec::new();
     for (i, kind) in [(0u16, "1"), (1, "2")] {
@@ -1134,7 +1115,7 @@ fn roxe_perf_takes_an_ib_write_bw_script() {
         return;
     }
     let roxe = roxe_tool();
-    let net = Net(60);
+    let net = Net::new();
     for (i, prog) in [
         (0u16, "ib_write_bw".to_string()),
         (1, format!("{} perf write", roxe.display())),
@@ -1173,7 +1154,7 @@ fn xsrq_pingpong_runs_xrc_on_the_wire() {
     if !common::programs_installed("xsrq_pingpong_runs_xrc_on_the_wire") {
         return;
     }
-    let net = Net(61);
+    let net = Net::new();
     let dir = scratch("xsrq_pingpong");
     let (p, files) = captured(&dir, "xsrq", |pcap| {
         let port = net.port(0).to_string();

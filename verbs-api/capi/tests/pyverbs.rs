@@ -75,7 +75,7 @@ fn rdma_core_test_suite_passes_over_the_drop_in() {
             assert!(st.is_ok_and(|s| s.success()), "gunzip {:?}", e.path());
         }
     }
-    let addr = Net(56).server(0);
+    let addr = Net::new().server(0);
     let start = Instant::now();
     let out = Command::new("timeout")
         .arg("600")

@@ -6,7 +6,7 @@
 //! `tests/c/rdmacm_edges.c`, compiled here, for the failure cases and the
 //! `rdma_verbs.h` helpers.
 //!
-//! Test number k uses 127.0.(130+k).x ([`common::Net`], k = 50..=56 here).
+//! Each test leases its addresses and ports ([`common::Net`]).
 //! The programs need `rdmacm-utils`, `perftest` and, for the C program,
 //! `librdmacm-dev` and a C compiler.
 
@@ -154,7 +154,7 @@ fn rping_300_iterations_verified_and_captured() {
     if !common::programs_installed("rping_300_iterations_verified_and_captured") {
         return;
     }
-    let net = Net(50);
+    let net = Net::new();
     let port = net.port(0).to_string();
     let server = Side::new(
         "rping",
@@ -190,7 +190,7 @@ fn rdma_server_and_rdma_client() {
     if !common::programs_installed("rdma_server_and_rdma_client") {
         return;
     }
-    let net = Net(51);
+    let net = Net::new();
     let port = net.port(0).to_string();
     let server = Side::new("rdma_server", &net.server(0), &["-p", &port]);
     let client = Side::new(
@@ -216,8 +216,8 @@ const PERFTEST_ATTEMPTS: usize = 12;
 /// (Debian 12) retries on ids it has just destroyed and crashes (fixed
 /// upstream: `rdma_cm_client_connection` reallocates its nodes). Such a
 /// run is repeated, logged; any other failure fails the test.
-fn perftest_cm(k: u16, tool: &str, flags: &[&str]) {
-    let net = Net(k);
+fn perftest_cm(tool: &str, flags: &[&str]) {
+    let net = Net::new();
     let port = net.port(0).to_string();
     let mut args = vec!["-R", "-d", "roxe0", "-p", &port];
     args.extend_from_slice(flags);
@@ -267,7 +267,7 @@ fn perftest_send_bw_rdma_cm() {
     if !common::programs_installed("perftest_send_bw_rdma_cm") {
         return;
     }
-    perftest_cm(52, "ib_send_bw", &["-n", "500"]);
+    perftest_cm("ib_send_bw", &["-n", "500"]);
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn perftest_write_lat_rdma_cm() {
     if !common::programs_installed("perftest_write_lat_rdma_cm") {
         return;
     }
-    perftest_cm(53, "ib_write_lat", &["-n", "500"]);
+    perftest_cm("ib_write_lat", &["-n", "500"]);
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn perftest_read_bw_rdma_cm() {
     if !common::programs_installed("perftest_read_bw_rdma_cm") {
         return;
     }
-    perftest_cm(54, "ib_read_bw", &["-n", "500"]);
+    perftest_cm("ib_read_bw", &["-n", "500"]);
 }
 
 /// `tests/c/rdmacm_edges.c`, compiled against the installed headers and
@@ -325,7 +325,7 @@ fn rdmacm_edge_cases_from_c() {
     let Some(bin) = edges_program() else {
         return;
     };
-    let net = Net(55);
+    let net = Net::new();
     let port = net.port(0).to_string();
     let bin = bin.to_string_lossy().into_owned();
     let r = run_one(&Side::new(&bin, &net.server(0), &[&net.server(0), &port]));

@@ -4,15 +4,18 @@
 
 use roxe_verbs::*;
 
-/// Open soft device `name` on `addr` (each test its own loopback address).
-pub fn open(name: &str, addr: &str) -> Context {
-    open_with(name, addr, DeviceConfig::default())
+/// Open soft device `name` on a loopback address of its own
+/// (`roxe_testnet`: no other test holds it).
+pub fn open(name: &str) -> Context {
+    open_with(name, DeviceConfig::default())
 }
 
 /// [`open`] with the rest of the configuration from `base`.
-pub fn open_with(name: &str, addr: &str, base: DeviceConfig) -> Context {
+pub fn open_with(name: &str, base: DeviceConfig) -> Context {
+    let addr = roxe_testnet::addr();
+    eprintln!("{name}: {addr}");
     let config = DeviceConfig {
-        addr: Some(addr.parse().expect("a loopback address")),
+        addr: Some(addr.into()),
         ..base
     };
     device_with(name, config)
@@ -40,10 +43,10 @@ pub struct SideShape {
     pub access: AccessFlags,
 }
 
-/// A [`Side`] on soft device `name` at `addr`, the rest of its
+/// A [`Side`] on soft device `name` (its own address), the rest of its
 /// configuration from `base`.
-pub fn side(name: &str, addr: &str, base: DeviceConfig, shape: &SideShape) -> Side {
-    let ctx = open_with(name, addr, base);
+pub fn side(name: &str, base: DeviceConfig, shape: &SideShape) -> Side {
+    let ctx = open_with(name, base);
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(shape.cq_depth, Some(&channel)).unwrap();

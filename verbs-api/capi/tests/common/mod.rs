@@ -7,6 +7,7 @@
 
 use std::ffi::OsString;
 use std::io::Read;
+use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -187,38 +188,58 @@ pub fn program(name: &str) -> PathBuf {
     )
 }
 
-/// The addresses and TCP ports of test number `k`: run `i` of that test
-/// puts its server on 127.0.(130+k).(2i+1) and its client on
-/// 127.0.(130+k).(2i+2), and its TCP exchange on port 21000 + 10k + i.
-/// No other test suite of the workspace uses 127.0.130.x .. 127.0.189.x.
-#[derive(Clone, Copy, Debug)]
-pub struct Net(pub u16);
+/// The device addresses and TCP ports of one test, leased from
+/// `roxe_testnet` on first use (no other test holds them): run `i` of the
+/// test puts its server on `server(i)`, its client on `client(i)` and its
+/// TCP exchange on `port(i)`.
+#[derive(Debug, Default)]
+pub struct Net {
+    servers: [OnceLock<Ipv4Addr>; Net::RUNS],
+    clients: [OnceLock<Ipv4Addr>; Net::RUNS],
+    ports: [OnceLock<u16>; Net::RUNS],
+}
 
 impl Net {
-    pub fn third(self) -> u16 {
-        assert!(self.0 < 70, "test number {} out of range", self.0);
-        130 + self.0
+    const RUNS: usize = 10;
+
+    pub fn new() -> Net {
+        Net::default()
     }
-    pub fn server(self, i: u16) -> String {
-        assert!(i < 10);
-        format!("127.0.{}.{}", self.third(), 2 * i + 1)
+    fn leased<T: Copy + std::fmt::Display>(
+        cells: &[OnceLock<T>; Net::RUNS],
+        i: u16,
+        lease: fn() -> T,
+        what: &str,
+    ) -> T {
+        let cell = &cells[usize::from(i)];
+        *cell.get_or_init(|| {
+            let v = lease();
+            eprintln!("run {i}: {what} {v}");
+            v
+        })
     }
-    pub fn client(self, i: u16) -> String {
-        assert!(i < 10);
-        format!("127.0.{}.{}", self.third(), 2 * i + 2)
+    pub fn server(&self, i: u16) -> String {
+        Net::leased(&self.servers, i, roxe_testnet::addr, "server").to_string()
     }
-    pub fn port(self, i: u16) -> u16 {
-        assert!(i < 10);
-        21000 + 10 * self.0 + i
+    pub fn client(&self, i: u16) -> String {
+        Net::leased(&self.clients, i, roxe_testnet::addr, "client").to_string()
+    }
+    pub fn port(&self, i: u16) -> u16 {
+        Net::leased(&self.ports, i, roxe_testnet::port, "TCP port")
     }
     /// The LID roxe gives the server's / client's device of run `i`
     /// (127.0.x.y -> x * 256 + y).
-    pub fn server_lid(self, i: u16) -> u16 {
-        self.third() * 256 + 2 * i + 1
+    pub fn server_lid(&self, i: u16) -> u16 {
+        lid_of(Net::leased(&self.servers, i, roxe_testnet::addr, "server"))
     }
-    pub fn client_lid(self, i: u16) -> u16 {
-        self.third() * 256 + 2 * i + 2
+    pub fn client_lid(&self, i: u16) -> u16 {
+        lid_of(Net::leased(&self.clients, i, roxe_testnet::addr, "client"))
     }
+}
+
+fn lid_of(a: Ipv4Addr) -> u16 {
+    let [_, _, x, y] = a.octets();
+    u16::from_be_bytes([x, y])
 }
 
 /// One program invocation: the program, its arguments, its device address
