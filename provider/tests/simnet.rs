@@ -2479,6 +2479,23 @@ fn ack_overtaking_a_go_back_n_inside_a_long_message() {
 // ---------------------------------------------------------------------
 // The Communication Manager (QP1) on the simulated network.
 
+/// rdma_cm's CMA header from `src` to `dst`, then `data`.
+fn cma_between(src: IpAddr, dst: IpAddr, data: &[u8]) -> Vec<u8> {
+    use roxe_provider::wire::cm::rdma_cm::{CmaHeader, CMA_HEADER_LEN};
+    let mut v = vec![0u8; CMA_HEADER_LEN];
+    CmaHeader {
+        cma_version: 0,
+        ip_version: if src.is_ipv4() { 4 } else { 6 },
+        port: 40000,
+        src,
+        dst,
+    }
+    .emit(&mut v)
+    .unwrap();
+    v.extend_from_slice(data);
+    v
+}
+
 mod cm_tests {
     use super::*;
     use roxe_provider::cm::{self, CmEvent, ConnParams, ConnState, RocePath};
@@ -2532,8 +2549,15 @@ mod cm_tests {
         got.unwrap()
     }
 
+    /// Private data as rdma_cm sends it from engine `a` to `b`: the CMA
+    /// header, then `data`.
+    fn cma(net: &Net, a: usize, b: usize, data: &[u8]) -> Vec<u8> {
+        cma_between(net.engines[a].addr(), net.engines[b].addr(), data)
+    }
+
     fn connect(net: &mut Net, a: usize, b: usize, data: &[u8]) -> u32 {
-        let req = cm::rocev2_req(sid(), &path(net, a, b), &params(0x11, data)).unwrap();
+        let data = cma(net, a, b, data);
+        let req = cm::rocev2_req(sid(), &path(net, a, b), &params(0x11, &data)).unwrap();
         let now = net.now;
         let peer = net.engines[b].addr();
         net.engines[a].cm().connect(now, peer, req)
@@ -2682,7 +2706,7 @@ mod cm_tests {
             assert_eq!(lb, listen);
             assert_eq!(req.service_id, sid());
             assert_eq!(req.local_qpn, 0x11);
-            assert_eq!(&req.private_data[..5], b"hello");
+            assert_eq!(&req.private_data[36..41], b"hello");
             assert_eq!(req.primary.remote_gid, gid(&net, 1));
             let now = net.now;
             net.engines[1]
@@ -2868,10 +2892,10 @@ mod cm_tests {
         let mut net = Net::new(2, 7, Faults::default());
         let usid = rdma_cm::service_id(rdma_cm::PS_UDP, PORT);
         let peer = net.engines[1].addr();
-        let now = net.now;
+        let (now, x) = (net.now, cma(&net, 0, 1, b"x"));
         let c0 = net.engines[0]
             .cm()
-            .sidr_request(now, peer, usid, b"x")
+            .sidr_request(now, peer, usid, &x)
             .unwrap();
         match next_event(&mut net, 0) {
             CmEvent::SidrResponse {
@@ -2886,7 +2910,7 @@ mod cm_tests {
         let now = net.now;
         let c1 = net.engines[0]
             .cm()
-            .sidr_request(now, peer, usid, b"x")
+            .sidr_request(now, peer, usid, &x)
             .unwrap();
         let cb = match next_event(&mut net, 1) {
             CmEvent::SidrRequest { conn, req, .. } => {
@@ -2910,6 +2934,186 @@ mod cm_tests {
             }
             e => panic!("{e:?}"),
         }
+    }
+
+    /// Each REQ the kernel would refuse is refused by engine 1's CM for
+    /// its reason: no request reaches the listener, nothing is left
+    /// behind (the backlog of one stays free for the real REQ that comes
+    /// last), and the requester gets the REJ the kernel sends (or none).
+    #[test]
+    fn refused_reqs_reach_no_listener_and_get_the_kernels_answer() {
+        use roxe_provider::cm::Refusal;
+        use roxe_provider::wire::cm::{attr, CmMad, CmMessage, MadHeaderRepr, ReqRepr};
+        let mut net = Net::new(2, 12, Faults::default());
+        let listen = net.engines[1].cm().listen(sid()).unwrap();
+        net.engines[1].cm().set_backlog(listen, 1);
+        let (a, b) = (net.engines[0].addr(), net.engines[1].addr());
+        let elsewhere: IpAddr = "127.0.0.99".parse().unwrap(); // testnet: allow (the simulated network)
+        let p01 = path(&net, 0, 1);
+        let good = || {
+            let data = cma_between(a, b, b"");
+            cm::rocev2_req(sid(), &p01, &params(0x11, &data)).unwrap()
+        };
+        type Spoil = Box<dyn Fn(&mut ReqRepr)>;
+        let spoiled: Vec<(Refusal, Option<u16>, Spoil)> = vec![
+            (
+                Refusal::TransportType,
+                Some(reason::INVALID_TRANSPORT_TYPE),
+                Box::new(|r| r.transport_service_type = 2),
+            ),
+            (
+                Refusal::SpecialQpn,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(|r| r.local_qpn = 0),
+            ),
+            (
+                Refusal::PathMtu,
+                Some(reason::INVALID_MTU),
+                Box::new(|r| r.path_mtu = 0),
+            ),
+            (
+                Refusal::ReceiverGid,
+                Some(reason::INVALID_GID),
+                Box::new(move |r| r.primary.remote_gid = [7; 16]),
+            ),
+            (
+                Refusal::SenderGid,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(move |r| r.primary.local_gid = [7; 16]),
+            ),
+            (
+                Refusal::CmaHeader,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(|r| r.private_data[0] = 9),
+            ),
+            (
+                Refusal::Destination,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(move |r| {
+                    r.private_data[..36].copy_from_slice(&cma_between(a, elsewhere, b""))
+                }),
+            ),
+            (
+                Refusal::Source,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(move |r| {
+                    r.private_data[..36].copy_from_slice(&cma_between(elsewhere, b, b""))
+                }),
+            ),
+            (
+                Refusal::QpType,
+                Some(reason::CONSUMER_DEFINED),
+                Box::new(|r| r.transport_service_type = 1),
+            ),
+        ];
+        for (k, (why, rej, spoil)) in spoiled.iter().enumerate() {
+            let mut req = good();
+            req.local_comm_id = 0x100 + k as u32;
+            spoil(&mut req);
+            let mut buf = [0u8; 256];
+            CmMad {
+                header: MadHeaderRepr::cm(attr::REQ, 0x77 + k as u64),
+                message: CmMessage::Req(req),
+            }
+            .emit(&mut buf)
+            .unwrap();
+            let now = net.now;
+            let cm1 = net.engines[1].cm();
+            cm1.handle_mad(now, a, &buf);
+            assert_eq!(cm1.stats().refused.get(*why), 1, "{why:?}");
+            assert!(cm1.poll_event().is_none(), "{why:?} reached the listener");
+            match (cm1.poll_transmit(), rej) {
+                (Some((to, m)), Some(want)) => {
+                    assert_eq!(to, a, "{why:?}");
+                    assert_eq!(m.header.tid, 0x77 + k as u64, "{why:?}");
+                    match m.message {
+                        CmMessage::Rej(r) => {
+                            assert_eq!((r.reason, r.remote_comm_id), (*want, 0x100 + k as u32));
+                            if *why == Refusal::ReceiverGid {
+                                assert_eq!(r.ari[..16], gid(&net, 1), "the ARI names our GID");
+                            }
+                        }
+                        m => panic!("{why:?}: {m:?}"),
+                    }
+                }
+                (None, None) => {}
+                (got, want) => panic!("{why:?}: sent {got:?}, wanted a REJ {want:?}"),
+            }
+        }
+        let s = net.engines[1].cm().stats();
+        assert_eq!(s.refused.total(), spoiled.len() as u64);
+        assert_eq!((s.rx_unmatched, s.rx_malformed), (0, 0));
+        // A MAD of another class version is dropped unanswered.
+        let mut buf = [0u8; 256];
+        CmMad {
+            header: MadHeaderRepr {
+                class_version: 1,
+                ..MadHeaderRepr::cm(attr::REQ, 1)
+            },
+            message: CmMessage::Req(good()),
+        }
+        .emit(&mut buf)
+        .unwrap();
+        let now = net.now;
+        net.engines[1].cm().handle_mad(now, a, &buf);
+        assert_eq!(
+            net.engines[1]
+                .cm()
+                .stats()
+                .refused
+                .get(Refusal::ClassVersion),
+            1
+        );
+        assert!(net.engines[1].cm().poll_transmit().is_none());
+        // The backlog of one is still free: the real request gets through.
+        connect(&mut net, 0, 1, b"real");
+        match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { req, .. } => assert_eq!(&req.private_data[36..40], b"real"),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    /// A refused SIDR_REQ is answered with status REJECT and reaches no
+    /// listener.
+    #[test]
+    fn a_refused_sidr_req_is_answered_reject() {
+        let mut net = Net::new(2, 13, Faults::default());
+        let usid = rdma_cm::service_id(rdma_cm::PS_UDP, PORT);
+        net.engines[1].cm().listen(usid).unwrap();
+        let peer = net.engines[1].addr();
+        let (now, bad) = (net.now, [1u8; 40]);
+        let c = net.engines[0]
+            .cm()
+            .sidr_request(now, peer, usid, &bad)
+            .unwrap();
+        match next_event(&mut net, 0) {
+            CmEvent::SidrResponse {
+                conn,
+                rep: Some(rep),
+            } => {
+                assert_eq!((conn, rep.status), (c, cm::SIDR_REJECT));
+            }
+            e => panic!("{e:?}"),
+        }
+        let cm1 = net.engines[1].cm();
+        assert!(cm1.poll_event().is_none());
+        assert_eq!(
+            cm1.stats()
+                .refused
+                .get(roxe_provider::cm::Refusal::CmaHeader),
+            1
+        );
+    }
+
+    /// Communication and transaction IDs: one seen says nothing of the
+    /// next (no constant step between consecutive ones).
+    #[test]
+    fn comm_ids_are_not_a_constant_step_apart() {
+        let mut net = Net::new(2, 14, Faults::default());
+        let ids: Vec<u32> = (0..16).map(|_| connect(&mut net, 0, 1, b"")).collect();
+        let steps: std::collections::HashSet<u32> =
+            ids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(steps.len() > 12, "steps between IDs repeat: {ids:x?}");
     }
 
     #[test]
@@ -2968,7 +3172,12 @@ mod cm_backlog {
         };
         let peer = net.engines[1].addr();
         for _ in 0..4 {
-            let mut req = cm::rocev2_req(sid, &path, &ConnParams::default()).unwrap();
+            let p = ConnParams {
+                qpn: 0x11,
+                private_data: cma_between(net.engines[0].addr(), peer, b""),
+                ..ConnParams::default()
+            };
+            let mut req = cm::rocev2_req(sid, &path, &p).unwrap();
             // Resend every ~4 ms so the test sees retries quickly.
             req.remote_cm_response_timeout = 10;
             let now = net.now;

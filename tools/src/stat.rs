@@ -30,6 +30,8 @@ struct DeviceStat {
     device: Fields,
     qps: Vec<Fields>,
     cqs: Vec<Fields>,
+    /// The Communication Manager's counters (QP1).
+    cm: Option<Fields>,
 }
 
 fn parse_fields(line: &str) -> Option<(&str, Fields)> {
@@ -46,11 +48,13 @@ fn parse(answer: &str) -> Option<DeviceStat> {
     let mut dev = None;
     let mut qps = Vec::new();
     let mut cqs = Vec::new();
+    let mut cm = None;
     for line in answer.lines() {
         match parse_fields(line) {
             Some(("device", f)) => dev = Some(f),
             Some(("qp", f)) => qps.push(f),
             Some(("cq", f)) => cqs.push(f),
+            Some(("cm", f)) => cm = Some(f),
             _ => {}
         }
     }
@@ -58,6 +62,7 @@ fn parse(answer: &str) -> Option<DeviceStat> {
         device: dev?,
         qps,
         cqs,
+        cm,
     })
 }
 
@@ -122,7 +127,7 @@ fn object(fields: &Fields) -> Value {
         fields
             .iter()
             .map(|(k, v)| {
-                let v = if k == "drops" {
+                let v = if k == "drops" || k == "refused" {
                     drops_value(v)
                 } else {
                     value(v)
@@ -158,6 +163,19 @@ fn print_tables(devs: &[DeviceStat]) {
             field(f, "rx_dropped"),
             field(f, "drops"),
         );
+        if let Some(cm) = &d.cm {
+            println!(
+                "  CM: rx {} tx {} retries {} malformed {} unmatched {} no listener {} backlog full {} refused {}",
+                field(cm, "rx_mads"),
+                field(cm, "tx_mads"),
+                field(cm, "tx_retries"),
+                field(cm, "malformed"),
+                field(cm, "unmatched"),
+                field(cm, "no_listener"),
+                field(cm, "backlog_full"),
+                field(cm, "refused"),
+            );
+        }
         if !d.qps.is_empty() {
             println!(
                 "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>5} {:>5}  drops",
@@ -222,6 +240,9 @@ pub fn run(args: &Args) -> ExitCode {
                     let mut o = object(&d.device);
                     o["qps"] = Value::Array(d.qps.iter().map(object).collect());
                     o["cqs"] = Value::Array(d.cqs.iter().map(object).collect());
+                    if let Some(cm) = &d.cm {
+                        o["cm"] = object(cm);
+                    }
                     o
                 })
                 .collect();

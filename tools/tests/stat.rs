@@ -85,6 +85,9 @@ fn stat_shows_the_qps_of_running_processes_and_forgets_dead_ones() {
     assert_eq!(dev["qps"][0]["peer"], a.as_str(), "{dev:#}");
     // Drops by reason, per device and per QP (none on a clean run).
     assert!(dev["drops"].is_object(), "{dev:#}");
+    // The CM's counters, refusals by reason (none here: no CM traffic).
+    assert!(dev["cm"]["rx_mads"].is_u64(), "{dev:#}");
+    assert!(dev["cm"]["refused"].is_object(), "{dev:#}");
     assert!(dev["qps"][0]["drops"].is_object(), "{dev:#}");
     // Per-QP traffic and the CQs.
     assert!(dev["qps"][0]["tx_packets"].as_u64().unwrap() > 0, "{dev:#}");

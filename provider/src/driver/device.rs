@@ -1207,6 +1207,30 @@ impl Shared {
                 c.id.0, c.depth, c.waiting, c.overflowed, c.qps
             );
         }
+        let cm = core.engine.cm_stats();
+        let refused: Vec<String> = cm
+            .refused
+            .nonzero()
+            .map(|(r, n)| format!("{r}:{n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cm rx_mads={} tx_mads={} tx_retries={} malformed={} unmatched={} no_listener={} \
+             backlog_full={} stale_req={} refused={}",
+            cm.rx_mads,
+            cm.tx_mads,
+            cm.tx_retries,
+            cm.rx_malformed,
+            cm.rx_unmatched,
+            cm.rejected_no_listener,
+            cm.dropped_backlog_full,
+            cm.rx_stale_req,
+            if refused.is_empty() {
+                "-".to_string()
+            } else {
+                refused.join(",")
+            },
+        );
         out
     }
 

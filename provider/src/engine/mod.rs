@@ -293,6 +293,22 @@ fn err(verb: &'static str, errno: Errno, detail: impl Into<String>) -> VerbsErro
     VerbsError::new(verb, errno, detail)
 }
 
+/// 128 random bits from the OS (`getrandom`), for keys an observer must
+/// not guess; the clock and process id if it fails.
+fn random_key() -> u128 {
+    let mut b = [0u8; 16];
+    match rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()) {
+        Ok(16) => u128::from_ne_bytes(b),
+        _ => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            t ^ u128::from(std::process::id()) << 96
+        }
+    }
+}
+
 /// The IPv6 form of a device address: IPv4-mapped for IPv4 (the RoCEv2 GID).
 pub fn gid_of(addr: IpAddr) -> [u8; 16] {
     match addr {
@@ -314,6 +330,7 @@ impl Engine {
     /// An engine with no objects.
     pub fn new(config: EngineConfig) -> Engine {
         let gid = gid_of(config.addr);
+        let addr = config.addr;
         Engine {
             config,
             clock: 0,
@@ -340,16 +357,8 @@ impl Engine {
                 ca_guid: u64::from_be_bytes([
                     gid[8], gid[9], gid[10], gid[11], gid[12], gid[13], gid[14], gid[15],
                 ]),
-                id_seed: {
-                    // Different on every device and run: comm IDs must not
-                    // be predictable (a forged REJ/DREQ needs one).
-                    let t = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
-                        .unwrap_or(0);
-                    t ^ std::process::id().rotate_left(13)
-                        ^ u32::from_be_bytes([gid[12], gid[13], gid[14], gid[15]])
-                },
+                id_key: random_key(),
+                local_addr: Some(addr),
                 ..crate::cm::CmConfig::default()
             }),
             gsi_psn: Psn::new(0),
@@ -360,6 +369,11 @@ impl Engine {
     /// The Communication Manager (QP1): connect, listen, accept, events.
     /// What it sends leaves through `poll_transmit`; its timers are part of
     /// `poll_timeout`/`handle_timeout`.
+    /// The Communication Manager's counters.
+    pub fn cm_stats(&self) -> crate::cm::CmStats {
+        self.cm.stats()
+    }
+
     pub fn cm(&mut self) -> &mut crate::cm::Cm {
         &mut self.cm
     }

@@ -26,7 +26,11 @@ use roxe_wire::cm::{
     RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+
+mod refusal;
+pub use refusal::{Refusal, RefusalCounts};
 
 /// A connection's local communication ID (also its handle here).
 pub type ConnId = u32;
@@ -50,9 +54,14 @@ pub struct CmConfig {
     pub timewait_ns: Nanos,
     /// The local CA GUID put in REQ and REP.
     pub ca_guid: u64,
-    /// Seeds the communication IDs (so they are not predictable across
-    /// devices and runs).
-    pub id_seed: u32,
+    /// The key of the communication and transaction IDs: random (the
+    /// engine draws it from the OS), so that an observer of one
+    /// connection cannot predict the IDs of another (a forged REJ, DREQ
+    /// or DREP needs them).
+    pub id_key: u128,
+    /// The device's address: a REQ's path and CMA header must name it.
+    /// `None` (a CM tested on its own) skips the address checks.
+    pub local_addr: Option<IpAddr>,
 }
 
 impl Default for CmConfig {
@@ -62,7 +71,8 @@ impl Default for CmConfig {
             max_retries: 15,
             timewait_ns: 1_000_000_000,
             ca_guid: 0,
-            id_seed: 0x5eed_1234,
+            id_key: 0x5eed_1234,
+            local_addr: None,
         }
     }
 }
@@ -187,6 +197,9 @@ pub struct CmStats {
     /// REQs dropped because they belong to a connection already closed
     /// here (stale duplicates).
     pub rx_stale_req: u64,
+    /// REQs and SIDR_REQs refused before they changed anything (answered
+    /// with a REJ or SIDR_REP where the kernel answers), by reason.
+    pub refused: RefusalCounts,
 }
 
 /// Where a connection is (the kernel's `ib_cm_state`, as far as rdma_cm
@@ -248,12 +261,28 @@ struct Listener {
 /// stale duplicate REQs (about 24 bytes each).
 const CLOSED_REMEMBERED: usize = 4096;
 
+/// Communication and transaction IDs nobody can predict from the ones
+/// seen: a keyed hash (SipHash) of a counter under [`CmConfig::id_key`].
+#[derive(Debug)]
+struct IdGen {
+    key: u128,
+    counter: u64,
+}
+
+impl IdGen {
+    fn next(&mut self) -> u64 {
+        self.counter = self.counter.wrapping_add(1);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.key, self.counter).hash(&mut h);
+        h.finish()
+    }
+}
+
 /// One device's Communication Manager.
 #[derive(Debug)]
 pub struct Cm {
     config: CmConfig,
-    next_id: u32,
-    next_tid: u64,
+    ids: IdGen,
     listeners: HashMap<u64, ListenId>,
     /// Each listener's service ID and backlog.
     listener_ids: BTreeMap<ListenId, Listener>,
@@ -297,8 +326,10 @@ impl Cm {
     pub fn new(config: CmConfig) -> Cm {
         Cm {
             config,
-            next_id: config.id_seed,
-            next_tid: u64::from(config.id_seed.rotate_left(16)) << 8,
+            ids: IdGen {
+                key: config.id_key,
+                counter: 0,
+            },
             listeners: HashMap::new(),
             listener_ids: BTreeMap::new(),
             conns: HashMap::new(),
@@ -323,12 +354,10 @@ impl Cm {
         self.conns.get(&conn).map(|c| c.state)
     }
 
+    /// A communication ID distinct from every live one and never 0.
     fn alloc_id(&mut self) -> u32 {
-        // Distinct from every live ID and never 0; a multiplicative step
-        // spreads consecutive IDs, so they are not guessable from one seen.
         loop {
-            self.next_id = self.next_id.wrapping_add(0x9E37_79B9);
-            let id = self.next_id;
+            let id = self.ids.next() as u32;
             if id != 0 && !self.conns.contains_key(&id) && !self.listener_ids.contains_key(&id) {
                 return id;
             }
@@ -336,8 +365,7 @@ impl Cm {
     }
 
     fn alloc_tid(&mut self) -> u64 {
-        self.next_tid = self.next_tid.wrapping_add(1);
-        self.next_tid
+        self.ids.next()
     }
 
     /// Listen for REQs and SIDR_REQs to `service_id`. EADDRINUSE if
@@ -879,6 +907,10 @@ impl Cm {
             self.stats.rx_malformed += 1;
             return;
         }
+        if let Err(r) = refusal::check_class_version(m.header.class_version) {
+            self.stats.refused.count(r);
+            return;
+        }
         let tid = m.header.tid;
         tracing::debug!(peer = %from, msg = m.message.name(), "CM receive");
         let handled = match m.message {
@@ -952,6 +984,10 @@ impl Cm {
             );
             return true;
         };
+        if let Err(r) = refusal::check_req(self.config.local_addr, from, &req) {
+            self.refuse_req(from, tid, &req, r);
+            return true;
+        }
         if let Some(l) = self.listener_ids.get_mut(&listen) {
             if l.pending >= l.backlog {
                 self.stats.dropped_backlog_full += 1;
@@ -975,6 +1011,30 @@ impl Cm {
             req: Box::new(req),
         });
         true
+    }
+
+    /// Count a refused REQ and answer it as the kernel does (see
+    /// [`Refusal::rej_reason`]); nothing else changes.
+    fn refuse_req(&mut self, from: IpAddr, tid: u64, req: &ReqRepr, r: Refusal) {
+        self.stats.refused.count(r);
+        tracing::debug!(peer = %from, reason = r.name(), "CM REQ refused");
+        let Some(why) = r.rej_reason() else {
+            return;
+        };
+        let mut rej = reject_message(0, req.local_comm_id, 0, why, [0; cm::REJ_PRIVATE_DATA]);
+        if let (Refusal::ReceiverGid, Some(local)) = (r, self.config.local_addr) {
+            // The ARI of "invalid GID": the GID this end would take.
+            let gid = refusal::gid_of(local);
+            rej.ari[..gid.len()].copy_from_slice(&gid);
+            rej.reject_info_length = gid.len() as u8;
+        }
+        self.send(
+            from,
+            CmMad {
+                header: MadHeaderRepr::cm(attr::REJ, tid),
+                message: CmMessage::Rej(rej),
+            },
+        );
     }
 
     fn on_rep(&mut self, from: IpAddr, rep: RepRepr) -> bool {
@@ -1128,6 +1188,24 @@ impl Cm {
             );
             return true;
         };
+        if let Err(r) = refusal::check_sidr_req(self.config.local_addr, from, &req) {
+            self.stats.refused.count(r);
+            tracing::debug!(peer = %from, reason = r.name(), "CM SIDR_REQ refused");
+            let rep = SidrRepRepr {
+                request_id: req.request_id,
+                status: SIDR_REJECT,
+                service_id: req.service_id,
+                ..SidrRepRepr::default()
+            };
+            self.send(
+                from,
+                CmMad {
+                    header: MadHeaderRepr::cm(attr::SIDR_REP, tid),
+                    message: CmMessage::SidrRep(rep),
+                },
+            );
+            return true;
+        }
         let conn = self.new_conn(ConnState::SidrReqRcvd, from, req.request_id, tid);
         self.sidr_services.insert(conn, req.service_id);
         self.events.push_back(CmEvent::SidrRequest {
