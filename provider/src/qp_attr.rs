@@ -39,8 +39,9 @@
 //!   values outside the fields' IBTA widths and the device limits with
 //!   `EINVAL` (as hardware drivers such as mlx5 do for the limits), so the
 //!   engine never sees them.
-//! * An `ah_attr.sgid_index` other than 0 is `EINVAL` (a GID table of one
-//!   entry); rxe's 1024-entry table answers `ENODATA` for empty slots.
+//! * An `ah_attr.sgid_index` other than 0 or 1 is `EINVAL` (both hold the
+//!   device's one GID: 0 as roxe always had it, 1 where rxe puts the IPv4
+//!   GID); rxe's 1024-entry table answers `ENODATA` for empty slots.
 //! * A privileged Q_Key is always `EPERM` (Linux allows it to `CAP_NET_RAW`
 //!   or when the `privileged_qkey` netlink setting is on).
 //!
@@ -67,8 +68,10 @@ pub const MAX_QPN: u32 = 0x00FF_FFFF;
 /// The Q_Key bit that marks a privileged ("controlled") Q_Key.
 pub const PRIVILEGED_QKEY_BIT: u32 = 0x8000_0000;
 
-/// The only source GID index a roxe device has.
-pub const SGID_INDEX: u8 = 0;
+/// The largest source GID index a roxe device has: its GID is at 0 (as
+/// roxe always had it) and at 1 (where rxe lists the IPv4 GID, after the
+/// IPv6 link-local one, so programs written for rxe use 1).
+pub const MAX_SGID_INDEX: u8 = 1;
 
 /// The largest 5-bit timer code (`timeout`, `min_rnr_timer`).
 pub const MAX_TIMER_CODE: u8 = 31;
@@ -493,7 +496,7 @@ impl fmt::Display for AttrMask {
 pub struct AddressVector {
     /// `grh.dgid`: the destination GID (an IPv6 or IPv4-mapped address).
     pub dgid: [u8; 16],
-    /// `grh.sgid_index`: the source GID; roxe has only index [`SGID_INDEX`].
+    /// `grh.sgid_index`: the source GID, 0 or 1 ([`MAX_SGID_INDEX`]).
     pub sgid_index: u8,
     /// `is_global`: a GRH is present (RoCE requires it).
     pub is_global: bool,
@@ -1047,9 +1050,9 @@ fn check_values(attr: &QpAttr, mask: AttrMask, limits: &QpLimits) -> Result<(), 
                 "IBV_QP_AV: RoCE needs a GRH (ah_attr.is_global must be 1)",
             ));
         }
-        if attr.av.sgid_index != SGID_INDEX {
+        if attr.av.sgid_index > MAX_SGID_INDEX {
             return Err(einval(format!(
-                "IBV_QP_AV: ah_attr.grh.sgid_index {} names no GID (the device has only index {SGID_INDEX})",
+                "IBV_QP_AV: ah_attr.grh.sgid_index {} names no GID (the device has indexes 0 and 1)",
                 attr.av.sgid_index
             )));
         }
@@ -2386,7 +2389,7 @@ mod tests {
                 Init,
                 Rtr,
                 rc_rtr_mask(),
-                |a| a.av.sgid_index = 1,
+                |a| a.av.sgid_index = 2,
                 "IBV_QP_AV",
             ),
             (
@@ -2864,7 +2867,9 @@ mod tests {
                 prop_assert!(SUPPORTED_QP_ACCESS.contains(s.qp_access_flags));
                 prop_assert!(!fx.changed.intersects(APM_ATTRS | AttrMask::CAP));
                 if fx.changed.contains(AttrMask::AV) {
-                    prop_assert!(s.av.is_global && s.av.sgid_index == 0 && s.av.port_num == 1);
+                    prop_assert!(
+                        s.av.is_global && s.av.sgid_index <= MAX_SGID_INDEX && s.av.port_num == 1
+                    );
                 }
             } else if let Err(e) = plain {
                 prop_assert!(

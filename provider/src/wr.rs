@@ -219,6 +219,16 @@ pub struct WorkCompletion {
     pub tm_tag: u64,
     /// Tag matching: the TMH's opaque application context.
     pub tm_priv: u32,
+    /// `sl` of a UD receive: RoCE has no service level, so roxe reports
+    /// what mlx5 does there, the packet type (bit 3: UDP, RoCEv2; bits
+    /// 2..0: 1 IPv6, 2 IPv4; [`roce_packet_type`]). UCX 1.13's UD reads
+    /// it to find the IPv4 header in the GRH area. 0 otherwise, as rxe.
+    pub sl: u8,
+}
+
+/// The `sl` mlx5 reports for a RoCEv2 packet received over IPv4 or IPv6.
+pub fn roce_packet_type(ipv4: bool) -> u8 {
+    0x8 | if ipv4 { 0x2 } else { 0x1 }
 }
 
 impl WorkCompletion {
@@ -236,6 +246,7 @@ impl WorkCompletion {
             wc_flags: 0,
             tm_tag: 0,
             tm_priv: 0,
+            sl: 0,
         }
     }
 }

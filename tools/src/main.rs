@@ -9,6 +9,7 @@ mod demo;
 mod info;
 mod perf;
 mod pingpong;
+mod run;
 mod stat;
 
 /// Under the options: where the variables apply.
@@ -125,6 +126,18 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "The drop-in also lists the system's real devices (default on)",
     ),
     (
+        "ROXE_DROPIN_DIR",
+        "roxe-dropin-dir",
+        "DIR",
+        "Where `roxe run` takes the drop-in libibverbs.so.1 from (default: beside roxe, or ../lib/roxe)",
+    ),
+    (
+        "ROXE_UVERBS_BASE",
+        "roxe-uverbs-base",
+        "N",
+        "The uverbs<N> number of the first soft device (`roxe run` sets it to match /dev/infiniband)",
+    ),
+    (
         "ROXE_HW_ALLOW_DROP_IN",
         "roxe-hw-allow-drop-in",
         "1",
@@ -184,6 +197,12 @@ enum Command {
     Stat(stat::Args),
     /// Show device attributes, port and GID table (like ibv_devinfo).
     Devinfo(info::DevinfoArgs),
+    /// Run a program over roxe: the drop-in libraries in its library path,
+    /// and roxe's devices in /sys/class/infiniband and /dev/infiniband
+    /// (a mount namespace of its own), as UCX, MPI and libfabric look
+    /// for them. Exit status: the program's; 125 when it could not be set
+    /// up, 127 when it could not be started.
+    Run(run::Args),
     /// Run every RDMA operation between a server and a client process on
     /// loopback, verify every byte, and print a table. Exit status 0 when
     /// all passed.
@@ -208,5 +227,6 @@ fn main() -> ExitCode {
         Command::Devices => info::run_devices(),
         Command::Devinfo(args) => info::run_devinfo(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Run(args) => run::run(&args),
     }
 }

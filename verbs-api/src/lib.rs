@@ -227,16 +227,27 @@ pub fn open_at(addr: IpAddr) -> Result<Context> {
     if let Some(info) = soft_devices()?.into_iter().find(|d| d.addr() == Some(addr)) {
         return info.open();
     }
-    let live = open_devices().lock().iter().find_map(|(name, d)| {
-        d.upgrade()
-            .filter(|d| d.addr() == addr)
-            .map(|_| name.clone())
-    });
+    let listed = soft_devices()?.len();
+    let (live, name) = {
+        let open = open_devices().lock();
+        let live = open.iter().find_map(|(name, d)| {
+            d.upgrade()
+                .filter(|d| d.addr() == addr)
+                .map(|_| name.clone())
+        });
+        // Named as the listed ones are, after them: roxe<N>, a name a
+        // sysfs entry and a shell word can hold (not the address).
+        let free = (listed..)
+            .map(|n| format!("roxe{n}"))
+            .find(|n| open.get(n).is_none_or(|d| d.upgrade().is_none()))
+            .unwrap_or_default();
+        (live, free)
+    };
     let config = DeviceConfig {
         addr: Some(addr),
         ..DeviceConfig::from_env()?
     };
-    device_with(live.unwrap_or_else(|| format!("roxe-{addr}")), config).open()
+    device_with(live.unwrap_or(name), config).open()
 }
 
 /// A GUID from an address: the low 48 bits of its IPv6 (or mapped) form,
@@ -582,16 +593,17 @@ impl Context {
         })
     }
 
-    /// `ibv_query_gid`: on a soft device, index 0 is the RoCEv2 GID of
-    /// the device's address; the rest of its table (as rxe's, room for
-    /// more addresses) is empty: ENODATA.
+    /// `ibv_query_gid`: on a soft device, indexes 0 and 1 hold the RoCEv2
+    /// GID of the device's address (1 is where rxe lists the IPv4 GID, so
+    /// programs written for rxe find it there); the rest of its table (as
+    /// rxe's, room for more addresses) is empty: ENODATA.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
         let d = match &self.inner.imp {
             ContextImp::Soft(d) => d,
             ContextImp::Hw(h) => return h.query_gid(port, index),
         };
         match (port, index) {
-            (1, 0) => Ok(d.gid()),
+            (1, 0 | 1) => Ok(d.gid()),
             (1, i) if i < SOFT_GID_TABLE_LEN => Err(verbs(
                 "ibv_query_gid",
                 Errno::ENODATA,
@@ -721,8 +733,9 @@ impl Context {
     }
 }
 
-/// Entries in a soft device's GID table (`gid_tbl_len`): index 0 holds
-/// its address's GID, the others are empty, as unused entries of rxe's.
+/// Entries in a soft device's GID table (`gid_tbl_len`): indexes 0 and 1
+/// hold its address's GID, the others are empty, as unused entries of
+/// rxe's.
 pub const SOFT_GID_TABLE_LEN: u32 = 16;
 
 /// A completion channel (`struct ibv_comp_channel`): its fd (`AsFd`)
@@ -1395,6 +1408,7 @@ impl XrcRecvQp {
         if mask.contains(AttrMask::AV) {
             if let Some(av) = self.dev.resolve_av(&attr.av) {
                 attr.av = av;
+                self.dev.check_route(&av)?;
             }
         }
         Ok(self.dev.engine().modify_qp(self.qpn, &attr, mask)?)
@@ -2262,6 +2276,7 @@ impl Qp {
                 if mask.contains(AttrMask::AV) {
                     if let Some(av) = dev.resolve_av(&attr.av) {
                         attr.av = av;
+                        dev.check_route(&av)?;
                     }
                 }
                 Ok(dev.engine().modify_qp(qpn, &attr, mask)?)

@@ -319,6 +319,8 @@ pub type CmEventSink = dyn Fn(crate::cm::CmEvent) + Send + Sync;
 
 struct Shared {
     addr: IpAddr,
+    /// Destinations the kernel routes to from `addr` ([`Device::check_route`]).
+    routes: Mutex<std::collections::HashSet<IpAddr>>,
     socket: UdpSocket,
     /// The sockets packets leave from, one per UDP source port of
     /// `EngineConfig::src_ports` (same order): a pool bound to ephemeral
@@ -741,6 +743,7 @@ impl Device {
             .map_or(0, |d| d.as_nanos() as u64);
         let shared = Arc::new(Shared {
             addr,
+            routes: Mutex::new(Default::default()),
             socket,
             send,
             send_ports: ec.src_ports.clone(),
@@ -1025,6 +1028,28 @@ impl Device {
             hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
             ..*av
         })
+    }
+
+    /// Whether the kernel routes from this device's address to the
+    /// destination of `av`, as rxe finds out when a QP is given its path
+    /// (`ENETUNREACH` and the like when not; routes found are
+    /// remembered). What `modify_qp` checks before RTR.
+    pub fn check_route(&self, av: &AddressVector) -> Result<(), crate::types::VerbsError> {
+        let dst = crate::engine::addr_of_gid(av.dgid);
+        if self.shared.routes.lock().contains(&dst) {
+            return Ok(());
+        }
+        match super::netdev::route_error(self.shared.addr, dst) {
+            None => {
+                self.shared.routes.lock().insert(dst);
+                Ok(())
+            }
+            Some(e) => Err(crate::types::VerbsError::new(
+                "ibv_modify_qp",
+                crate::types::Errno(e.raw_os_error().unwrap_or(libc::ENETUNREACH)),
+                format!("no route from {} to {dst}: {e}", self.shared.addr),
+            )),
+        }
     }
 
     /// Deliver events of `cq` to `channel` (after `request_notify`).

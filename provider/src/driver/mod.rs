@@ -20,4 +20,5 @@ pub use device::{
     EngineGuard, EventSink, ROCEV2_PORT, SHARED_MODE_PORT,
 };
 pub use fault::FaultStats;
+pub use netdev::interface_of;
 pub use raw::NeedsCapNetRaw;

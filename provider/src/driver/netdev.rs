@@ -33,9 +33,18 @@ pub fn active_mtu(addr: IpAddr) -> Mtu {
         .map_or(Mtu::Mtu4096, |m| ib_mtu_for_link(addr, m))
 }
 
+/// Why the kernel would not send from `src` to `dst` (no route: a
+/// connected UDP socket's `connect` fails as a RoCE packet's route lookup
+/// would), or `None` when it would. A `src` that is not (or no longer) an
+/// address of this host says nothing: `None`.
+pub fn route_error(src: IpAddr, dst: IpAddr) -> Option<std::io::Error> {
+    let sock = std::net::UdpSocket::bind((src, 0)).ok()?;
+    sock.connect((dst, 4791)).err()
+}
+
 /// The name of the interface whose address is `addr`, or else whose
 /// subnet contains it.
-fn interface_of(addr: IpAddr) -> Option<String> {
+pub fn interface_of(addr: IpAddr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {

@@ -38,7 +38,12 @@ fn devices() -> Result<&'static [DeviceEntry], i32> {
                 eprintln!("roxe: {e}");
                 e.errno()
             })?;
-            Ok(infos.into_iter().map(new_device_entry).collect())
+            let base = uverbs_base();
+            Ok(infos
+                .into_iter()
+                .zip(base..)
+                .map(|(info, n)| new_device_entry(info, n))
+                .collect())
         })
         .as_ref()
         .map(|v| v.as_slice())
@@ -49,17 +54,47 @@ fn devices() -> Result<&'static [DeviceEntry], i32> {
 /// (`rdma_bind_addr(127.0.0.5)`): created on first use, never freed.
 static EXTRA_DEVICES: Mutex<Vec<&'static DeviceEntry>> = Mutex::new(Vec::new());
 
-fn new_device_entry(info: DeviceInfo) -> DeviceEntry {
+/// The `uverbs<N>` number of the first soft device: `ROXE_UVERBS_BASE`
+/// (`roxe run` sets it to what its view shows), else the first the host's
+/// own devices leave free, as the kernel would number a new device.
+fn uverbs_base() -> u32 {
+    if let Some(n) = std::env::var("ROXE_UVERBS_BASE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    std::fs::read_dir("/sys/class/infiniband_verbs")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("uverbs"))
+                        .and_then(|n| n.parse::<u32>().ok())
+                })
+                .map(|n| n + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// A device of the list, named as the kernel names its files:
+/// `dev_name` `uverbs<N>` (`/dev/infiniband/uverbs<N>`, where UCX looks),
+/// `dev_path` `/sys/class/infiniband_verbs/uverbs<N>`, `ibdev_path`
+/// `/sys/class/infiniband/<name>`.
+fn new_device_entry(info: DeviceInfo, uverbs: u32) -> DeviceEntry {
     // SAFETY: ibv_device is plain data; all-zero is a valid (empty-named)
     // value.
     let mut dev: Box<ibv_device> = Box::new(unsafe { zeroed() });
     dev.node_type = IBV_NODE_CA;
     dev.transport_type = IBV_TRANSPORT_IB;
     copy_cstr(&mut dev.name, info.name());
-    copy_cstr(&mut dev.dev_name, &format!("u{}", info.name()));
+    copy_cstr(&mut dev.dev_name, &format!("uverbs{uverbs}"));
     copy_cstr(
         &mut dev.dev_path,
-        &format!("/sys/class/infiniband_verbs/u{}", info.name()),
+        &format!("/sys/class/infiniband_verbs/uverbs{uverbs}"),
     );
     copy_cstr(
         &mut dev.ibdev_path,
@@ -376,7 +411,10 @@ pub(crate) fn shared_device(ctx: &Context) -> Result<SharedDevice, i32> {
                 Some(e) => e,
                 None => {
                     let info = roxe_verbs::device_at(ctx.name(), addr);
-                    let e: &'static DeviceEntry = Box::leak(Box::new(new_device_entry(info)));
+                    let listed = devices().map_or(0, <[DeviceEntry]>::len);
+                    let uverbs = uverbs_base() + (listed + extra.len()) as u32;
+                    let e: &'static DeviceEntry =
+                        Box::leak(Box::new(new_device_entry(info, uverbs)));
                     extra.push(e);
                     e
                 }
@@ -880,21 +918,31 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             // An index past the table or an empty slot.
             return libc::ENODATA;
         };
-        let e = gid_entry(raw, gid_index, port_num);
+        let e = gid_entry(raw, gid_index, port_num, ifindex_of(c.ctx.addr()));
         // SAFETY: the caller's entry holds entry_size bytes.
         unsafe { copy_out(&e, entry.cast(), entry_size) };
         0
     })
 }
 
-fn gid_entry(raw: [u8; 16], index: u32, port: u32) -> ibv_gid_entry {
+fn gid_entry(raw: [u8; 16], index: u32, port: u32, ifindex: u32) -> ibv_gid_entry {
     ibv_gid_entry {
         gid: ibv_gid { raw },
         gid_index: index,
         port_num: port,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: 1,
+        ndev_ifindex: ifindex,
     }
+}
+
+/// The index of the interface that holds `addr` (`lo`, 1, when none does).
+fn ifindex_of(addr: std::net::IpAddr) -> u32 {
+    roxe_provider::driver::interface_of(addr)
+        .and_then(|n| std::ffi::CString::new(n).ok())
+        // SAFETY: if_nametoindex reads a NUL-terminated name.
+        .map(|n| unsafe { libc::if_nametoindex(n.as_ptr()) })
+        .filter(|&i| i != 0)
+        .unwrap_or(1)
 }
 
 /// Copy at most `size` bytes of `v` to `dst`, zero-filling the rest.
@@ -942,7 +990,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
                 // SAFETY: entries holds max_entries entries of entry_size.
                 unsafe {
                     copy_out(
-                        &gid_entry(raw, i, 1),
+                        &gid_entry(raw, i, 1, ifindex_of(c.ctx.addr())),
                         entries.cast::<u8>().add(n * entry_size),
                         entry_size,
                     )

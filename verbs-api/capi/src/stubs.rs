@@ -275,8 +275,9 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
 }
 
 // ---------------------------------------------------------------------------
-// sysfs. A soft device has no /sys/class/infiniband entry: the path is the
-// usual mount point, and reading any device file fails like a missing file.
+// sysfs. Under `roxe run` a soft device has its /sys/class/infiniband entry
+// (see the tool's `run/view.rs`); elsewhere the paths are the usual ones
+// and reading a device file fails as for a missing file.
 // ---------------------------------------------------------------------------
 
 /// `ibv_get_sysfs_path`: the static string "/sys".
@@ -285,16 +286,52 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
 
-/// `ibv_read_sysfs_file`: -1 with errno ENOENT (no sysfs files for roxe).
+/// `ibv_read_sysfs_file`: read `<dir>/<file>` into `buf` as rdma-core does
+/// (at most `size - 1` bytes, NUL-terminated, one trailing newline
+/// dropped); its length, or -1 with errno.
+///
+/// # Safety
+/// `dir` and `file` are NUL-terminated strings; `buf` holds `size` bytes.
 #[no_mangle]
-pub extern "C" fn ibv_read_sysfs_file(
-    _dir: *const c_char,
-    _file: *const c_char,
-    _buf: *mut c_char,
-    _size: usize,
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
 ) -> c_int {
-    set_errno(ENOENT);
-    -1
+    crate::guard(-1, || {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: both are NUL-terminated strings (the caller's contract).
+        let (d, f) = unsafe {
+            (
+                std::ffi::CStr::from_ptr(dir),
+                std::ffi::CStr::from_ptr(file),
+            )
+        };
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(d.to_bytes()))
+            .join(std::ffi::OsStr::from_bytes(f.to_bytes()));
+        let mut data = match std::fs::read(&path) {
+            Ok(d) => d,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(ENOENT));
+                return -1;
+            }
+        };
+        data.truncate(size - 1);
+        if data.last() == Some(&b'\n') {
+            data.pop();
+        }
+        // SAFETY: buf holds size bytes and data.len() < size.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), buf.cast::<u8>(), data.len());
+            *buf.add(data.len()) = 0;
+        }
+        data.len() as c_int
+    })
 }
 
 /// `ibv_read_ibdev_sysfs_file`: -1 with errno ENOENT. Variadic in C
@@ -1022,10 +1059,24 @@ mod tests {
             EOPNOTSUPP
         );
         assert_eq!(bad, wr);
+        // SAFETY: NULL pointers are refused before use.
         assert_eq!(
-            ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0),
+            unsafe { ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0) },
             -1
         );
+        let mut buf = [0 as c_char; 8];
+        // SAFETY: NUL-terminated names; buf holds 8 bytes.
+        let n = unsafe {
+            ibv_read_sysfs_file(
+                c"/proc/sys/kernel".as_ptr(),
+                c"ostype".as_ptr(),
+                buf.as_mut_ptr(),
+                8,
+            )
+        };
+        assert_eq!(n, 5, "\"Linux\\n\" without its newline");
+        // SAFETY: the call NUL-terminated it.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }, c"Linux");
         assert_eq!(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
     }
 

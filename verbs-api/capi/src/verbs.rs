@@ -903,7 +903,7 @@ fn cq_ex_header(
         read_src_qp: Some(cq_ex::read_src_qp),
         read_wc_flags: Some(cq_ex::read_wc_flags),
         read_slid: Some(cq_ex::read_zero_u32),
-        read_sl: Some(cq_ex::read_zero_u8),
+        read_sl: Some(cq_ex::read_sl),
         read_dlid_path_bits: Some(cq_ex::read_zero_u8),
         // Not offered (create_cq_ex refuses the flags that need them).
         read_completion_ts: None,
@@ -1171,6 +1171,9 @@ mod cq_ex {
     }
     pub(super) unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
         current(cq, |w| w.src_qp)
+    }
+    pub(super) unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+        current(cq, |w| w.sl)
     }
     /// `ibv_wc_read_completion_wallclock_ns`: when the device made the
     /// current completion, in nanoseconds since the Unix epoch.

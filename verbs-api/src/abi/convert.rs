@@ -185,6 +185,7 @@ pub fn wc_from_c(w: &ibv_wc) -> WorkCompletion {
     }
     wc.src_qp = w.src_qp;
     wc.wc_flags = w.wc_flags;
+    wc.sl = w.sl;
     wc
 }
 
@@ -207,7 +208,7 @@ pub fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
         wc_flags: w.wc_flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: w.sl,
         dlid_path_bits: 0,
     }
 }

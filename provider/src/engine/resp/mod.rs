@@ -427,6 +427,7 @@ impl Qp {
         if status == WcStatus::Success {
             wc.byte_len = 40 + payload.len() as u32;
             wc.src_qp = deth.src_qp;
+            wc.sl = crate::wr::roce_packet_type(src.is_ipv4());
             wc.wc_flags = wc_flags::GRH;
             if let Some(imm) = pkt.imm_dt() {
                 wc.imm_data = imm;

@@ -1,0 +1,75 @@
+//! Where `roxe run` finds the drop-in libraries: `ROXE_DROPIN_DIR`; beside
+//! the `roxe` binary (a cargo build tree: target/<profile>/libibverbs.so);
+//! or in `../lib/roxe` from it (an installation). The directory handed to
+//! the program holds them under their SONAMEs.
+
+use std::path::{Path, PathBuf};
+
+/// The library file in `dir` (`libibverbs.so.1` or cargo's `libibverbs.so`).
+fn library_in(dir: &Path) -> Option<PathBuf> {
+    ["libibverbs.so.1", "libibverbs.so"]
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+}
+
+/// A directory with `libibverbs.so.1` and `librdmacm.so.1` for
+/// `LD_LIBRARY_PATH`, or one line saying where it looked.
+pub fn dir() -> Result<PathBuf, String> {
+    let mut looked = Vec::new();
+    let mut candidates = Vec::new();
+    if let Some(d) = std::env::var_os("ROXE_DROPIN_DIR") {
+        candidates.push(PathBuf::from(d));
+    }
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.canonicalize().ok())
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        candidates.push(exe_dir.clone());
+        candidates.push(exe_dir.join("../lib/roxe"));
+    }
+    for c in candidates {
+        looked.push(c.display().to_string());
+        let Some(lib) = library_in(&c) else { continue };
+        if c.join("libibverbs.so.1").is_file() && c.join("librdmacm.so.1").exists() {
+            return Ok(c);
+        }
+        return sonames_for(&lib);
+    }
+    Err(format!(
+        "roxe run: the drop-in libibverbs.so.1 is in none of {} (build it with `cargo build -p roxe-ibverbs`, or set ROXE_DROPIN_DIR)",
+        looked.join(", ")
+    ))
+}
+
+/// A directory of this user's holding `libibverbs.so.1` and
+/// `librdmacm.so.1` as links to `lib` (one shared object serves both).
+fn sonames_for(lib: &Path) -> Result<PathBuf, String> {
+    let lib = lib
+        .canonicalize()
+        .map_err(|e| format!("roxe run: {}: {e}", lib.display()))?;
+    let base = roxe_provider::driver::stat::stat_dir()
+        .map_err(|e| format!("roxe run: a directory for the library links: {e}"))?;
+    // One directory per library path, so concurrent runs of different
+    // builds do not swap each other's links.
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        lib.hash(&mut h);
+        h.finish()
+    };
+    let dir = base.join(format!("lib-{tag:016x}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("roxe run: {}: {e}", dir.display()))?;
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&lib, &tmp)
+                .and_then(|()| std::fs::rename(&tmp, &link))
+                .map_err(|e| format!("roxe run: {}: {e}", link.display()))?;
+        }
+    }
+    Ok(dir)
+}

@@ -1,0 +1,151 @@
+//! `roxe run [options] -- PROGRAM ARGS...`: an unmodified program over
+//! roxe. The drop-in `libibverbs.so.1` and `librdmacm.so.1` come first in
+//! its library path, and roxe's devices are visible where middleware looks
+//! for RDMA devices (UCX, libfabric and rdma-core's tests read
+//! `/sys/class/infiniband*` and `/dev/infiniband`, not only the verbs):
+//! see [`view`] for the files and [`namespace`] for how they are put in
+//! place without touching the host. The `ROXE_*` options reach the
+//! program's devices through the environment.
+
+mod dropin;
+mod namespace;
+mod view;
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+
+/// How the devices are made visible.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewMode {
+    /// A mount namespace (in a user namespace of its own when not root),
+    /// where tmpfs directories over /sys/class and /dev hold the host's
+    /// entries and roxe's.
+    Namespace,
+    /// Only the libraries: the program sees roxe's devices through the
+    /// verbs, and no /sys or /dev entries.
+    None,
+}
+
+/// Arguments of `roxe run`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// How roxe's devices are made visible.
+    #[arg(long, value_enum, default_value = "namespace")]
+    view: ViewMode,
+    /// Say nothing on stderr about how the devices were made visible.
+    #[arg(short, long)]
+    quiet: bool,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<OsString>,
+}
+
+/// The first `uverbs<N>` number the host's own devices leave free.
+fn first_free_uverbs() -> u32 {
+    std::fs::read_dir("/sys/class/infiniband_verbs")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("uverbs"))
+                        .and_then(|n| n.parse::<u32>().ok())
+                })
+                .map(|n| n + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// roxe's devices as the view shows them (none when `ROXE_BACKEND` offers
+/// hardware only).
+fn view_devices(uverbs_base: u32) -> Result<Vec<view::ViewDevice>, String> {
+    let hardware_only = std::env::var("ROXE_BACKEND").is_ok_and(|b| b == "hardware");
+    if hardware_only {
+        return Ok(Vec::new());
+    }
+    let infos = roxe_verbs::soft_devices().map_err(|e| format!("roxe run: {e}"))?;
+    Ok(infos
+        .iter()
+        .zip(uverbs_base..)
+        .map(|(d, uverbs)| view::ViewDevice {
+            name: d.name().to_string(),
+            uverbs,
+            addr: d.addr(),
+            netdev: d
+                .addr()
+                .and_then(roxe_provider::driver::interface_of)
+                .unwrap_or_else(|| "lo".into()),
+            guid: d.guid(),
+        })
+        .collect())
+}
+
+/// `roxe run`.
+pub fn run(args: &Args) -> ExitCode {
+    match prepare(args) {
+        Ok(mut cmd) => {
+            let e = cmd.exec();
+            eprintln!("roxe run: {}: {e}", args.command[0].to_string_lossy());
+            ExitCode::from(127)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(125)
+        }
+    }
+}
+
+/// Everything up to the `exec`: the libraries, the view, the command.
+fn prepare(args: &Args) -> Result<std::process::Command, String> {
+    let libs = dropin::dir()?;
+    let base = first_free_uverbs();
+    let devices = view_devices(base)?;
+    let how = match args.view {
+        ViewMode::None => "no /sys or /dev entries (--view none)".to_string(),
+        ViewMode::Namespace => {
+            let real: Vec<&str> = ["infiniband", "infiniband_verbs"]
+                .into_iter()
+                .filter(|d| std::path::Path::new("/sys/class").join(d).is_dir())
+                .collect();
+            let made = namespace::enter(&view::view(&devices), &real)
+                .map_err(|e| format!("roxe run: cannot show the devices in /sys and /dev: {e}"))?;
+            match made {
+                namespace::Made::MountNamespace => "a mount namespace (root)".to_string(),
+                namespace::Made::UserNamespace => {
+                    "a user and mount namespace (unprivileged)".to_string()
+                }
+            }
+        }
+    };
+    if !args.quiet {
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        eprintln!(
+            "roxe run: {} over roxe ({}) through {how}; libraries from {}",
+            args.command[0].to_string_lossy(),
+            if names.is_empty() {
+                "no soft device".to_string()
+            } else {
+                names.join(", ")
+            },
+            libs.display()
+        );
+    }
+    let mut path = OsString::from(libs.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("LD_LIBRARY_PATH", path)
+        .env("ROXE_UVERBS_BASE", base.to_string());
+    Ok(cmd)
+}
