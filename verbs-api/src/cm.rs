@@ -687,8 +687,17 @@ impl CmId {
         if st.state != IdState::Idle {
             return Err(cm_err(VERB, "id already bound"));
         }
-        let ctx = if addr.ip().is_unspecified() {
+        let ctx = if addr.ip().is_unspecified() || loopback_means_default(addr.ip())? {
             default_context()?
+        } else if let Some(configured) = configured_elsewhere(addr.ip())? {
+            return Err(verbs(
+                VERB,
+                Errno(19),
+                format!(
+                    "{} is the address of no roxe device (ROXE_ADDR={configured})",
+                    addr.ip()
+                ),
+            ));
         } else {
             open_at(addr.ip()).map_err(|e| match &e {
                 crate::Error::Io { source, .. } => {
@@ -1588,6 +1597,40 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
 
 /// The process's default device for rdma_cm (`ROXE_ADDR`'s first, else
 /// the first free loopback address).
+/// Whether binding loopback address `ip` takes the default device, as
+/// the kernel's rdma_cm binds a loopback address to its first device
+/// (`cma_bind_loopback`): when `ROXE_ADDR` names the devices and none of
+/// them is on loopback (libfabric binds "localhost" to find the device it
+/// may use). Otherwise an address is a device, and a loopback address
+/// opens (or finds) the device there.
+fn loopback_means_default(ip: IpAddr) -> Result<bool> {
+    if !ip.is_loopback() {
+        return Ok(false);
+    }
+    let listed = crate::soft_devices()?;
+    let configured: Vec<IpAddr> = listed.iter().filter_map(|d| d.addr()).collect();
+    Ok(!configured.is_empty()
+        && configured.len() == listed.len()
+        && configured.iter().all(|a| !a.is_loopback()))
+}
+
+/// When `ROXE_ADDR` names every device and none is at `ip`: the
+/// addresses it names. Binding there then fails with ENODEV, as the
+/// kernel's rdma_cm fails for an address whose interface has no RDMA
+/// device (libfabric binds every address of the host to learn which
+/// device serves it). `None`: `ip` is a device's, or devices take the
+/// addresses they are bound to (`ROXE_ADDR` unset: an address is a
+/// device).
+fn configured_elsewhere(ip: IpAddr) -> Result<Option<String>> {
+    let listed = crate::soft_devices()?;
+    let configured: Vec<IpAddr> = listed.iter().filter_map(|d| d.addr()).collect();
+    if configured.is_empty() || configured.len() != listed.len() || configured.contains(&ip) {
+        return Ok(None);
+    }
+    let names: Vec<String> = configured.iter().map(IpAddr::to_string).collect();
+    Ok(Some(names.join(",")))
+}
+
 fn default_context() -> Result<Context> {
     crate::soft_devices()?
         .into_iter()
