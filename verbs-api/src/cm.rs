@@ -912,6 +912,10 @@ impl CmId {
         let conn = st.conn.ok_or_else(|| cm_err(VERB, "not connecting"))?;
         ctx.soft("rdma_cm")?.engine().cm().establish(conn, &[])?;
         st.state = IdState::Connected;
+        // As the kernel's: the active side's last event was
+        // CONNECT_RESPONSE; the RTU it sends raises none (UCX's connection
+        // manager takes an ESTABLISHED there for a server's).
+        st.established_reported = true;
         Ok(())
     }
 
