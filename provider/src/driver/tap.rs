@@ -1,4 +1,6 @@
-//! The pcap tap (`ROXE_PCAP=FILE`): every RoCEv2 packet sent and received,
+//! The pcap tap (`ROXE_PCAP=FILE`; `%p` in FILE becomes the process id, so
+//! processes that share the setting, as MPI ranks do, write a file each):
+//! every RoCEv2 packet sent and received,
 //! written with IP and UDP headers as Linux puts them on the wire for roxe
 //! (IPv4: identification 0, don't-fragment, TTL 64), so Wireshark,
 //! `roxe decode` and roce-check verify the ICRCs.
@@ -28,6 +30,10 @@ pub(crate) struct Tap {
 
 impl Tap {
     pub(crate) fn create(path: &Path) -> io::Result<Tap> {
+        let expanded = path
+            .to_string_lossy()
+            .replace("%p", &std::process::id().to_string());
+        let path = Path::new(&expanded);
         let named = |e: &dyn std::fmt::Display| {
             io::Error::other(format!("ROXE_PCAP {}: {e}", path.display()))
         };
