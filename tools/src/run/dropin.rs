@@ -1,7 +1,9 @@
 //! Where `roxe run` finds the drop-in libraries: `ROXE_DROPIN_DIR`; beside
 //! the `roxe` binary (a cargo build tree: target/<profile>/libibverbs.so);
-//! or in `../lib/roxe` from it (an installation). The directory handed to
-//! the program holds them under their SONAMEs.
+//! in `../lib/roxe` from it (an installation); or inside `roxe` itself
+//! (built with the feature `bundle-dropin`, as `cargo install` needs:
+//! written out once to a directory of this user's). The directory handed
+//! to the program holds them under their SONAMEs.
 
 use std::path::{Path, PathBuf};
 
@@ -37,10 +39,41 @@ pub fn dir() -> Result<PathBuf, String> {
         }
         return sonames_for(&lib);
     }
+    if let Some(dir) = bundled()? {
+        return Ok(dir);
+    }
     Err(format!(
-        "roxe run: the drop-in libibverbs.so.1 is in none of {} (build it with `cargo build -p roxe-ibverbs`, or set ROXE_DROPIN_DIR)",
+        "roxe run: the drop-in libibverbs.so.1 is in none of {} (build it with `cargo build -p roxe-ibverbs`, install roxe with `cargo install --path tools --features bundle-dropin`, or set ROXE_DROPIN_DIR)",
         looked.join(", ")
     ))
+}
+
+/// The library `roxe` carries (feature `bundle-dropin`), written to a
+/// directory of this user's named by its hash (once per build).
+#[cfg(feature = "bundle-dropin")]
+fn bundled() -> Result<Option<PathBuf>, String> {
+    static LIB: &[u8] = include_bytes!(env!("BUNDLED_DROPIN_LIBRARY"));
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        LIB.hash(&mut h);
+        h.finish()
+    };
+    let base = roxe_provider::driver::stat::stat_dir()
+        .map_err(|e| format!("roxe run: a directory for the bundled library: {e}"))?;
+    let file = base.join(format!("libibverbs-{tag:016x}.so"));
+    if std::fs::metadata(&file).map(|m| m.len()).ok() != Some(LIB.len() as u64) {
+        let tmp = base.join(format!(".libibverbs-{tag:016x}.{}", std::process::id()));
+        std::fs::write(&tmp, LIB)
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(|e| format!("roxe run: writing {}: {e}", file.display()))?;
+    }
+    sonames_for(&file).map(Some)
+}
+
+#[cfg(not(feature = "bundle-dropin"))]
+fn bundled() -> Result<Option<PathBuf>, String> {
+    Ok(None)
 }
 
 /// A directory of this user's holding `libibverbs.so.1` and
