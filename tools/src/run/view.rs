@@ -79,7 +79,8 @@ pub fn view(devices: &[ViewDevice]) -> View {
                 "node_desc",
                 format!("roxe {}", d.addr.map_or("auto".into(), |a| a.to_string())),
             ),
-            file("fw_ver", "0.0.0".into()),
+            // As ibv_query_device reports it.
+            file("fw_ver", env!("CARGO_PKG_VERSION").into()),
             file("hca_type", "roxe".into()),
             file("board_id", "roxe".into()),
             dir("device"),
