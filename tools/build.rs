@@ -18,6 +18,7 @@ fn main() {
         "provider/src",
         "verbs-api/src",
         "verbs-api/capi",
+        "tools/preload",
     ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
@@ -36,6 +37,8 @@ fn main() {
             "--locked",
             "-p",
             "roxe-ibverbs",
+            "-p",
+            "roxe-view-preload",
             "--profile",
             profile,
         ])
@@ -55,4 +58,7 @@ fn main() {
     let lib = target.join(dir).join("libibverbs.so");
     assert!(lib.is_file(), "{} was not built", lib.display());
     println!("cargo:rustc-env=BUNDLED_DROPIN_LIBRARY={}", lib.display());
+    let shim = target.join(dir).join("libroxe_view.so");
+    assert!(shim.is_file(), "{} was not built", shim.display());
+    println!("cargo:rustc-env=BUNDLED_VIEW_SHIM={}", shim.display());
 }

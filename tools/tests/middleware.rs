@@ -66,13 +66,18 @@ fn dropin_built() {
                 "--quiet",
                 "-p",
                 "roxe-ibverbs",
+                "-p",
+                "roxe-view-preload",
                 "--profile",
                 &profile,
             ])
             .env("CARGO_TARGET_DIR", target)
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "cargo build -p roxe-ibverbs: {status}");
+        assert!(
+            status.success(),
+            "cargo build -p roxe-ibverbs -p roxe-view-preload: {status}"
+        );
         assert!(
             Path::new(ROXE).with_file_name("libibverbs.so").is_file(),
             "no libibverbs.so beside {ROXE}"
@@ -222,6 +227,46 @@ fn roxe_run_shows_the_devices_where_the_kernel_does() {
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success() && out.contains("roxe0"), "{}", text(&o));
         assert!(out.contains("GID[  1]:"), "index 1 listed: {out}");
+    }
+}
+
+/// Where no namespace can be made, the preload (`--view preload`, what
+/// `auto` falls back to): the same files through libroxe_view.so.
+#[test]
+fn roxe_run_preload_shows_the_same_files() {
+    let addr = roxe_testnet::addr().to_string();
+    let script = "cat /sys/class/infiniband/roxe0/ports/1/gid_attrs/types/1; \
+        test -c /dev/infiniband/rdma_cm && echo rdma_cm-is-chr; \
+        test -c /dev/infiniband/uverbs$ROXE_UVERBS_BASE && echo uverbs-is-chr; \
+        ls /sys/class/infiniband/roxe0/device/net; \
+        if test -e /sys/class/infiniband/roxe0/no-such; then echo wrong; fi";
+    dropin_built();
+    let o = Command::new(ROXE)
+        .args(["run", "--view", "preload", "--", "sh", "-c", script])
+        .env("ROXE_ADDR", &addr)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    for want in ["RoCE v2", "rdma_cm-is-chr", "uverbs-is-chr", "lo"] {
+        assert!(out.contains(want), "no {want:?}: {}", text(&o));
+    }
+    assert!(!out.contains("wrong"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("preloaded libroxe_view.so"),
+        "{}",
+        text(&o)
+    );
+    // Outside the program nothing changed.
+    assert!(!Path::new("/sys/class/infiniband/roxe0").exists());
+    if installed("preload", "ucx-utils", &["ucx_info"]) {
+        let o = Command::new(ROXE)
+            .args(["run", "-q", "--view", "preload", "--", "ucx_info", "-d"])
+            .env("ROXE_ADDR", &addr)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("Transport: rc_verbs"), "{}", text(&o));
     }
 }
 

@@ -53,27 +53,66 @@ pub fn dir() -> Result<PathBuf, String> {
 #[cfg(feature = "bundle-dropin")]
 fn bundled() -> Result<Option<PathBuf>, String> {
     static LIB: &[u8] = include_bytes!(env!("BUNDLED_DROPIN_LIBRARY"));
+    let file = write_out(LIB, "libibverbs")?;
+    sonames_for(&file).map(Some)
+}
+
+/// `bytes` written (once) to `<stat dir>/<stem>-<hash>.so`.
+#[cfg(feature = "bundle-dropin")]
+fn write_out(bytes: &[u8], stem: &str) -> Result<PathBuf, String> {
     let tag = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        LIB.hash(&mut h);
+        bytes.hash(&mut h);
         h.finish()
     };
     let base = roxe_provider::driver::stat::stat_dir()
         .map_err(|e| format!("roxe run: a directory for the bundled library: {e}"))?;
-    let file = base.join(format!("libibverbs-{tag:016x}.so"));
-    if std::fs::metadata(&file).map(|m| m.len()).ok() != Some(LIB.len() as u64) {
-        let tmp = base.join(format!(".libibverbs-{tag:016x}.{}", std::process::id()));
-        std::fs::write(&tmp, LIB)
+    let file = base.join(format!("{stem}-{tag:016x}.so"));
+    if std::fs::metadata(&file).map(|m| m.len()).ok() != Some(bytes.len() as u64) {
+        let tmp = base.join(format!(".{stem}-{tag:016x}.{}", std::process::id()));
+        std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, &file))
             .map_err(|e| format!("roxe run: writing {}: {e}", file.display()))?;
     }
-    sonames_for(&file).map(Some)
+    Ok(file)
 }
 
 #[cfg(not(feature = "bundle-dropin"))]
 fn bundled() -> Result<Option<PathBuf>, String> {
     Ok(None)
+}
+
+/// The view shim `roxe` carries (feature `bundle-dropin`), written out as
+/// the library is.
+#[cfg(feature = "bundle-dropin")]
+fn bundled_shim() -> Result<Option<PathBuf>, String> {
+    static SHIM: &[u8] = include_bytes!(env!("BUNDLED_VIEW_SHIM"));
+    write_out(SHIM, "libroxe_view").map(Some)
+}
+
+#[cfg(not(feature = "bundle-dropin"))]
+fn bundled_shim() -> Result<Option<PathBuf>, String> {
+    Ok(None)
+}
+
+/// `libroxe_view.so` (the preload view): beside the drop-in's file (a
+/// build tree, an installation), or carried inside `roxe`.
+pub fn view_shim(libs: &Path) -> Result<PathBuf, String> {
+    let beside = std::fs::canonicalize(libs.join("libibverbs.so.1"))
+        .ok()
+        .and_then(|l| l.parent().map(|d| d.join("libroxe_view.so")))
+        .filter(|p| p.is_file());
+    if let Some(p) = beside {
+        return Ok(p);
+    }
+    if let Some(p) = bundled_shim()? {
+        return Ok(p);
+    }
+    Err(format!(
+        "roxe run: libroxe_view.so is not beside {} (build it with `cargo build -p roxe-view-preload`)",
+        libs.display()
+    ))
 }
 
 /// A directory of this user's holding `libibverbs.so.1` and

@@ -18,10 +18,18 @@ use std::process::ExitCode;
 /// How the devices are made visible.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ViewMode {
+    /// A namespace where the machine allows one, else the preload.
+    Auto,
     /// A mount namespace (in a user namespace of its own when not root),
     /// where tmpfs directories over /sys/class and /dev hold the host's
     /// entries and roxe's.
     Namespace,
+    /// A preloaded library (libroxe_view.so, LD_PRELOAD) that sends the C
+    /// library's path calls for /sys/class/infiniband* and
+    /// /dev/infiniband* to files roxe run writes; for machines that allow
+    /// no namespace. Statically linked programs and direct system calls
+    /// do not see it.
+    Preload,
     /// Only the libraries: the program sees roxe's devices through the
     /// verbs, and no /sys or /dev entries.
     None,
@@ -31,7 +39,7 @@ pub enum ViewMode {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// How roxe's devices are made visible.
-    #[arg(long, value_enum, default_value = "namespace")]
+    #[arg(long, value_enum, default_value = "auto")]
     view: ViewMode,
     /// Say nothing on stderr about how the devices were made visible.
     #[arg(short, long)]
@@ -108,22 +116,28 @@ fn prepare(args: &Args) -> Result<std::process::Command, String> {
     let libs = dropin::dir()?;
     let base = first_free_uverbs();
     let devices = view_devices(base)?;
+    let the_view = view::view(&devices);
+    let mut preload = None;
     let how = match args.view {
         ViewMode::None => "no /sys or /dev entries (--view none)".to_string(),
-        ViewMode::Namespace => {
-            let real: Vec<&str> = ["infiniband", "infiniband_verbs"]
-                .into_iter()
-                .filter(|d| std::path::Path::new("/sys/class").join(d).is_dir())
-                .collect();
-            let made = namespace::enter(&view::view(&devices), &real)
-                .map_err(|e| format!("roxe run: cannot show the devices in /sys and /dev: {e}"))?;
-            match made {
-                namespace::Made::MountNamespace => "a mount namespace (root)".to_string(),
-                namespace::Made::UserNamespace => {
-                    "a user and mount namespace (unprivileged)".to_string()
-                }
-            }
+        ViewMode::Namespace => in_namespace(&the_view)?,
+        ViewMode::Preload => {
+            preload = Some(preloaded(&the_view, &libs)?);
+            "the preloaded libroxe_view.so (--view preload)".to_string()
         }
+        ViewMode::Auto => match in_namespace(&the_view) {
+            Ok(how) => how,
+            Err(ns) => {
+                preload =
+                    Some(preloaded(&the_view, &libs).map_err(|p| {
+                        format!("{ns}\nroxe run: and the fallback failed too: {p}")
+                    })?);
+                format!(
+                    "the preloaded libroxe_view.so, as no namespace could be made ({})",
+                    ns.trim_start_matches("roxe run: ")
+                )
+            }
+        },
     };
     if !args.quiet {
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
@@ -147,5 +161,52 @@ fn prepare(args: &Args) -> Result<std::process::Command, String> {
     cmd.args(&args.command[1..])
         .env("LD_LIBRARY_PATH", path)
         .env("ROXE_UVERBS_BASE", base.to_string());
+    if let Some((shim, root)) = preload {
+        let mut pre = OsString::from(shim.as_os_str());
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+            pre.push(":");
+            pre.push(old);
+        }
+        cmd.env("LD_PRELOAD", pre).env("ROXE_VIEW_ROOT", root);
+    }
     Ok(cmd)
+}
+
+/// The view in a namespace of its own; how it was made.
+fn in_namespace(the_view: &view::View) -> Result<String, String> {
+    let real: Vec<&str> = ["infiniband", "infiniband_verbs"]
+        .into_iter()
+        .filter(|d| std::path::Path::new("/sys/class").join(d).is_dir())
+        .collect();
+    let made = namespace::enter(the_view, &real)
+        .map_err(|e| format!("roxe run: cannot show the devices in /sys and /dev: {e}"))?;
+    Ok(match made {
+        namespace::Made::MountNamespace => "a mount namespace (root)".to_string(),
+        namespace::Made::UserNamespace => "a user and mount namespace (unprivileged)".to_string(),
+    })
+}
+
+/// The view written for the preload: the shim library and the view's root.
+fn preloaded(
+    the_view: &view::View,
+    libs: &std::path::Path,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let shim = dropin::view_shim(libs)?;
+    let base = roxe_provider::driver::stat::stat_dir()
+        .map_err(|e| format!("roxe run: a directory for the view: {e}"))?;
+    // One per run; the views of runs whose process is gone are removed.
+    if let Ok(rd) = std::fs::read_dir(&base) {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let pid = name.to_str().and_then(|n| n.strip_prefix("view-"));
+            if pid.is_some_and(|p| !std::path::Path::new("/proc").join(p).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let root = base.join(format!("view-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    view::write_to(the_view, &root)
+        .map_err(|e| format!("roxe run: writing the view in {}: {e}", root.display()))?;
+    Ok((shim, root))
 }

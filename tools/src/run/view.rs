@@ -151,6 +151,47 @@ pub fn view(devices: &[ViewDevice]) -> View {
     v
 }
 
+/// Write `view` under `root` (`<root>/sys/class/...`, `<root>/dev/...`) for
+/// the preload view: files and directories as they are, character devices
+/// as symbolic links to `/dev/null` (what `stat` shows is what programs
+/// check), and the host's own entries of the `infiniband*` directories as
+/// links to them (absolute, so they resolve from anywhere).
+pub fn write_to(view: &View, root: &std::path::Path) -> std::io::Result<()> {
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    for (base, entries) in [("sys/class", &view.sys_class), ("dev", &view.dev)] {
+        let under = root.join(base);
+        fs::create_dir_all(&under)?;
+        for (rel, node) in entries.iter() {
+            let p = under.join(rel);
+            match node {
+                Node::Dir => fs::create_dir_all(&p)?,
+                Node::File(text) => fs::write(&p, text)?,
+                Node::CharDevice => {
+                    let _ = fs::remove_file(&p);
+                    symlink("/dev/null", &p)?;
+                }
+            }
+        }
+        // The host's entries beside roxe's.
+        for dir in ["infiniband", "infiniband_verbs"] {
+            let real = std::path::Path::new("/").join(base).join(dir);
+            let Ok(rd) = fs::read_dir(&real) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let dst = under.join(dir).join(e.file_name());
+                if dst.exists() {
+                    continue;
+                }
+                let target = e.path().canonicalize().unwrap_or_else(|_| e.path());
+                symlink(target, dst)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
