@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-pub use roxe_provider::driver::{DeviceConfig, DeviceStats, FaultSpec, IcrcMode};
+pub use roxe_provider::driver::{DeviceConfig, DeviceStats, FaultSpec, IcrcMode, PacingConfig};
 pub use roxe_provider::engine::CqId;
 pub use roxe_provider::engine::{tmh_op, SrqOp, SrqOpKind, Tmh, RVH_LEN, TMH_LEN};
 pub use roxe_provider::memory::{MwBind, MwType, Sge, MAX_DM_SIZE};

@@ -107,16 +107,16 @@ fn a_poll_in_a_ping_pong_sends_the_held_message_at_once() {
 /// the end of those 200 ms, and the WRITEs posted by then.
 fn stream_then_pause(
     names: [&str; 2],
-    base: DeviceConfig,
-    recent: Option<Duration>,
+    mut base: DeviceConfig,
+    handover_window: Option<Duration>,
     n: u64,
     stop_after: u64,
 ) -> (u64, u64, u64) {
+    if let Some(d) = handover_window {
+        base.pacing.handover_window = d;
+    }
     let (a, b) = (side(names[0], base.clone()), side(names[1], base));
     connect_sides(&a, &b, ACCESS, 14);
-    if let Some(d) = recent {
-        a.ctx.soft_device().unwrap().set_handover_recent(d);
-    }
     let mut posted = 0;
     while posted < 16 {
         a.qp.post_send(write(&a, &b, posted)).unwrap();
@@ -165,7 +165,10 @@ fn the_progress_thread_leaves_held_messages_to_a_polling_caller() {
 #[test]
 fn without_ack_clocking_nothing_is_left_to_the_caller() {
     let base = DeviceConfig {
-        ack_clocked: false,
+        pacing: PacingConfig {
+            ack_clocked: false,
+            ..PacingConfig::default()
+        },
         ..DeviceConfig::default()
     };
     let (left, _, _) = stream_then_pause(

@@ -1,4 +1,4 @@
-//! The socket held by a polling caller (`DeviceConfig::caller_hold`, on by
+//! The socket held by a polling caller (`PacingConfig::caller_hold`, on by
 //! default): while a stream comes in, a caller spinning on an empty CQ
 //! keeps the socket from the progress thread (whose wake-ups would only
 //! find it drained), for at most 100 µs after its last poll. These tests
@@ -26,7 +26,10 @@ struct Side {
 
 fn side(name: &str, caller_hold: bool) -> Side {
     let base = DeviceConfig {
-        caller_hold,
+        pacing: PacingConfig {
+            caller_hold,
+            ..PacingConfig::default()
+        },
         ..DeviceConfig::default()
     };
     let ctx = common::open_with(name, base);

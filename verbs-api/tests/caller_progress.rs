@@ -1,5 +1,5 @@
 //! Progress in the caller's thread: a `poll_cq` that finds nothing receives
-//! from the socket itself (`DeviceConfig::caller_progress`, on by default).
+//! from the socket itself (`PacingConfig::caller_progress`, on by default).
 //! With both devices' progress threads paused, a ping-pong still completes,
 //! intact, through the polling threads alone; with caller progress off it
 //! cannot, and resumes once the progress threads do.
@@ -14,7 +14,10 @@ const ROUNDS: u32 = 300;
 
 fn open(name: &str, caller_progress: bool) -> Context {
     let base = DeviceConfig {
-        caller_progress,
+        pacing: PacingConfig {
+            caller_progress,
+            ..PacingConfig::default()
+        },
         ..DeviceConfig::default()
     };
     common::open_with(name, base)

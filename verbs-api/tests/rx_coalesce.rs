@@ -1,4 +1,4 @@
-//! Receive coalescing (`DeviceConfig::rx_coalesce_us`, 20 µs by default):
+//! Receive coalescing (`PacingConfig::rx_coalesce`, 20 µs by default):
 //! after a receive burst of 32 KiB or more, the progress thread sleeps
 //! without watching the socket, so a bulk stream arrives in larger bursts
 //! and the sender's datagrams do not each wake it. These tests check that
@@ -23,7 +23,10 @@ const WRITES: usize = 64;
 
 fn pair(names: [&str; 2], rx_coalesce_us: u32) -> (Side, Side) {
     let base = DeviceConfig {
-        rx_coalesce_us,
+        pacing: PacingConfig {
+            rx_coalesce: Duration::from_micros(rx_coalesce_us.into()),
+            ..PacingConfig::default()
+        },
         ..DeviceConfig::default()
     };
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;

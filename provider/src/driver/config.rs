@@ -1,8 +1,9 @@
 //! Device configuration: the address, the receive-side ICRC policy, the
-//! pcap tap, the fault injector and busy polling, from code or from the
-//! environment (`ROXE_ADDR`, `ROXE_ICRC`, `ROXE_PCAP`, `ROXE_FAULT`,
-//! `ROXE_BUSY_POLL`).
+//! pcap tap, the fault injector and the pacing knobs, from code or from the
+//! environment (`ROXE_ADDR`, `ROXE_ICRC`, `ROXE_PCAP`, `ROXE_FAULT`, and
+//! those of [`PacingConfig`]).
 
+use super::pacing::PacingConfig;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -147,7 +148,7 @@ fn parse_duration_ns(v: &str) -> Option<u64> {
 }
 
 /// Everything a soft device is opened with.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceConfig {
     /// The device's address; `None`: the first free loopback address from
     /// 127.0.0.1 upward.
@@ -158,62 +159,10 @@ pub struct DeviceConfig {
     pub pcap: Option<PathBuf>,
     /// Inject faults on transmit.
     pub fault: Option<FaultSpec>,
-    /// Spin on the socket instead of sleeping (lower latency, one core busy).
-    pub busy_poll: bool,
-    /// UDP GSO for sends and GRO for receives (`ROXE_GSO`, default on:
-    /// segments are wire-exact, see `batch.rs`; the first refusal by the
-    /// kernel turns GSO off for the device).
-    pub gso: bool,
-    /// A `poll_cq` that finds nothing receives and handles what waits on
-    /// the socket itself, in the caller's thread, so a completion needs no
-    /// wake-up of the progress thread (`ROXE_CALLER_PROGRESS`, default on).
-    pub caller_progress: bool,
-    /// While a stream comes in (or a post-list stream goes out), a caller
-    /// spinning on an empty CQ keeps the socket from the progress thread,
-    /// for at most 100 µs after its last poll (`ROXE_CALLER_HOLD`, default
-    /// on; see `device::CallerHold`). Needs `caller_progress`.
-    pub caller_hold: bool,
-    /// After posting a single send WR, a reliable QP's new message waits
-    /// while 16 or more PSNs of the device's QPs are unacknowledged (with
-    /// several QPs in flight, only a message of one packet): the coming
-    /// ACK's pass sends it with the others posted meanwhile (`ROXE_ACK_CLOCKED`, default on; see
-    /// `Device::engine_for_post`).
-    pub ack_clocked: bool,
-    /// Payloads of 1 KiB or more that lie in one registered region leave
-    /// straight from it (an iovec per payload), not copied into the
-    /// transmit buffer first (`ROXE_TX_BY_REF`, default on).
-    pub payload_by_ref: bool,
-    /// After a receive burst of 32 KiB or more (in packets of 1 KiB or
-    /// more on average, ending two messages or more or stopping inside
-    /// one: bulk data), the progress thread sleeps
-    /// this long without watching the socket before it receives again
-    /// (timers, wake-ups and `roxe stat` still end the sleep), so that a
-    /// bulk stream is received in larger bursts and the sender's datagrams
-    /// do not each wake it (`ROXE_RX_COALESCE_US`, microseconds, default
-    /// 20, at most 1000; 0: off). A caller that arms a completion
-    /// notification ends the sleep; callers that poll receive themselves,
-    /// and after two bulk bursts in a row (a stream, not one message
-    /// split over two bursts) a polling caller sleeps out the same
-    /// interval before it receives.
-    pub rx_coalesce_us: u32,
-}
-
-impl Default for DeviceConfig {
-    fn default() -> Self {
-        DeviceConfig {
-            addr: None,
-            icrc: IcrcMode::default(),
-            pcap: None,
-            fault: None,
-            busy_poll: false,
-            gso: true,
-            caller_progress: true,
-            caller_hold: true,
-            ack_clocked: true,
-            payload_by_ref: true,
-            rx_coalesce_us: 20,
-        }
-    }
+    /// When the device's threads send, receive and sleep: busy polling,
+    /// GSO, callers receiving, ACK-clocked passes, coalescing (see
+    /// [`PacingConfig`], each knob with its `ROXE_*` variable).
+    pub pacing: PacingConfig,
 }
 
 /// An on/off switch from the environment: `1`, `on`, `true`, `yes` or `0`,
@@ -249,11 +198,8 @@ pub fn parse_micros(var: &'static str, value: &str, max: u32) -> Result<u32, Con
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
     /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
-    /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, `ROXE_BUSY_POLL=on|off`,
-    /// `ROXE_GSO=on|off`, `ROXE_CALLER_PROGRESS=on|off`,
-    /// `ROXE_CALLER_HOLD=on|off`, `ROXE_ACK_CLOCKED=on|off`, `ROXE_TX_BY_REF=on|off`,
-    /// `ROXE_RX_COALESCE_US=0..1000` (switches:
-    /// [`parse_switch`]).
+    /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, and the pacing knobs
+    /// ([`PacingConfig::from_env`]).
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self::all_from_env()?.into_iter().next().unwrap_or_default())
     }
@@ -270,27 +216,7 @@ impl DeviceConfig {
         if let Some(v) = var("ROXE_FAULT") {
             base.fault = Some(v.parse()?);
         }
-        if let Some(v) = var("ROXE_BUSY_POLL") {
-            base.busy_poll = parse_switch("ROXE_BUSY_POLL", &v)?;
-        }
-        if let Some(v) = var("ROXE_GSO") {
-            base.gso = parse_switch("ROXE_GSO", &v)?;
-        }
-        if let Some(v) = var("ROXE_CALLER_PROGRESS") {
-            base.caller_progress = parse_switch("ROXE_CALLER_PROGRESS", &v)?;
-        }
-        if let Some(v) = var("ROXE_CALLER_HOLD") {
-            base.caller_hold = parse_switch("ROXE_CALLER_HOLD", &v)?;
-        }
-        if let Some(v) = var("ROXE_ACK_CLOCKED") {
-            base.ack_clocked = parse_switch("ROXE_ACK_CLOCKED", &v)?;
-        }
-        if let Some(v) = var("ROXE_TX_BY_REF") {
-            base.payload_by_ref = parse_switch("ROXE_TX_BY_REF", &v)?;
-        }
-        if let Some(v) = var("ROXE_RX_COALESCE_US") {
-            base.rx_coalesce_us = parse_micros("ROXE_RX_COALESCE_US", &v, 1000)?;
-        }
+        base.pacing = PacingConfig::from_env()?;
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);
         };

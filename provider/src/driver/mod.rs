@@ -1,24 +1,42 @@
 //! The I/O driver: puts an [`Engine`](crate::engine::Engine) on a real UDP
 //! socket (port 4791) with a progress thread, completion channels, a pcap
-//! tap and a fault injector. See `device.rs` for the threading.
+//! tap and a fault injector. `device.rs` states the threading contract;
+//! `pacing.rs` makes every decision about when the threads send, receive
+//! and sleep.
 
 mod batch;
+mod bind;
 mod channel;
 mod config;
+mod counters;
 mod device;
 mod fault;
+mod guard;
+#[cfg(feature = "testing")]
+mod hooks;
+mod lid;
 mod netdev;
+mod pacing;
+mod pass;
+mod progress;
 mod raw;
+mod receive;
+mod shared;
 mod socket;
 pub mod stat;
 mod tap;
 
+pub use bind::{next_auto_addr, SHARED_MODE_PORT};
 pub use channel::CompChannel;
 pub use config::{parse_switch, ConfigError, DeviceConfig, FaultSpec, IcrcMode};
-pub use device::{
-    addr_of_lid, lid_of, next_auto_addr, BatchHold, CmEventSink, Device, DeviceStats, DriverStats,
-    EngineGuard, EventSink, ROCEV2_PORT, SHARED_MODE_PORT,
-};
+pub use counters::{DeviceStats, DriverStats};
+pub use device::{Device, ROCEV2_PORT};
 pub use fault::FaultStats;
+pub use guard::EngineGuard;
+#[cfg(feature = "testing")]
+pub use hooks::BatchHold;
+pub use lid::{addr_of_lid, lid_of};
 pub use netdev::interface_of;
+pub use pacing::PacingConfig;
 pub use raw::NeedsCapNetRaw;
+pub use shared::{CmEventSink, DeferredJob, EventSink};

@@ -14,6 +14,7 @@
 //! and by `roxe stat`. Everything here is best effort: a device whose
 //! socket cannot be made still opens (the reason is logged).
 
+use super::shared::Core;
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -106,6 +107,125 @@ impl StatServer {
 impl Drop for StatServer {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl super::shared::Shared {
+    /// The answer to `roxe stat` (see `stat.rs`): the device's counters,
+    /// then one line per QP.
+    pub(super) fn stat_answer(&self, core: &Core) -> String {
+        /// `reason:count,...` of the non-zero drop counters, `-` if none.
+        fn drops_field(d: &crate::engine::DropCounts) -> String {
+            let v: Vec<String> = d.nonzero().map(|(r, n)| format!("{r}:{n}")).collect();
+            if v.is_empty() {
+                "-".into()
+            } else {
+                v.join(",")
+            }
+        }
+        use std::fmt::Write as _;
+        let e = core.engine.stats();
+        let d = &core.stats;
+        let tx = self.tx.lock().counters;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "device pid={} addr={} rx_packets={} tx_packets={} tx_retransmits={} timeouts={} \
+             naks_sent={} rnr_naks_received={} rx_malformed={} rx_bad_icrc={} rx_no_qp={} \
+             rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
+             timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
+             progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
+             tx_left_to_caller={} drops={}",
+            std::process::id(),
+            self.addr,
+            e.rx_packets,
+            e.tx_packets,
+            e.tx_retransmits,
+            e.timeouts,
+            e.naks_sent,
+            e.rnr_naks_received,
+            e.rx_malformed,
+            e.rx_bad_icrc,
+            e.rx_no_qp,
+            e.rx_wrong_peer,
+            e.rx_dropped,
+            d.rx_datagrams,
+            tx.datagrams,
+            tx.errors,
+            d.timers_late,
+            tx.syscalls,
+            tx.gso_sends,
+            d.rx_batches,
+            d.rx_caller_batches,
+            d.progress_wakeups,
+            self.pacer.holds_taken(),
+            d.rx_coalesced,
+            self.pacer.callers_coalesced(),
+            d.tx_left_to_caller,
+            drops_field(&e.drops),
+        );
+        for q in core.engine.qp_snapshots() {
+            let (peer, dest_qpn) = match q.peer {
+                Some((a, n)) => (a.to_string(), n.to_string()),
+                None => ("-".into(), "-".into()),
+            };
+            let _ = writeln!(
+                out,
+                "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
+                 una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
+                 rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
+                 rnr_naks_received={} drops={}",
+                q.qpn,
+                format!("{:?}", q.qp_type).to_uppercase(),
+                format!("{:?}", q.state).to_uppercase(),
+                q.next_psn,
+                q.una,
+                q.epsn,
+                q.send_queue,
+                q.recv_queue,
+                q.retry_left,
+                q.rnr_retry_left,
+                q.counters.rx_packets,
+                q.counters.tx_packets,
+                q.counters.tx_retransmits,
+                q.counters.timeouts,
+                q.counters.naks_sent,
+                q.counters.rnr_naks_received,
+                drops_field(&q.drops),
+            );
+        }
+        for c in core.engine.cq_snapshots() {
+            let _ = writeln!(
+                out,
+                "cq id={} depth={} waiting={} overflowed={} qps={}",
+                c.id.0, c.depth, c.waiting, c.overflowed, c.qps
+            );
+        }
+        let cm = core.engine.cm_stats();
+        let refused: Vec<String> = cm
+            .refused
+            .nonzero()
+            .map(|(r, n)| format!("{r}:{n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cm rx_mads={} tx_mads={} tx_retries={} malformed={} unmatched={} no_listener={} \
+             backlog_full={} stale_req={} refused={}",
+            cm.rx_mads,
+            cm.tx_mads,
+            cm.tx_retries,
+            cm.rx_malformed,
+            cm.rx_unmatched,
+            cm.rejected_no_listener,
+            cm.dropped_backlog_full,
+            cm.rx_stale_req,
+            if refused.is_empty() {
+                "-".to_string()
+            } else {
+                refused.join(",")
+            },
+        );
+        out
     }
 }
 

@@ -12,6 +12,7 @@ mod comp;
 mod config;
 mod drops;
 mod gsi;
+mod load;
 mod qp;
 mod req;
 mod resp;
@@ -21,6 +22,7 @@ mod tm;
 mod watchdog_tests;
 pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr, MAX_LOOPBACK_WINDOW};
 pub use drops::{DropCounts, DropReason};
+pub use load::Load;
 pub use tm::{tmh_op, SrqOp, SrqOpKind, Tmh, MAX_RNDV_HDR, RVH_LEN, TMH_LEN};
 
 use crate::cq::CompletionQueue;

@@ -1,0 +1,784 @@
+//! When a device's threads send, receive and sleep: every pacing decision
+//! of the driver, in one sans-IO object.
+//!
+//! A device has two kinds of threads: the program's (verbs calls: posts,
+//! polls, ...) and its progress thread (receives, fires timers, serves
+//! programs that sleep on a completion channel). Which of them receives a
+//! datagram, whether a pass sends a new message now or lets it wait for the
+//! ACK on its way, and how long the progress thread sleeps decide the
+//! speed on a small machine: every wake-up of another thread is a
+//! scheduler round trip, and on two vCPUs a woken thread preempts the
+//! peer. [`Pacer`] takes the events (a verb's pass and its kind, an empty
+//! poll, a receive burst and its shape, a notification armed, the progress
+//! thread's pass and sleep) with the time they happen at, and returns
+//! decisions; `device.rs` carries them out (sockets, timers, the lock).
+//! It reads no clock and touches no socket: `tests` drive it on a virtual
+//! clock.
+//!
+//! The decisions, and the events they follow:
+//!
+//! | decision | made at | rule |
+//! | --- | --- | --- |
+//! | a verb's pass is ACK-clocked | [`Pacer::verb_pass`] | a single post's always; a poll's while [`POLL_CLOCKED_QUEUE`] messages are queued; never a post list's |
+//! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window and messages wait for the ACK: that caller sends them |
+//! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]) |
+//! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`] | a single post's message waits for an ACK; a notification is armed |
+//! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
+//! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
+//!
+//! Several threads call it at once, so its state is atomics; each rule
+//! reads and writes it in one place. The measurements behind each constant
+//! are in docs/PERFORMANCE.md.
+
+use super::config::{parse_micros, parse_switch, ConfigError};
+use crate::engine::{Load, Nanos};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How the device paces its threads. Each knob trades something; the
+/// defaults are what measured best on a 2-vCPU machine over loopback
+/// (docs/PERFORMANCE.md), and `ROXE_*` variables change them
+/// ([`PacingConfig::from_env`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacingConfig {
+    /// The progress thread spins instead of sleeping (`ROXE_BUSY_POLL`,
+    /// default off). Lowest latency for programs that sleep on a channel,
+    /// at the price of a core always busy.
+    pub busy_poll: bool,
+    /// Runs of equal packets to one peer leave as one UDP GSO send and
+    /// arrive through GRO (`ROXE_GSO`, default on): one system call per
+    /// run instead of per packet. Off for a NIC whose segmentation offload
+    /// numbers segments in a way a peer rejects.
+    pub gso: bool,
+    /// A `poll_cq` that finds nothing receives from the socket itself, in
+    /// the caller's thread (`ROXE_CALLER_PROGRESS`, default on): a
+    /// completion then needs no wake-up of the progress thread. Off, only
+    /// the progress thread receives (what a program that polls rarely
+    /// might prefer: its polls stay cheap).
+    pub caller_progress: bool,
+    /// While a stream flows, a caller spinning on an empty CQ keeps the
+    /// socket from the progress thread (`ROXE_CALLER_HOLD`, default on),
+    /// for at most 100 µs after its last poll: the progress
+    /// thread would otherwise be woken by every datagram, only to find it
+    /// taken, and preempt the peer. Needs `caller_progress`.
+    pub caller_hold: bool,
+    /// After a single send post, a reliable QP's new message waits while
+    /// 16 or more PSNs of the device are unacknowledged, and the pass the
+    /// coming ACK starts sends it with what was posted meanwhile
+    /// (`ROXE_ACK_CLOCKED`, default on): one system call for many posts.
+    /// A latency-bound program (one message at a time) never waits.
+    pub ack_clocked: bool,
+    /// Payloads of 1 KiB or more in one registered region leave straight
+    /// from it (an iovec), not copied into the transmit buffer first
+    /// (`ROXE_TX_BY_REF`, default on). A deregistration then waits for the
+    /// batch being sent.
+    pub payload_by_ref: bool,
+    /// After a bulk receive burst the progress thread sleeps this long
+    /// without the socket, then receives what came as one burst
+    /// (`ROXE_RX_COALESCE_US`, microseconds, default 20, at most 1000; 0:
+    /// off): a bulk stream wakes it once per interval instead of once per
+    /// datagram. Latency-bound traffic never triggers it.
+    pub rx_coalesce: Duration,
+    /// How recently a caller must have polled for the progress thread to
+    /// leave it the messages an ACK unblocked (default 20 µs): a caller
+    /// spinning on the CQ sends them with its next poll instead of the
+    /// progress thread holding the device lock while the caller waits.
+    pub handover_window: Duration,
+}
+
+impl Default for PacingConfig {
+    fn default() -> Self {
+        PacingConfig {
+            busy_poll: false,
+            gso: true,
+            caller_progress: true,
+            caller_hold: true,
+            ack_clocked: true,
+            payload_by_ref: true,
+            rx_coalesce: Duration::from_micros(20),
+            handover_window: Duration::from_micros(20),
+        }
+    }
+}
+
+impl PacingConfig {
+    /// The defaults, changed by the environment: `ROXE_BUSY_POLL`,
+    /// `ROXE_GSO`, `ROXE_CALLER_PROGRESS`, `ROXE_CALLER_HOLD`,
+    /// `ROXE_ACK_CLOCKED`, `ROXE_TX_BY_REF` (switches: [`parse_switch`])
+    /// and `ROXE_RX_COALESCE_US` (0..=1000). A value that does not parse
+    /// is an error naming its variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with the variables from `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let var = |k: &str| lookup(k).filter(|v| !v.is_empty());
+        let mut c = PacingConfig::default();
+        let switches: [(&'static str, &mut bool); 6] = [
+            ("ROXE_BUSY_POLL", &mut c.busy_poll),
+            ("ROXE_GSO", &mut c.gso),
+            ("ROXE_CALLER_PROGRESS", &mut c.caller_progress),
+            ("ROXE_CALLER_HOLD", &mut c.caller_hold),
+            ("ROXE_ACK_CLOCKED", &mut c.ack_clocked),
+            ("ROXE_TX_BY_REF", &mut c.payload_by_ref),
+        ];
+        for (name, field) in switches {
+            if let Some(v) = var(name) {
+                *field = parse_switch(name, &v)?;
+            }
+        }
+        if let Some(v) = var("ROXE_RX_COALESCE_US") {
+            let us = parse_micros("ROXE_RX_COALESCE_US", &v, 1000)?;
+            c.rx_coalesce = Duration::from_micros(u64::from(us));
+        }
+        Ok(c)
+    }
+
+    fn rx_coalesce_ns(&self) -> Nanos {
+        self.rx_coalesce.as_nanos() as Nanos
+    }
+}
+
+/// How long a caller's empty poll keeps the socket from the progress
+/// thread; the caller re-arms the hold every [`HOLD_REARM_POLLS`] polls.
+pub const CALLER_HOLD: Nanos = 100_000;
+/// Empty polls between re-arms of the hold: far fewer than fit in
+/// [`CALLER_HOLD`] (a poll is at least a `recvmmsg`), so a spinning caller
+/// never lets it lapse, and its timer is reprogrammed only every few tens
+/// of µs.
+pub const HOLD_REARM_POLLS: u32 = 64;
+/// A receive burst that ends this many messages or more: the device
+/// receives a stream.
+pub const STREAM_BURST: u32 = 8;
+/// This many messages posted and not completed, in packets of two or
+/// fewer: the device sends a stream of small messages.
+pub const STREAM_SEND_QUEUE: usize = 16;
+/// A poll's pass is ACK-clocked (its new messages wait for the ACK on its
+/// way, as a single post's do) while this many messages are queued: a
+/// stream of single posts. Below, a ping-pong's next message leaves at
+/// once.
+pub const POLL_CLOCKED_QUEUE: usize = 8;
+/// A receive burst of at least this many bytes, in packets of
+/// [`RX_BULK_PACKET`] bytes or more on average, that ends two messages or
+/// stops inside one, is bulk data. Not a stream of small messages (their
+/// senders wait on prompt ACKs), nor one whole message (a ping-pong's
+/// answer would come during the sleep).
+pub const RX_BULK_BURST: usize = 32 * 1024;
+/// See [`RX_BULK_BURST`].
+pub const RX_BULK_PACKET: usize = 1024;
+/// How soon the progress thread sends what it left to a caller that did
+/// not poll again.
+pub const HANDOVER_FALLBACK: Duration = Duration::from_micros(50);
+/// The progress thread's longest sleep (it re-checks its stop flag).
+pub const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// What a verb took the device for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// Any verb but a send post or a poll.
+    Other,
+    /// One send WR.
+    SinglePost,
+    /// A list of send WRs.
+    PostList,
+    /// A CQ poll.
+    Poll,
+}
+
+/// The shape of a receive burst.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Burst {
+    /// UDP payload bytes.
+    pub bytes: usize,
+    /// Packets (a GRO datagram counts its segments).
+    pub packets: usize,
+    /// Packets that end a message.
+    pub messages: u32,
+    /// The last packet ends a message.
+    pub last_ends: bool,
+}
+
+/// What a caller's empty poll does before it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmptyPoll {
+    /// Receive at all (`caller_progress`).
+    pub receive: bool,
+    /// Sleep this long first (a bulk stream: the rest of the coalescing
+    /// interval).
+    pub sleep: Option<Duration>,
+    /// (Re-)arm the hold timer for this long, then call
+    /// [`Pacer::hold_armed`].
+    pub arm_hold: Option<Duration>,
+}
+
+/// How the progress thread sleeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sleep {
+    /// At most this long.
+    pub duration: Duration,
+    /// Datagrams on the socket end it (not while a caller holds the socket
+    /// or while coalescing).
+    pub watch_socket: bool,
+    /// A coalescing sleep (counted).
+    pub coalescing: bool,
+}
+
+/// The pacing state of one device (see the module documentation).
+#[derive(Debug)]
+pub struct Pacer {
+    config: PacingConfig,
+    /// A caller holds the socket.
+    hold_on: AtomicBool,
+    /// Empty polls since the hold timer was armed.
+    hold_polls: AtomicU32,
+    /// Holds taken (from none).
+    holds_taken: AtomicU64,
+    /// The last burst ended [`STREAM_BURST`] messages or more.
+    stream_in: AtomicBool,
+    /// Post lists stream small messages out ([`Load::streams_out`]).
+    stream_out: AtomicBool,
+    /// When a caller last polled a CQ (engine ns).
+    caller_polled_at: AtomicU64,
+    /// The progress thread left the messages an ACK unblocked to a polling
+    /// caller; its next poll's pass sends them.
+    left_to_caller: AtomicBool,
+    /// The last burst was bulk; cleared by the coalescing sleep that
+    /// follows it and by a notification being armed.
+    rx_bulk: AtomicBool,
+    /// Bulk bursts in a row.
+    rx_bulk_run: AtomicU32,
+    /// When the last of two or more bulk bursts in a row came (0: none).
+    rx_bulk_at: AtomicU64,
+    /// The progress thread is in (or about to start) a coalescing sleep.
+    rx_coalescing: AtomicBool,
+    /// Sleeps callers took before receiving.
+    caller_coalesced: AtomicU64,
+}
+
+impl Pacer {
+    /// A pacer with `config`, nothing flowing.
+    pub fn new(config: PacingConfig) -> Pacer {
+        Pacer {
+            config,
+            hold_on: AtomicBool::new(false),
+            hold_polls: AtomicU32::new(0),
+            holds_taken: AtomicU64::new(0),
+            stream_in: AtomicBool::new(false),
+            stream_out: AtomicBool::new(false),
+            caller_polled_at: AtomicU64::new(0),
+            left_to_caller: AtomicBool::new(false),
+            rx_bulk: AtomicBool::new(false),
+            rx_bulk_run: AtomicU32::new(0),
+            rx_bulk_at: AtomicU64::new(0),
+            rx_coalescing: AtomicBool::new(false),
+            caller_coalesced: AtomicU64::new(0),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PacingConfig {
+        &self.config
+    }
+
+    /// A caller polls a CQ at `now` (whatever it finds).
+    pub fn polled(&self, now: Nanos) {
+        self.caller_polled_at.store(now, Ordering::Relaxed);
+    }
+
+    /// Whether the pass after `verb` is ACK-clocked: new messages of
+    /// reliable QPs wait while PSNs are unacknowledged, and the pass the
+    /// coming ACK starts sends them with what was posted meanwhile. A
+    /// single post's always (a stream of single posts then goes as a batch
+    /// per ACK); a poll's in a stream of single posts, unless the progress
+    /// thread left it held messages to send; never a post list's (a list
+    /// is its own batch: holding lists back left each of 1,024 QPs one
+    /// message in flight).
+    pub fn verb_pass(&self, verb: Verb, load: impl FnOnce() -> Load) -> bool {
+        let left_here = verb == Verb::Poll && self.left_to_caller.swap(false, Ordering::AcqRel);
+        self.config.ack_clocked
+            && !left_here
+            && match verb {
+                Verb::SinglePost => true,
+                Verb::Poll => load().queued >= POLL_CLOCKED_QUEUE,
+                Verb::Other | Verb::PostList => false,
+            }
+    }
+
+    /// After the pass of `verb` (ACK-clocked or not), with the engine's
+    /// `load` then. Returns whether to end a caller's hold on the socket
+    /// now: a message held for an ACK needs someone receiving, not the
+    /// program's next poll.
+    pub fn verb_done(&self, verb: Verb, ack_clocked: bool, load: impl Fn() -> Load) -> bool {
+        match verb {
+            // A stream of single posts is ACK-clocked: the progress thread
+            // receives the ACK that sends what waits.
+            Verb::SinglePost => self.stream_out.store(false, Ordering::Relaxed),
+            // A stream of post lists goes without ACKs' help: callers
+            // receive.
+            Verb::PostList => self
+                .stream_out
+                .store(load().sends_stream(STREAM_SEND_QUEUE), Ordering::Relaxed),
+            Verb::Other | Verb::Poll => {}
+        }
+        ack_clocked && self.hold_on.load(Ordering::Acquire) && load().held
+    }
+
+    /// After any pass: a stream sent ends when its messages are done.
+    pub fn pass_done(&self, load: impl FnOnce() -> Load) {
+        if self.stream_out.load(Ordering::Relaxed) && !load().sends_stream(STREAM_SEND_QUEUE) {
+            self.stream_out.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A caller's `poll_cq` found nothing at `now`: what it does before it
+    /// receives itself.
+    pub fn empty_poll(&self, now: Nanos) -> EmptyPoll {
+        self.polled(now);
+        if !self.config.caller_progress {
+            return EmptyPoll {
+                receive: false,
+                sleep: None,
+                arm_hold: None,
+            };
+        }
+        let streaming =
+            self.stream_in.load(Ordering::Relaxed) || self.stream_out.load(Ordering::Relaxed);
+        let arm_hold = (self.config.caller_hold
+            && streaming
+            && !(self.hold_on.load(Ordering::Acquire)
+                && self.hold_polls.fetch_add(1, Ordering::Relaxed) < HOLD_REARM_POLLS))
+            .then_some(Duration::from_nanos(CALLER_HOLD));
+        // In a bulk stream a spinning caller sleeps out the rest of the
+        // coalescing interval, leaving the core to the peer's sender, and
+        // then takes a larger burst.
+        let bulk_at = self.rx_bulk_at.load(Ordering::Relaxed);
+        let until = bulk_at.saturating_add(self.config.rx_coalesce_ns());
+        let sleep = (bulk_at > 0 && now < until).then(|| {
+            self.caller_coalesced.fetch_add(1, Ordering::Relaxed);
+            Duration::from_nanos(until - now)
+        });
+        EmptyPoll {
+            receive: true,
+            sleep,
+            arm_hold,
+        }
+    }
+
+    /// The hold timer was (re-)armed as [`EmptyPoll::arm_hold`] asked: the
+    /// caller holds the socket. (Set only once the timer is armed, so a
+    /// hold never stands without the timer that ends it.)
+    pub fn hold_armed(&self) {
+        self.hold_polls.store(0, Ordering::Relaxed);
+        if !self.hold_on.swap(true, Ordering::AcqRel) {
+            self.holds_taken.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// End a caller's hold; true if there was one (the progress thread is
+    /// to be woken: it sleeps without the socket).
+    pub fn end_hold(&self) -> bool {
+        self.hold_on.swap(false, Ordering::AcqRel)
+    }
+
+    /// The hold timer fired.
+    pub fn hold_expired(&self) {
+        self.hold_on.store(false, Ordering::Release);
+    }
+
+    /// Whether the progress thread receives now (no caller holds the
+    /// socket).
+    pub fn progress_receives(&self) -> bool {
+        !self.hold_on.load(Ordering::Acquire)
+    }
+
+    /// The program is about to sleep (it armed a completion notification):
+    /// the progress thread takes the socket back and starts no coalescing
+    /// sleep. True if it is to be woken now.
+    pub fn caller_sleeps(&self) -> bool {
+        // Either the progress thread sees `rx_bulk` cleared, or this sees
+        // it coalescing and wakes it (both SeqCst; see `progress_sleep`).
+        self.rx_bulk.store(false, Ordering::SeqCst);
+        let coalescing = self.rx_coalescing.load(Ordering::SeqCst);
+        self.end_hold() || coalescing
+    }
+
+    /// A receive burst of `shape` was handed to the engine at `now`.
+    pub fn burst(&self, now: Nanos, shape: Burst) {
+        self.stream_in
+            .store(shape.messages >= STREAM_BURST, Ordering::Relaxed);
+        let bulk = shape.bytes >= RX_BULK_BURST
+            && shape.bytes >= shape.packets * RX_BULK_PACKET
+            && (shape.messages >= 2 || !shape.last_ends);
+        self.rx_bulk.store(bulk, Ordering::Relaxed);
+        let run = if bulk {
+            self.rx_bulk_run.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.rx_bulk_run.store(0, Ordering::Relaxed);
+            0
+        };
+        // One message split over two bursts (a 64 KiB ping-pong's) makes
+        // no run: only a stream makes callers sleep.
+        self.rx_bulk_at
+            .store(if run >= 2 { now.max(1) } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// Whether the progress thread's pass at `now` is ACK-clocked: when a
+    /// caller polled within the handover window and messages wait for the
+    /// ACK this pass handles, that caller sends them with its next poll
+    /// (it spins anyway) instead of this thread sending them while holding
+    /// the lock the caller waits for.
+    pub fn progress_pass(&self, now: Nanos, load: impl FnOnce() -> Load) -> bool {
+        let polled = self.caller_polled_at.load(Ordering::Relaxed);
+        let window = self.config.handover_window.as_nanos() as Nanos;
+        self.config.ack_clocked && now.saturating_sub(polled) < window && load().held
+    }
+
+    /// After the progress thread's pass (`handover`: it was ACK-clocked for
+    /// a caller), with the engine's `load` then. True if messages were
+    /// left to the caller (the progress thread then sleeps at most
+    /// [`HANDOVER_FALLBACK`]).
+    pub fn progress_pass_done(&self, handover: bool, load: impl FnOnce() -> Load) -> bool {
+        let left = handover && load().held;
+        self.left_to_caller.store(left, Ordering::Release);
+        left
+    }
+
+    /// How the progress thread sleeps at `now`, its next timer at
+    /// `deadline`, having `left` messages to a caller.
+    pub fn progress_sleep(&self, now: Nanos, deadline: Option<Nanos>, left: bool) -> Sleep {
+        let until_deadline = deadline
+            .map(|d| Duration::from_nanos(d.saturating_sub(now)))
+            .unwrap_or(Duration::MAX);
+        let held = self.hold_on.load(Ordering::Acquire);
+        // `rx_coalescing` is set before `rx_bulk` is taken; a caller arming
+        // a notification clears `rx_bulk` before it reads `rx_coalescing`:
+        // either this sees the cleared flag, or the caller sees this one and
+        // wakes the thread.
+        let coalescing = self.config.rx_coalesce_ns() > 0
+            && !held
+            && until_deadline > self.config.rx_coalesce
+            && {
+                self.rx_coalescing.store(true, Ordering::SeqCst);
+                let bulk = self.rx_bulk.swap(false, Ordering::SeqCst);
+                if !bulk {
+                    self.rx_coalescing.store(false, Ordering::Relaxed);
+                }
+                bulk
+            };
+        let mut duration = if coalescing {
+            self.config.rx_coalesce
+        } else {
+            until_deadline.min(MAX_SLEEP)
+        };
+        if left {
+            duration = duration.min(HANDOVER_FALLBACK);
+        }
+        Sleep {
+            duration,
+            watch_socket: !(held || coalescing),
+            coalescing,
+        }
+    }
+
+    /// The progress thread woke from its sleep.
+    pub fn progress_woke(&self) {
+        self.rx_coalescing.store(false, Ordering::Relaxed);
+    }
+
+    /// Holds callers took (for `roxe stat`).
+    pub fn holds_taken(&self) -> u64 {
+        self.holds_taken.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps callers took before receiving (for `roxe stat`).
+    pub fn callers_coalesced(&self) -> u64 {
+        self.caller_coalesced.load(Ordering::Relaxed)
+    }
+
+    /// Whether a caller holds the socket now.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn hold_on(&self) -> bool {
+        self.hold_on.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Nanos = 1_000;
+
+    fn pacer() -> Pacer {
+        Pacer::new(PacingConfig::default())
+    }
+
+    fn load(queued: usize, unacked: usize, held: bool) -> Load {
+        Load {
+            queued,
+            unacked,
+            held,
+        }
+    }
+
+    /// A bulk burst: 16 packets of 4 KiB ending 2 messages.
+    fn bulk() -> Burst {
+        Burst {
+            bytes: 64 * 1024,
+            packets: 16,
+            messages: 2,
+            last_ends: true,
+        }
+    }
+
+    #[test]
+    fn a_single_post_is_ack_clocked_a_list_never() {
+        let p = pacer();
+        assert!(p.verb_pass(Verb::SinglePost, || load(0, 0, false)));
+        assert!(!p.verb_pass(Verb::PostList, || load(100, 100, false)));
+        assert!(!p.verb_pass(Verb::Other, || load(100, 100, false)));
+        let off = Pacer::new(PacingConfig {
+            ack_clocked: false,
+            ..PacingConfig::default()
+        });
+        assert!(!off.verb_pass(Verb::SinglePost, || load(0, 0, false)));
+    }
+
+    #[test]
+    fn a_poll_is_ack_clocked_only_in_a_stream_of_single_posts() {
+        let p = pacer();
+        assert!(!p.verb_pass(Verb::Poll, || load(POLL_CLOCKED_QUEUE - 1, 0, false)));
+        assert!(p.verb_pass(Verb::Poll, || load(POLL_CLOCKED_QUEUE, 0, false)));
+    }
+
+    #[test]
+    fn held_messages_go_to_a_caller_that_polled_within_the_window() {
+        let p = pacer();
+        p.polled(1_000 * US);
+        // 10 µs after the poll: the ACK's pass leaves them to the caller.
+        assert!(p.progress_pass(1_010 * US, || load(10, 40, true)));
+        assert!(p.progress_pass_done(true, || load(10, 40, true)));
+        // The caller's next poll sends them, unclocked (once).
+        assert!(!p.verb_pass(Verb::Poll, || load(10, 40, true)));
+        assert!(p.verb_pass(Verb::Poll, || load(10, 40, true)));
+        // 30 µs after the last poll: the progress thread sends them itself.
+        assert!(!p.progress_pass(1_040 * US, || load(10, 40, true)));
+        // Nothing held: nothing to leave.
+        assert!(!p.progress_pass(1_001 * US, || load(10, 40, false)));
+        assert!(!p.progress_pass_done(false, || load(10, 40, true)));
+    }
+
+    #[test]
+    fn having_left_messages_the_progress_thread_sleeps_briefly() {
+        let p = pacer();
+        let s = p.progress_sleep(0, None, true);
+        assert_eq!(s.duration, HANDOVER_FALLBACK);
+        assert!(s.watch_socket);
+        let s = p.progress_sleep(0, Some(5 * US), false);
+        assert_eq!(s.duration, Duration::from_micros(5));
+        assert_eq!(p.progress_sleep(0, None, false).duration, MAX_SLEEP);
+    }
+
+    #[test]
+    fn a_caller_holds_the_socket_only_while_a_stream_flows() {
+        let p = pacer();
+        // Nothing flows: no hold.
+        assert_eq!(p.empty_poll(0).arm_hold, None);
+        // A burst ending 8 messages: a stream comes in.
+        p.burst(
+            0,
+            Burst {
+                bytes: 8 * 64,
+                packets: 8,
+                messages: STREAM_BURST,
+                last_ends: true,
+            },
+        );
+        let e = p.empty_poll(1);
+        assert_eq!(e.arm_hold, Some(Duration::from_nanos(CALLER_HOLD)));
+        p.hold_armed();
+        assert!(p.hold_on() && !p.progress_receives());
+        assert_eq!(p.holds_taken(), 1);
+        // Re-armed only every HOLD_REARM_POLLS polls.
+        let rearms = (0..=HOLD_REARM_POLLS)
+            .filter(|&k| p.empty_poll(2 + Nanos::from(k)).arm_hold.is_some())
+            .count();
+        assert_eq!(rearms, 1);
+        // The timer fired: the socket is the progress thread's.
+        p.hold_expired();
+        assert!(p.progress_receives());
+        // While held, the progress thread sleeps without the socket.
+        p.hold_armed();
+        assert!(!p.progress_sleep(10, None, false).watch_socket);
+        assert!(p.caller_sleeps(), "arming a notification ends the hold");
+        assert!(p.progress_receives());
+    }
+
+    #[test]
+    fn post_lists_of_small_messages_make_a_stream_out_until_they_complete() {
+        let p = pacer();
+        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        assert!(p.empty_poll(0).arm_hold.is_some());
+        // Large messages (many packets each) are no such stream.
+        p.verb_done(Verb::PostList, false, || {
+            load(STREAM_SEND_QUEUE, 1000, false)
+        });
+        assert!(p.empty_poll(1).arm_hold.is_none());
+        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        // A pass finding the messages done ends it.
+        p.pass_done(|| load(2, 2, false));
+        assert!(p.empty_poll(2).arm_hold.is_none());
+    }
+
+    #[test]
+    fn a_single_post_waiting_for_an_ack_ends_the_hold() {
+        let p = pacer();
+        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        p.hold_armed();
+        assert!(p.verb_done(Verb::SinglePost, true, || load(20, 30, true)));
+        // Not when nothing waits, or the pass was not clocked.
+        assert!(!p.verb_done(Verb::SinglePost, true, || load(20, 30, false)));
+        assert!(!p.verb_done(Verb::SinglePost, false, || load(20, 30, true)));
+    }
+
+    #[test]
+    fn with_caller_progress_off_no_caller_receives_or_holds() {
+        let p = Pacer::new(PacingConfig {
+            caller_progress: false,
+            ..PacingConfig::default()
+        });
+        p.burst(0, bulk());
+        p.burst(1, bulk());
+        let e = p.empty_poll(2);
+        assert!(!e.receive && e.arm_hold.is_none() && e.sleep.is_none());
+    }
+
+    #[test]
+    fn a_bulk_burst_makes_the_progress_thread_coalesce_once() {
+        let p = pacer();
+        p.burst(0, bulk());
+        let s = p.progress_sleep(0, None, false);
+        assert!(s.coalescing && !s.watch_socket);
+        assert_eq!(s.duration, Duration::from_micros(20));
+        p.progress_woke();
+        // The next sleep, without a new bulk burst, is an ordinary one.
+        assert!(!p.progress_sleep(0, None, false).coalescing);
+        // Not when a timer is due sooner than the interval.
+        p.burst(0, bulk());
+        assert!(!p.progress_sleep(0, Some(5 * US), false).coalescing);
+    }
+
+    #[test]
+    fn small_messages_and_one_whole_message_are_not_bulk() {
+        let p = pacer();
+        // A stream of 64-byte messages.
+        p.burst(
+            0,
+            Burst {
+                bytes: 64 * 1024,
+                packets: 1024,
+                messages: 1024,
+                last_ends: true,
+            },
+        );
+        assert!(!p.progress_sleep(0, None, false).coalescing);
+        // One 64 KiB message, whole (a ping-pong's).
+        p.burst(
+            0,
+            Burst {
+                bytes: 64 * 1024,
+                packets: 16,
+                messages: 1,
+                last_ends: true,
+            },
+        );
+        assert!(!p.progress_sleep(0, None, false).coalescing);
+        // The same message cut over two bursts is bulk (it stops inside).
+        p.burst(
+            0,
+            Burst {
+                bytes: 32 * 1024,
+                packets: 8,
+                messages: 0,
+                last_ends: false,
+            },
+        );
+        assert!(p.progress_sleep(0, None, false).coalescing);
+    }
+
+    #[test]
+    fn a_notification_armed_cancels_a_coalescing_sleep() {
+        let p = pacer();
+        p.burst(0, bulk());
+        // The caller arms before the thread looks: no coalescing.
+        assert!(!p.caller_sleeps());
+        assert!(!p.progress_sleep(0, None, false).coalescing);
+        // The thread is coalescing when the caller arms: wake it.
+        p.burst(0, bulk());
+        assert!(p.progress_sleep(0, None, false).coalescing);
+        assert!(p.caller_sleeps());
+        p.progress_woke();
+        assert!(!p.caller_sleeps());
+    }
+
+    #[test]
+    fn after_two_bulk_bursts_in_a_row_a_polling_caller_sleeps_the_interval_out() {
+        let p = pacer();
+        p.burst(1_000 * US, bulk());
+        assert_eq!(
+            p.empty_poll(1_001 * US).sleep,
+            None,
+            "one burst is no stream"
+        );
+        p.burst(1_010 * US, bulk());
+        assert_eq!(
+            p.empty_poll(1_015 * US).sleep,
+            Some(Duration::from_micros(15))
+        );
+        assert_eq!(p.callers_coalesced(), 1);
+        // The interval is over: receive at once.
+        assert_eq!(p.empty_poll(1_031 * US).sleep, None);
+        // A burst that is not bulk ends the run.
+        p.burst(1_040 * US, Burst::default());
+        assert_eq!(p.empty_poll(1_041 * US).sleep, None);
+        let off = Pacer::new(PacingConfig {
+            rx_coalesce: Duration::ZERO,
+            ..PacingConfig::default()
+        });
+        off.burst(0, bulk());
+        off.burst(1, bulk());
+        assert_eq!(off.empty_poll(2).sleep, None);
+        assert!(!off.progress_sleep(2, None, false).coalescing);
+    }
+
+    #[test]
+    fn the_environment_sets_every_knob_and_names_a_bad_value() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = PacingConfig::from_lookup(env(&[])).unwrap();
+        assert_eq!(c, PacingConfig::default());
+        let c = PacingConfig::from_lookup(env(&[
+            ("ROXE_BUSY_POLL", "on"),
+            ("ROXE_GSO", "off"),
+            ("ROXE_CALLER_PROGRESS", "no"),
+            ("ROXE_CALLER_HOLD", "0"),
+            ("ROXE_ACK_CLOCKED", "false"),
+            ("ROXE_TX_BY_REF", "off"),
+            ("ROXE_RX_COALESCE_US", "50"),
+        ]))
+        .unwrap();
+        assert!(c.busy_poll && !c.gso && !c.caller_progress && !c.caller_hold);
+        assert!(!c.ack_clocked && !c.payload_by_ref);
+        assert_eq!(c.rx_coalesce, Duration::from_micros(50));
+        let e = PacingConfig::from_lookup(env(&[("ROXE_GSO", "maybe")])).unwrap_err();
+        assert!(e.to_string().contains("ROXE_GSO"), "{e}");
+        let e = PacingConfig::from_lookup(env(&[("ROXE_RX_COALESCE_US", "1001")])).unwrap_err();
+        assert!(e.to_string().contains("ROXE_RX_COALESCE_US"), "{e}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Receiving: a burst from the UDP socket (with GRO), or from the raw
+//! socket (`ROXE_ICRC=raw`, or beside the kernel's rxe), handed to the
+//! engine under the device lock, its shape told to the pacer.
+
+use super::batch::RxBatch;
+use super::device::ROCEV2_PORT;
+use super::pacing::Burst;
+use super::raw::{self, RawBatch, RawSkip};
+use super::shared::{Core, Shared};
+use crate::engine::{Engine, Nanos};
+use parking_lot::MutexGuard;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::OwnedFd;
+
+/// The IPv4 identification packet `index` of a GRO datagram carried: a
+/// Linux GSO sender's segment `index` (when its ICRC says so), else 0.
+fn gro_ident(from: std::net::SocketAddr, own: IpAddr, p: &[u8], index: usize) -> u16 {
+    let (Ok(k), IpAddr::V4(s), IpAddr::V4(d)) = (u16::try_from(index), from.ip(), own) else {
+        return 0;
+    };
+    let Some(body) = p.len().checked_sub(roxe_wire::ICRC_LEN).map(|n| &p[..n]) else {
+        return 0;
+    };
+    let matches = roxe_wire::icrc::compute_ipv4(s, d, from.port(), ROCEV2_PORT, k, body)
+        .is_ok_and(|c| Ok(c) == roxe_wire::icrc::from_wire(p));
+    if k > 0 && matches {
+        k
+    } else {
+        0
+    }
+}
+
+impl Shared {
+    /// Receive one burst from the UDP socket and hand it to the engine under
+    /// the lock (taken into `guard`). True if the burst was full (more may
+    /// be queued).
+    pub(super) fn receive_udp<'a>(
+        &'a self,
+        rx: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+    ) -> bool {
+        self.receive_udp_with(rx, guard, Engine::handle_segment)
+    }
+
+    /// [`receive_udp`](Self::receive_udp), each packet handed to `handle`.
+    fn receive_udp_with<'a>(
+        &'a self,
+        rx: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+        handle: fn(&mut Engine, Nanos, IpAddr, u16, &[u8], usize),
+    ) -> bool {
+        // Receive without the lock, then handle the burst under it with one
+        // clock read.
+        let n = match rx.recv(&self.socket) {
+            Ok(0) => return false,
+            Ok(n) => n,
+            Err(_) => {
+                guard
+                    .get_or_insert_with(|| self.core.lock())
+                    .stats
+                    .rx_errors += 1;
+                return false;
+            }
+        };
+        let core = guard.get_or_insert_with(|| self.core.lock());
+        let now = self.now();
+        core.stats.rx_batches += 1;
+        let mut messages = 0u32;
+        let (mut bytes, mut packets) = (0usize, 0usize);
+        let mut last_ends = false;
+        for k in 0..n {
+            let (from, d, seg) = rx.get(k);
+            bytes += d.len();
+            let Some(from) = from else {
+                core.stats.rx_errors += 1;
+                continue;
+            };
+            // GRO: equal packets (the last may be shorter) as one.
+            for (i, p) in d
+                .chunks(if seg == 0 { d.len().max(1) } else { seg })
+                .enumerate()
+            {
+                core.stats.rx_datagrams += 1;
+                packets += 1;
+                if let Some(t) = core.tap.as_mut() {
+                    let ident = gro_ident(from, self.addr, p, i);
+                    t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
+                }
+                last_ends = ends_message(p);
+                messages += u32::from(last_ends);
+                handle(&mut core.engine, now, from.ip(), from.port(), p, i);
+            }
+        }
+        self.pacer.burst(
+            now,
+            Burst {
+                bytes,
+                packets,
+                messages,
+                last_ends,
+            },
+        );
+        n == super::batch::MAX_BATCH
+    }
+
+    /// `ROXE_ICRC=raw`: discard what the UDP socket received, then receive
+    /// one burst from the raw socket and hand each packet with its headers
+    /// to the engine under the lock. True if the burst was full. Beside
+    /// rxe the UDP socket (the claim port) receives what roxe devices on
+    /// this host send straight to it: that is handled, a burst per call.
+    pub(super) fn receive_raw<'a>(
+        &'a self,
+        raw_fd: &OwnedFd,
+        rb: &mut RawBatch,
+        drain: &mut RxBatch,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+    ) -> bool {
+        let IpAddr::V4(own) = self.addr else {
+            unreachable!("a raw socket is opened for IPv4 devices only")
+        };
+        let mut full = false;
+        if self.direct_rx {
+            full = self.receive_udp_with(drain, guard, Engine::handle_direct_segment);
+        }
+        // The UDP socket gets a copy of every packet: a few bursts at most
+        // per call (the rest next time round).
+        let mut discarded = 0u64;
+        for _ in 0..if self.direct_rx { 0 } else { 4 } {
+            let Ok(n) = drain.recv(&self.socket) else {
+                break;
+            };
+            for k in 0..n {
+                let (_, d, seg) = drain.get(k);
+                discarded += if seg == 0 {
+                    1
+                } else {
+                    d.len().div_ceil(seg) as u64
+                };
+            }
+            if n < super::batch::MAX_BATCH {
+                break;
+            }
+        }
+        if discarded > 0 {
+            guard
+                .get_or_insert_with(|| self.core.lock())
+                .stats
+                .rx_udp_discarded += discarded;
+        }
+        let n = match rb.recv(raw_fd) {
+            Ok(0) => return full,
+            Ok(n) => n,
+            Err(_) => {
+                guard
+                    .get_or_insert_with(|| self.core.lock())
+                    .stats
+                    .rx_errors += 1;
+                return full;
+            }
+        };
+        let core = guard.get_or_insert_with(|| self.core.lock());
+        let now = self.now();
+        core.stats.rx_batches += 1;
+        for k in 0..n {
+            let p = match rb.get(k) {
+                Ok(p) => p,
+                Err(RawSkip::Truncated) => {
+                    core.stats.rx_errors += 1;
+                    continue;
+                }
+                // The device's own transmission, not a packet to it.
+                Err(RawSkip::Outgoing) => continue,
+            };
+            let Some((ip, udp, payload)) = raw::split(p, own, ROCEV2_PORT) else {
+                core.stats.rx_raw_dropped += 1;
+                continue;
+            };
+            core.stats.rx_datagrams += 1;
+            if let Some(t) = core.tap.as_mut() {
+                let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+                let sport = u16::from_be_bytes([udp[0], udp[1]]);
+                t.write(IpAddr::V4(src), sport, self.addr, ROCEV2_PORT, payload);
+            }
+            core.engine.handle_ip_packet(now, ip, udp, payload);
+        }
+        full || n == super::batch::MAX_BATCH
+    }
+}
+
+/// Whether a packet (from its BTH on) ends a message: the last or only
+/// packet of a SEND, WRITE or READ response.
+fn ends_message(p: &[u8]) -> bool {
+    use roxe_wire::opcode::{Opcode, PacketClass};
+    p.first()
+        .and_then(|&b| Opcode::try_from(b).ok())
+        .is_some_and(|o| matches!(o.class(), PacketClass::Last | PacketClass::Only))
+}
