@@ -50,9 +50,8 @@ pub fn bind(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
 /// `rcvbuf` bytes (`SO_RCVBUF`, twice what was granted: the kernel's
 /// allowance for each datagram's overhead). The peers on this host get the
 /// same `rmem_max`, and a burst larger than a peer's buffer is dropped and
-/// resent whole: without root, a distribution's default `rmem_max` (208
-/// KiB) and the full window (1,024 PSNs, 4 MiB) gave 64 KiB WRITEs 48 MB/s
-/// and 20,156 retransmissions per 20,000 messages. Each PSN is counted at
+/// resent whole (docs/PERFORMANCE.md: a distribution's default `rmem_max`
+/// with the full window retransmitted about every message). Each PSN is counted at
 /// twice the largest MTU (a datagram's overhead on top of its payload).
 pub(crate) fn loopback_window(rcvbuf: usize) -> i32 {
     let psns = rcvbuf / (2 * 4096);
