@@ -31,6 +31,28 @@ fn gro_ident(from: std::net::SocketAddr, own: IpAddr, p: &[u8], index: usize) ->
 }
 
 impl Shared {
+    /// The device lock, taken into `guard` unless it already holds it.
+    fn locked<'a, 'g>(&'a self, guard: &'g mut Option<MutexGuard<'a, Core>>) -> &'g mut Core {
+        guard.get_or_insert_with(|| self.core.lock())
+    }
+
+    /// The datagrams a receive call gave: `None` for none, or an error
+    /// (counted in `rx_errors`).
+    fn received<'a>(
+        &'a self,
+        got: std::io::Result<usize>,
+        guard: &mut Option<MutexGuard<'a, Core>>,
+    ) -> Option<usize> {
+        match got {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.locked(guard).stats.rx_errors += 1;
+                None
+            }
+        }
+    }
+
     /// Receive one burst from the UDP socket and hand it to the engine under
     /// the lock (taken into `guard`). True if the burst was full (more may
     /// be queued).
@@ -51,18 +73,10 @@ impl Shared {
     ) -> bool {
         // Receive without the lock, then handle the burst under it with one
         // clock read.
-        let n = match rx.recv(&self.socket) {
-            Ok(0) => return false,
-            Ok(n) => n,
-            Err(_) => {
-                guard
-                    .get_or_insert_with(|| self.core.lock())
-                    .stats
-                    .rx_errors += 1;
-                return false;
-            }
+        let Some(n) = self.received(rx.recv(&self.socket), guard) else {
+            return false;
         };
-        let core = guard.get_or_insert_with(|| self.core.lock());
+        let core = self.locked(guard);
         let now = self.now();
         core.stats.rx_batches += 1;
         let mut messages = 0u32;
@@ -142,23 +156,12 @@ impl Shared {
             }
         }
         if discarded > 0 {
-            guard
-                .get_or_insert_with(|| self.core.lock())
-                .stats
-                .rx_udp_discarded += discarded;
+            self.locked(guard).stats.rx_udp_discarded += discarded;
         }
-        let n = match rb.recv(raw_fd) {
-            Ok(0) => return full,
-            Ok(n) => n,
-            Err(_) => {
-                guard
-                    .get_or_insert_with(|| self.core.lock())
-                    .stats
-                    .rx_errors += 1;
-                return full;
-            }
+        let Some(n) = self.received(rb.recv(raw_fd), guard) else {
+            return full;
         };
-        let core = guard.get_or_insert_with(|| self.core.lock());
+        let core = self.locked(guard);
         let now = self.now();
         core.stats.rx_batches += 1;
         for k in 0..n {

@@ -6,6 +6,7 @@
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 /// Receive and send buffer size asked for: a few windows of 128 × 4 KiB
 /// packets, so bursts from several QPs are not dropped on arrival.
@@ -66,40 +67,27 @@ pub(crate) fn recv_buffer(s: &UdpSocket) -> io::Result<usize> {
 /// `UDP_NO_CHECK6_RX`: Linux otherwise drops IPv6 UDP datagrams with a zero
 /// checksum, which RoCEv2 senders use (the ICRC protects the payload).
 fn allow_zero_udp6_checksums(s: &Socket) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     // linux/udp.h; the libc crate has only the _TX twin for Linux.
     const UDP_NO_CHECK6_RX: libc::c_int = 102;
-    let on: libc::c_int = 1;
-    // SAFETY: `s` is an open socket for the duration of the call; the option
-    // value is a live c_int and its exact size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_UDP,
-            UDP_NO_CHECK6_RX,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    enable_udp_option(s.as_fd(), UDP_NO_CHECK6_RX)
 }
 
 /// `UDP_GRO`: runs of equal datagrams from one sender arrive as one, with
 /// their size in a control message (see `batch::RxBatch`).
 pub fn enable_gro(s: &UdpSocket) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
+    enable_udp_option(s.as_fd(), super::batch::UDP_GRO)
+}
+
+/// Turn on the `SOL_UDP` option `option` (an int flag) of socket `fd`.
+fn enable_udp_option(fd: BorrowedFd<'_>, option: libc::c_int) -> io::Result<()> {
     let on: libc::c_int = 1;
-    // SAFETY: `s` is an open socket for the duration of the call; the option
-    // value is a live c_int and its exact size is passed.
+    // SAFETY: `fd` is an open socket for the duration of the call; the
+    // option value is a live c_int and its exact size is passed.
     let rc = unsafe {
         libc::setsockopt(
-            s.as_raw_fd(),
+            fd.as_raw_fd(),
             libc::SOL_UDP,
-            super::batch::UDP_GRO,
+            option,
             (&on as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
