@@ -66,31 +66,38 @@ fn next(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
 }
 
-/// Define interposers that pass their path through [`with_path`] and call
-/// the next definition, failing with ENOSYS when there is none.
+/// The next definition of `name` (cached in `cache`), or `None` with errno
+/// `ENOSYS` when there is none.
+fn real(cache: &OnceLock<usize>, name: &str) -> Option<usize> {
+    let real = *cache.get_or_init(|| CString::new(name).map_or(0, |n| next(&n) as usize));
+    if real == 0 {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return None;
+    }
+    Some(real)
+}
+
+/// Define interposers that pass their path (`@path`, after the arguments
+/// listed before it) through [`with_path`] and call the next definition,
+/// failing with ENOSYS when there is none.
 macro_rules! interpose {
-    ($( $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty = $fail:expr; )*) => {$(
+    ($( $name:ident ( $($pre:ident : $pty:ty,)* @path $(, $arg:ident : $ty:ty)* ) -> $ret:ty = $fail:expr; )*) => {$(
         /// Interposed: see the crate documentation.
         ///
         /// # Safety
         /// As the C library's function of the same name.
         #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char $(, $arg: $ty)*) -> $ret {
-            type F = unsafe extern "C" fn(*const c_char $(, $ty)*) -> $ret;
+        pub unsafe extern "C" fn $name($($pre: $pty,)* path: *const c_char $(, $arg: $ty)*) -> $ret {
+            type F = unsafe extern "C" fn($($pty,)* *const c_char $(, $ty)*) -> $ret;
             static REAL: OnceLock<usize> = OnceLock::new();
-            let real = *REAL.get_or_init(|| {
-                let n = CString::new(stringify!($name)).unwrap_or_default();
-                next(&n) as usize
-            });
-            if real == 0 {
-                // SAFETY: errno is this thread's.
-                unsafe { *libc::__errno_location() = libc::ENOSYS };
+            let Some(real) = real(&REAL, stringify!($name)) else {
                 return $fail;
-            }
+            };
             // SAFETY: `real` is the C library's function of this name and type.
             let real: F = unsafe { std::mem::transmute::<usize, F>(real) };
             // SAFETY: the arguments are the caller's, passed on unchanged.
-            unsafe { with_path(path, |p| real(p $(, $arg)*)) }
+            unsafe { with_path(path, |p| real($($pre,)* p $(, $arg)*)) }
         }
     )*};
 }
@@ -99,61 +106,30 @@ macro_rules! interpose {
 // third argument, which is what the x86_64 and aarch64 calling conventions
 // make of it: garbage the callee ignores unless O_CREAT or O_TMPFILE.
 interpose! {
-    open(flags: c_int, mode: libc::mode_t) -> c_int = -1;
-    open64(flags: c_int, mode: libc::mode_t) -> c_int = -1;
-    __open_2(flags: c_int) -> c_int = -1;
-    __open64_2(flags: c_int) -> c_int = -1;
-    fopen(mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
-    fopen64(mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
-    stat(buf: *mut libc::stat) -> c_int = -1;
-    stat64(buf: *mut libc::stat64) -> c_int = -1;
-    lstat(buf: *mut libc::stat) -> c_int = -1;
-    lstat64(buf: *mut libc::stat64) -> c_int = -1;
-    access(mode: c_int) -> c_int = -1;
-    opendir() -> *mut libc::DIR = std::ptr::null_mut();
-    readlink(buf: *mut c_char, len: libc::size_t) -> libc::ssize_t = -1;
-    realpath(resolved: *mut c_char) -> *mut c_char = std::ptr::null_mut();
-}
-
-/// Define interposers of the `*at` calls: the path is their second
-/// argument, after a directory descriptor.
-macro_rules! interpose_at {
-    ($( $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty = $fail:expr; )*) => {$(
-        /// Interposed: see the crate documentation.
-        ///
-        /// # Safety
-        /// As the C library's function of the same name.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char $(, $arg: $ty)*) -> $ret {
-            type F = unsafe extern "C" fn(c_int, *const c_char $(, $ty)*) -> $ret;
-            static REAL: OnceLock<usize> = OnceLock::new();
-            let real = *REAL.get_or_init(|| {
-                let n = CString::new(stringify!($name)).unwrap_or_default();
-                next(&n) as usize
-            });
-            if real == 0 {
-                // SAFETY: errno is this thread's.
-                unsafe { *libc::__errno_location() = libc::ENOSYS };
-                return $fail;
-            }
-            // SAFETY: `real` is the C library's function of this name and type.
-            let real: F = unsafe { std::mem::transmute::<usize, F>(real) };
-            // SAFETY: the arguments are the caller's, passed on unchanged.
-            unsafe { with_path(path, |p| real(dirfd, p $(, $arg)*)) }
-        }
-    )*};
-}
-
-interpose_at! {
-    openat(flags: c_int, mode: libc::mode_t) -> c_int = -1;
-    openat64(flags: c_int, mode: libc::mode_t) -> c_int = -1;
-    __openat_2(flags: c_int) -> c_int = -1;
-    __openat64_2(flags: c_int) -> c_int = -1;
-    fstatat(buf: *mut libc::stat, flags: c_int) -> c_int = -1;
-    fstatat64(buf: *mut libc::stat64, flags: c_int) -> c_int = -1;
-    faccessat(mode: c_int, flags: c_int) -> c_int = -1;
-    statx(flags: c_int, mask: libc::c_uint, buf: *mut libc::statx) -> c_int = -1;
-    readlinkat(buf: *mut c_char, len: libc::size_t) -> libc::ssize_t = -1;
+    open(@path, flags: c_int, mode: libc::mode_t) -> c_int = -1;
+    open64(@path, flags: c_int, mode: libc::mode_t) -> c_int = -1;
+    __open_2(@path, flags: c_int) -> c_int = -1;
+    __open64_2(@path, flags: c_int) -> c_int = -1;
+    fopen(@path, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
+    fopen64(@path, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
+    stat(@path, buf: *mut libc::stat) -> c_int = -1;
+    stat64(@path, buf: *mut libc::stat64) -> c_int = -1;
+    lstat(@path, buf: *mut libc::stat) -> c_int = -1;
+    lstat64(@path, buf: *mut libc::stat64) -> c_int = -1;
+    access(@path, mode: c_int) -> c_int = -1;
+    opendir(@path) -> *mut libc::DIR = std::ptr::null_mut();
+    readlink(@path, buf: *mut c_char, len: libc::size_t) -> libc::ssize_t = -1;
+    realpath(@path, resolved: *mut c_char) -> *mut c_char = std::ptr::null_mut();
+    // The `*at` calls: the path after a directory descriptor.
+    openat(dirfd: c_int, @path, flags: c_int, mode: libc::mode_t) -> c_int = -1;
+    openat64(dirfd: c_int, @path, flags: c_int, mode: libc::mode_t) -> c_int = -1;
+    __openat_2(dirfd: c_int, @path, flags: c_int) -> c_int = -1;
+    __openat64_2(dirfd: c_int, @path, flags: c_int) -> c_int = -1;
+    fstatat(dirfd: c_int, @path, buf: *mut libc::stat, flags: c_int) -> c_int = -1;
+    fstatat64(dirfd: c_int, @path, buf: *mut libc::stat64, flags: c_int) -> c_int = -1;
+    faccessat(dirfd: c_int, @path, mode: c_int, flags: c_int) -> c_int = -1;
+    statx(dirfd: c_int, @path, flags: c_int, mask: libc::c_uint, buf: *mut libc::statx) -> c_int = -1;
+    readlinkat(dirfd: c_int, @path, buf: *mut c_char, len: libc::size_t) -> libc::ssize_t = -1;
 }
 
 #[cfg(test)]
