@@ -15,7 +15,8 @@
 //!
 //! Opening a device gives the objects of `objects` (context, PD, CQ,
 //! channel, QP, MR, SRQ, AH over the real calls), which the public types
-//! of `lib.rs` wrap: no generic parameter reaches user code.
+//! hold as their hardware side (`Backed::Hw`, in `backend.rs`): no generic
+//! parameter reaches user code.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};

@@ -3,9 +3,10 @@
 //! the system library returned and destroying it on drop.
 //!
 //! Every object holds an `Arc` of its [`HwContext`], so the device is
-//! closed only after its last object is gone; the wrappers in `lib.rs`
-//! hold their parents (a QP its PD and CQs, ...) as the soft ones do, so a
-//! parent is never destroyed under a child. The data path
+//! closed only after its last object is gone; the public types (one module
+//! per object: `pd.rs`, `qp.rs`, ...) hold their parents (a QP its PD and
+//! CQs, ...) on both backends, so a parent is never destroyed under a
+//! child. The data path
 //! (`post_send`, `post_recv`, `post_srq_recv`, `poll_cq`,
 //! `req_notify_cq`) jumps through the context's ops table, as
 //! libibverbs' inline functions do; everything else calls the library's

@@ -1,0 +1,208 @@
+//! Finding and opening devices: [`DeviceInfo`] (`struct ibv_device`),
+//! [`devices`] and the other lists, and the process's table of open soft
+//! devices, which makes opening one twice share it.
+
+use crate::backend::Backed;
+use crate::{hw, io, verbs, Backend, Context, DeviceConfig, Errno, Result};
+use parking_lot::Mutex;
+use roxe_provider::driver::Device;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// A device that can be opened (`struct ibv_device`).
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    name: String,
+    config: DeviceConfig,
+    /// Set for a device of the system library.
+    hardware: Option<hw::HardwareDevice>,
+}
+
+impl DeviceInfo {
+    /// `roxe0`, `roxe1`, ... for a soft device; the system library's name
+    /// (`mlx5_0`, `rxe0`, ...) for a hardware one.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        if self.hardware.is_some() {
+            Backend::Hardware
+        } else {
+            Backend::Soft
+        }
+    }
+    /// The configured address (`None`: picked at open, and always on
+    /// hardware).
+    pub fn addr(&self) -> Option<IpAddr> {
+        self.config.addr
+    }
+    /// The node GUID (`ibv_get_device_guid`). A hardware device's: the
+    /// system library's. A soft device's: derived from the address as rxe
+    /// derives it from the MAC (EUI-64 style); a device whose address is
+    /// chosen at open uses the address it has (open in this process) or
+    /// would take if opened now.
+    pub fn guid(&self) -> u64 {
+        if let Some(h) = &self.hardware {
+            return h.guid;
+        }
+        self.config
+            .addr
+            .or_else(|| {
+                open_devices()
+                    .lock()
+                    .get(&self.name)
+                    .and_then(Weak::upgrade)
+                    .map(|d| d.addr())
+            })
+            .or_else(roxe_provider::driver::next_auto_addr)
+            .map(guid_of)
+            .unwrap_or(0)
+    }
+    /// `ibv_open_device`. A soft device: bind its socket and start it
+    /// (opening the same device twice in one process shares it). A
+    /// hardware device: the system library's `ibv_open_device`.
+    pub fn open(&self) -> Result<Context> {
+        if self.hardware.is_some() {
+            let sys = hw::system()
+                .as_ref()
+                .map_err(|e| verbs("ibv_open_device", Errno(19), e.clone()))?;
+            let h = Arc::new(hw::HwContext::open(sys, &self.name)?);
+            tracing::debug!(device = %self.name, "hardware device opened through the system libibverbs");
+            return Ok(Context::new(self.name.clone(), Backed::Hw(h)));
+        }
+        let mut open = open_devices().lock();
+        // A device already open at the configured address is that device,
+        // whatever it was opened as (rdma_cm opens devices by address).
+        let at_addr = self.config.addr.and_then(|a| {
+            open.values()
+                .filter_map(Weak::upgrade)
+                .find(|d| d.addr() == a)
+        });
+        let device = match open
+            .get(&self.name)
+            .and_then(Weak::upgrade)
+            .filter(|d| self.config.addr.is_none_or(|a| d.addr() == a))
+            .or(at_addr)
+        {
+            Some(d) => d,
+            None => {
+                let d = Arc::new(Device::open(&self.config).map_err(io("ibv_open_device"))?);
+                open.insert(self.name.clone(), Arc::downgrade(&d));
+                d
+            }
+        };
+        Ok(Context::new(self.name.clone(), Backed::Soft(device)))
+    }
+}
+
+/// Every soft device open in this process, by name.
+fn open_devices() -> &'static Mutex<HashMap<String, Weak<Device>>> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Weak<Device>>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+}
+
+/// The device at `addr`: the one open in this process, else the
+/// `ROXE_ADDR` device with that address, else a new device there (with the
+/// environment's other settings). Fails as `ibv_open_device` does when no
+/// socket can be bound there (`EADDRNOTAVAIL`: not an address of this host;
+/// `EADDRINUSE`: another process has it).
+pub fn open_at(addr: IpAddr) -> Result<Context> {
+    if let Some(info) = soft_devices()?.into_iter().find(|d| d.addr() == Some(addr)) {
+        return info.open();
+    }
+    let listed = soft_devices()?.len();
+    let (live, name) = {
+        let open = open_devices().lock();
+        let live = open.iter().find_map(|(name, d)| {
+            d.upgrade()
+                .filter(|d| d.addr() == addr)
+                .map(|_| name.clone())
+        });
+        // Named as the listed ones are, after them: roxe<N>, a name a
+        // sysfs entry and a shell word can hold (not the address).
+        let free = (listed..)
+            .map(|n| format!("roxe{n}"))
+            .find(|n| open.get(n).is_none_or(|d| d.upgrade().is_none()))
+            .unwrap_or_default();
+        (live, free)
+    };
+    let config = DeviceConfig {
+        addr: Some(addr),
+        ..DeviceConfig::from_env()?
+    };
+    device_with(live.unwrap_or(name), config).open()
+}
+
+/// A GUID from an address: the low 48 bits of its IPv6 (or mapped) form,
+/// with 0xFFFE in the middle as EUI-64 does with MACs.
+pub(crate) fn guid_of(addr: IpAddr) -> u64 {
+    let g = roxe_provider::engine::gid_of(addr);
+    u64::from_be_bytes([g[10], g[11], g[12], 0xff, 0xfe, g[13], g[14], g[15]])
+}
+
+/// `ibv_get_device_list`: what `ROXE_BACKEND` (default auto) offers, soft
+/// devices first ([`soft_devices`]), then the system's real devices
+/// ([`hardware_devices`]; none where there is no system library).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    let choice = hw::BackendChoice::from_env()
+        .map_err(|e| verbs("ibv_get_device_list", Errno::EINVAL, e))?;
+    let mut list = Vec::new();
+    if choice != hw::BackendChoice::Hardware {
+        list = soft_devices()?;
+    }
+    if choice != hw::BackendChoice::Soft {
+        list.extend(hardware_devices().unwrap_or_default());
+    }
+    Ok(list)
+}
+
+/// roxe's soft devices: one per address in `ROXE_ADDR` (comma-separated),
+/// or one that takes the first free loopback address.
+pub fn soft_devices() -> Result<Vec<DeviceInfo>> {
+    Ok(DeviceConfig::all_from_env()?
+        .into_iter()
+        .enumerate()
+        .map(|(i, config)| DeviceInfo {
+            name: format!("roxe{i}"),
+            config,
+            hardware: None,
+        })
+        .collect())
+}
+
+/// The system's real RDMA devices; Err says in one line why there are
+/// none to offer (no system library, or it failed to load).
+pub fn hardware_devices() -> std::result::Result<Vec<DeviceInfo>, String> {
+    let sys = hw::system().as_ref().map_err(Clone::clone)?;
+    Ok(sys
+        .devices()
+        .into_iter()
+        .map(|h| DeviceInfo {
+            name: h.name.clone(),
+            config: DeviceConfig::default(),
+            hardware: Some(h),
+        })
+        .collect())
+}
+
+/// A device named `name` at `addr`, with the environment's other
+/// settings (the defaults where the environment does not parse): how the
+/// drop-in librdmacm names a device it opened by address.
+pub fn device_at(name: impl Into<String>, addr: IpAddr) -> DeviceInfo {
+    let config = DeviceConfig {
+        addr: Some(addr),
+        ..DeviceConfig::from_env().unwrap_or_default()
+    };
+    device_with(name, config)
+}
+
+/// A soft device described in code rather than by the environment.
+pub fn device_with(name: impl Into<String>, config: DeviceConfig) -> DeviceInfo {
+    DeviceInfo {
+        name: name.into(),
+        config,
+        hardware: None,
+    }
+}
