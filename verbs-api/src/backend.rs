@@ -56,6 +56,14 @@ pub(crate) struct SoftObj<Id> {
     pub(crate) id: Id,
 }
 
+impl<Id: Copy> SoftObj<Id> {
+    /// The engine's id, if the object is of `dev` (ids of another device's
+    /// engine name other objects there, or none).
+    pub(crate) fn id_on(&self, dev: &Arc<Device>) -> Option<Id> {
+        Arc::ptr_eq(&self.dev, dev).then_some(self.id)
+    }
+}
+
 impl<S, H> Backed<S, H> {
     /// The backend serving the object.
     pub(crate) fn backend(&self) -> Backend {

@@ -140,6 +140,13 @@ pub(crate) struct SoftCq {
     empty_polls: AtomicU32,
 }
 
+impl SoftCq {
+    /// The engine's id, if the CQ is of `dev`.
+    pub(crate) fn id_on(&self, dev: &Arc<Device>) -> Option<CqId> {
+        Arc::ptr_eq(&self.dev, dev).then_some(self.id)
+    }
+}
+
 impl Drop for CqInner {
     fn drop(&mut self) {
         if let Some(s) = self.imp.soft() {

@@ -85,20 +85,26 @@ impl Pd {
         };
         let imp = self.inner.imp.make_child(
             |pd| {
-                let (Some(send_cq), Some(recv_cq)) =
-                    (init.send_cq.inner.imp.soft(), init.recv_cq.inner.imp.soft())
+                let on_pd = |cq: &Cq| cq.inner.imp.soft().and_then(|c| c.id_on(&pd.dev));
+                let (Some(send_cq), Some(recv_cq)) = (on_pd(init.send_cq), on_pd(init.recv_cq))
                 else {
                     return Err(mismatch());
                 };
                 let srq = init
                     .srq
-                    .map(|s| s.inner.imp.soft().map(|s| s.id).ok_or_else(mismatch))
+                    .map(|s| {
+                        s.inner
+                            .imp
+                            .soft()
+                            .and_then(|s| s.id_on(&pd.dev))
+                            .ok_or_else(mismatch)
+                    })
                     .transpose()?;
                 let attr = QpInitAttr {
                     qp_type: init.qp_type,
                     pd: pd.id,
-                    send_cq: send_cq.id,
-                    recv_cq: recv_cq.id,
+                    send_cq,
+                    recv_cq,
                     srq,
                     xrcd: None,
                     cap: init.cap,

@@ -98,7 +98,17 @@ impl Pd {
                 format!("{what} through the Rust API on a hardware device"),
             ));
         };
-        let id = create(&mut pd.dev.engine(), pd.id, soft_cq.id)?;
+        let foreign_xrcd = xrcd
+            .as_ref()
+            .is_some_and(|x| !Arc::ptr_eq(&x.inner.dev, &pd.dev));
+        let (Some(cq_id), false) = (soft_cq.id_on(&pd.dev), foreign_xrcd) else {
+            return Err(verbs(
+                "ibv_create_srq_ex",
+                Errno::EINVAL,
+                "a CQ or XRC domain of another device",
+            ));
+        };
+        let id = create(&mut pd.dev.engine(), pd.id, cq_id)?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 imp: Backed::Soft(SoftObj {

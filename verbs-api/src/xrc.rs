@@ -17,7 +17,7 @@ pub struct Xrcd {
 }
 
 pub(crate) struct XrcdInner {
-    dev: Arc<Device>,
+    pub(crate) dev: Arc<Device>,
     pub(crate) id: XrcdId,
     _ctx: Context,
 }
