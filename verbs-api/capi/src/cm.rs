@@ -1055,17 +1055,17 @@ unsafe fn destroy_cqs(p: *mut IdPriv) {
     unsafe {
         let id = &mut (*p).id;
         if !id.recv_cq.is_null() {
-            crate::verbs::ibv_destroy_cq(id.recv_cq);
+            crate::cq::ibv_destroy_cq(id.recv_cq);
             if !id.send_cq.is_null() && id.send_cq != id.recv_cq {
-                crate::verbs::ibv_destroy_cq(id.send_cq);
+                crate::cq::ibv_destroy_cq(id.send_cq);
             }
             id.send_cq = null_mut();
             id.recv_cq = null_mut();
         }
         if !id.recv_cq_channel.is_null() {
-            crate::verbs::ibv_destroy_comp_channel(id.recv_cq_channel);
+            crate::comp_channel::ibv_destroy_comp_channel(id.recv_cq_channel);
             if !id.send_cq_channel.is_null() && id.send_cq_channel != id.recv_cq_channel {
-                crate::verbs::ibv_destroy_comp_channel(id.send_cq_channel);
+                crate::comp_channel::ibv_destroy_comp_channel(id.send_cq_channel);
             }
             id.send_cq_channel = null_mut();
             id.recv_cq_channel = null_mut();
@@ -1085,11 +1085,11 @@ unsafe fn create_cqs(p: *mut IdPriv, send_size: u32, recv_size: u32) -> Result<(
         let me = p.cast::<c_void>();
         let mk =
             |size: u32, ch: &mut *mut ibv_comp_channel, cq: &mut *mut ibv_cq| -> Result<(), i32> {
-                *ch = crate::verbs::ibv_create_comp_channel(id.verbs);
+                *ch = crate::comp_channel::ibv_create_comp_channel(id.verbs);
                 if ch.is_null() {
                     return Err(last_errno());
                 }
-                *cq = crate::verbs::ibv_create_cq(id.verbs, size as c_int, me, *ch, 0);
+                *cq = crate::cq::ibv_create_cq(id.verbs, size as c_int, me, *ch, 0);
                 if cq.is_null() {
                     return Err(last_errno());
                 }
@@ -1178,7 +1178,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             a.srq = idr.srq;
         }
         // SAFETY: idr.verbs is our context; attr is the caller's.
-        let qp = unsafe { crate::verbs::create_qp_ex(idr.verbs, attr) };
+        let qp = unsafe { crate::qp::create_qp_ex(idr.verbs, attr) };
         if qp.is_null() {
             let e = last_errno();
             // SAFETY: p is live; its CQs are unused.
@@ -1186,7 +1186,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             return fail(e);
         }
         // SAFETY: qp was just created by this library.
-        let attached = match unsafe { crate::verbs::qp_parts(qp) } {
+        let attached = match unsafe { crate::qp::qp_parts(qp) } {
             // SAFETY: p is live.
             Some((q, pd)) => unsafe { (*p).cm.attach_qp(&q, &pd) }.map_err(errno_of),
             None => Err(libc::EINVAL),
@@ -1194,7 +1194,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         if let Err(e) = attached {
             // SAFETY: the QP and CQs just created, unused.
             unsafe {
-                crate::verbs::ibv_destroy_qp(qp);
+                crate::qp::ibv_destroy_qp(qp);
                 destroy_cqs(p);
             }
             return fail(e);
@@ -1259,7 +1259,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             (*p).cm.detach_qp();
             let qp = (*p).id.qp;
             if !qp.is_null() {
-                crate::verbs::ibv_destroy_qp(qp);
+                crate::qp::ibv_destroy_qp(qp);
             }
             (*p).id.qp = null_mut();
             destroy_cqs(p);
@@ -1287,7 +1287,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
             a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
         }
         // SAFETY: our context; attr is the caller's.
-        let srq = unsafe { crate::verbs::create_srq_ex(idr.verbs, attr) };
+        let srq = unsafe { crate::srq::create_srq_ex(idr.verbs, attr) };
         if srq.is_null() {
             return -1;
         }
@@ -1338,7 +1338,7 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
         unsafe {
             let srq = (*p).id.srq;
             if !srq.is_null() {
-                crate::verbs::ibv_destroy_srq(srq);
+                crate::srq::ibv_destroy_srq(srq);
             }
             (*p).id.srq = null_mut();
             destroy_cqs(p);
