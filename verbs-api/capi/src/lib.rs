@@ -28,7 +28,7 @@
 //! Every exported function runs its body under [`guard`]: a panic never
 //! unwinds into C, it becomes the verb's error value with errno set.
 
-#![allow(clippy::missing_safety_doc)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub use roxe_verbs::abi;
 #[cfg(test)]
