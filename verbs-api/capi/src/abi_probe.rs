@@ -459,7 +459,7 @@ const NOT_IN_VERBS_H: &[&str] = &[
 
 /// Values checked through a C expression: (key, C expression, Rust value).
 fn extras() -> Vec<(&'static str, &'static str, i64)> {
-    use crate::device::*;
+    use crate::query::*;
     vec![
         (
             "COMPAT_PORT_ATTR_SIZE",

@@ -14,9 +14,12 @@
 //! `unimport` only frees the struct.
 
 use crate::abi::*;
-use crate::device::{context, RoxeContext};
-use crate::guard;
-use crate::verbs::{fail_null, leak, obj, MrSlot, RoxeDm, RoxeMr, RoxePd};
+use crate::context::{context, RoxeContext};
+use crate::dm::RoxeDm;
+use crate::mr::{MrSlot, RoxeMr};
+use crate::object::{container_of, free, hand_out};
+use crate::pd::RoxePd;
+use crate::{fail_null, guard, last_errno};
 use parking_lot::Mutex;
 use roxe_verbs::{Context, Dm, Pd};
 use std::collections::HashMap;
@@ -54,9 +57,7 @@ fn file_key(fd: BorrowedFd<'_>) -> Result<FileKey, c_int> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is open (borrowed) and st a valid out-pointer.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EBADF));
+        return Err(last_errno());
     }
     Ok((st.st_dev, st.st_ino))
 }
@@ -149,6 +150,36 @@ unsafe fn handles_of<'a>(ctx: *mut ibv_context) -> Option<&'a Arc<Handles>> {
     unsafe { context(ctx) }.map(|c: &RoxeContext| &c.handles)
 }
 
+/// The object a handle names on `ctx`'s command file, as `pick` finds it in
+/// the table: EINVAL for a context that is none of this library's, ENOENT
+/// for a handle that names no such object.
+///
+/// # Safety
+/// `ctx` is NULL or a live context of this library.
+unsafe fn imported<T>(
+    ctx: *mut ibv_context,
+    pick: impl FnOnce(&Objects) -> Option<T>,
+) -> Result<T, c_int> {
+    // SAFETY: per the contract.
+    let h = unsafe { handles_of(ctx) }.ok_or(libc::EINVAL)?;
+    let found = pick(&h.objects.lock());
+    found.ok_or(libc::ENOENT)
+}
+
+/// Forget the object a destroyed struct named by `handle` on `ctx`'s
+/// command file: it can no longer be imported. The 0 handle names nothing
+/// (handles start at 1): parent domains and structs of no file.
+pub(crate) fn forget_handle(ctx: *mut ibv_context, handle: u32) {
+    if handle == 0 {
+        return;
+    }
+    // SAFETY: an object's context outlives it (the C contract: contexts
+    // are closed after their objects).
+    if let Some(h) = unsafe { handles_of(ctx) } {
+        h.forget(handle);
+    }
+}
+
 /// `ibv_import_device`: a new context on the command file `cmd_fd` names,
 /// sharing its objects; it owns `cmd_fd` from now on (closed by
 /// `ibv_close_device`), as in libibverbs. A file that is not a soft
@@ -193,10 +224,10 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
         };
         let device = handles.device as *mut ibv_device;
         let ctx = handles.ctx.clone();
-        match crate::device::open_context(
+        match crate::context::open_context(
             device,
             ctx,
-            crate::device::CmdFile::Imported {
+            crate::context::CmdFile::Imported {
                 fd: fd.as_raw_fd(),
                 handles,
             },
@@ -215,7 +246,7 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *mut ibv_pd {
     crate::passthrough::pass_through!(
-        crate::passthrough::is_system_context(ctx),
+        context ctx,
         "ibv_import_pd",
         fn(*mut ibv_context, u32) -> *mut ibv_pd,
         (ctx, handle),
@@ -223,13 +254,10 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *m
     );
     guard(null_mut(), || {
         // SAFETY: ctx is NULL or an open context (the C contract).
-        let Some(h) = (unsafe { handles_of(ctx) }) else {
-            return fail_null(libc::EINVAL);
-        };
-        let Some(pd) = h.objects.lock().pds.get(&handle).cloned() else {
-            return fail_null(libc::ENOENT);
-        };
-        leak(RoxePd::new(ctx, handle, pd)).cast()
+        match unsafe { imported(ctx, |o| o.pds.get(&handle).cloned()) } {
+            Ok(pd) => hand_out(RoxePd::new(ctx, handle, pd)).cast(),
+            Err(e) => fail_null(e),
+        }
     })
 }
 
@@ -248,14 +276,14 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
     );
     guard((), || {
         // SAFETY: pd is NULL or from this library (the C contract).
-        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+        let Some(p) = (unsafe { container_of::<RoxePd, _>(pd) }) else {
             return;
         };
         // Objects made through this struct point at it: while any lives the
         // struct is kept (a few bytes), so their destruction stays sound.
-        if p.users() == 0 {
-            // SAFETY: pd came from leak(RoxePd) and is freed once.
-            drop(unsafe { Box::from_raw(pd.cast::<RoxePd>()) });
+        if !p.users.in_use() {
+            // SAFETY: pd came from hand_out(RoxePd) and is freed once.
+            unsafe { free::<RoxePd, _>(pd) };
         }
     })
 }
@@ -277,16 +305,14 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
     );
     guard(null_mut(), || {
         // SAFETY: pd is NULL or from this library (the C contract).
-        let Some(p) = (unsafe { obj::<RoxePd, _>(pd) }) else {
+        let Some(p) = (unsafe { container_of::<RoxePd, _>(pd) }) else {
             return fail_null(libc::EINVAL);
         };
         let ctx = p.context();
         // SAFETY: a PD's context outlives it.
-        let Some(h) = (unsafe { handles_of(ctx) }) else {
-            return fail_null(libc::EINVAL);
-        };
-        let Some(slot) = h.objects.lock().mrs.get(&handle).cloned() else {
-            return fail_null(libc::ENOENT);
+        let slot = match unsafe { imported(ctx, |o| o.mrs.get(&handle).cloned()) } {
+            Ok(slot) => slot,
+            Err(e) => return fail_null(e),
         };
         let Some(c) = slot.lock().as_ref().map(|mr| ibv_mr {
             context: ctx,
@@ -300,7 +326,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv
         }) else {
             return fail_null(libc::ENOENT);
         };
-        leak(RoxeMr::new(c, slot, p)).cast()
+        hand_out(RoxeMr::new(c, slot, p)).cast()
     })
 }
 
@@ -317,14 +343,8 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
         (mr),
         ()
     );
-    guard((), || {
-        if mr.is_null() {
-            return;
-        }
-        // SAFETY: mr came from this library's leak(RoxeMr) (the C
-        // contract) and is freed once.
-        drop(unsafe { Box::from_raw(mr.cast::<RoxeMr>()) });
-    })
+    // SAFETY: mr is NULL or this library's (the C contract), freed once.
+    guard((), || unsafe { free::<RoxeMr, _>(mr) })
 }
 
 /// `ibv_import_dm`: the device memory `handle` names on `ctx`'s command
@@ -335,7 +355,7 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_dm(ctx: *mut ibv_context, handle: u32) -> *mut ibv_dm {
     crate::passthrough::pass_through!(
-        crate::passthrough::is_system_context(ctx),
+        context ctx,
         "ibv_import_dm",
         fn(*mut ibv_context, u32) -> *mut ibv_dm,
         (ctx, handle),
@@ -343,13 +363,10 @@ pub unsafe extern "C" fn ibv_import_dm(ctx: *mut ibv_context, handle: u32) -> *m
     );
     guard(null_mut(), || {
         // SAFETY: ctx is NULL or an open context (the C contract).
-        let Some(h) = (unsafe { handles_of(ctx) }) else {
-            return fail_null(libc::EINVAL);
-        };
-        let Some(dm) = h.objects.lock().dms.get(&handle).cloned() else {
-            return fail_null(libc::ENOENT);
-        };
-        leak(RoxeDm::new(ctx, handle, dm)).cast()
+        match unsafe { imported(ctx, |o| o.dms.get(&handle).cloned()) } {
+            Ok(dm) => hand_out(RoxeDm::new(ctx, handle, dm)).cast(),
+            Err(e) => fail_null(e),
+        }
     })
 }
 
@@ -366,14 +383,8 @@ pub unsafe extern "C" fn ibv_unimport_dm(dm: *mut ibv_dm) {
         (dm),
         ()
     );
-    guard((), || {
-        if dm.is_null() {
-            return;
-        }
-        // SAFETY: dm came from this library's leak(RoxeDm) (the C
-        // contract) and is freed once.
-        drop(unsafe { Box::from_raw(dm.cast::<RoxeDm>()) });
-    })
+    // SAFETY: dm is NULL or this library's (the C contract), freed once.
+    guard((), || unsafe { free::<RoxeDm, _>(dm) })
 }
 
 #[cfg(test)]

@@ -168,10 +168,31 @@ pub(crate) fn symbol<F: Copy>(name: &'static str) -> Option<F> {
 }
 
 /// Forward the enclosing verb to the system library when `$is_system`
-/// holds: `pass_through!(cond, "ibv_x", fn(A, B) -> R, (a, b), missing)`,
-/// or `pass_through!(object obj, ...)` when `obj` (a verbs object) is of a
-/// real device; `missing` is returned where the library lacks the symbol.
+/// holds: `pass_through!(cond, "ibv_x", fn(A, B) -> R, (a, b), missing)`;
+/// `pass_through!(object obj, ...)` when `obj` (a verbs object) is of a
+/// real device, `pass_through!(context ctx, ...)` when `ctx` is a context
+/// the system library opened, `pass_through!(device dev, ...)` when `dev`
+/// is one of its devices. `missing` is returned where the library lacks
+/// the symbol.
 macro_rules! pass_through {
+    (context $ctx:expr, $name:literal, fn($($t:ty),*) -> $r:ty, ($($a:expr),*), $missing:expr) => {
+        $crate::passthrough::pass_through!(
+            $crate::passthrough::is_system_context($ctx),
+            $name,
+            fn($($t),*) -> $r,
+            ($($a),*),
+            $missing
+        )
+    };
+    (device $dev:expr, $name:literal, fn($($t:ty),*) -> $r:ty, ($($a:expr),*), $missing:expr) => {
+        $crate::passthrough::pass_through!(
+            $crate::passthrough::is_system_device($dev),
+            $name,
+            fn($($t),*) -> $r,
+            ($($a),*),
+            $missing
+        )
+    };
     (object $obj:expr, $name:literal, fn($($t:ty),*) -> $r:ty, ($($a:expr),*), $missing:expr) => {
         $crate::passthrough::pass_through!(
             // SAFETY: the verb's C contract: its object argument is NULL or a

@@ -22,7 +22,7 @@ use std::ptr;
 use libc::{ENOENT, EOPNOTSUPP};
 
 use crate::abi::{ibv_ah_attr, ibv_gid, ibv_qp_attr};
-use crate::{guard, set_errno};
+use crate::{fail_null, guard, set_errno};
 
 // ---------------------------------------------------------------------------
 // Enum strings (rdma-core libibverbs/enum_strs.c, verbatim).
@@ -258,6 +258,9 @@ pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
 /// `ibv_query_qp_data_in_order`: 0 = "in-order data placement is not
 /// guaranteed", the conservative answer rdma-core itself gives on every
 /// architecture but x86, and for providers without the op.
+///
+/// # Safety
+/// `_qp` is NULL or a live QP (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp_data_in_order(
     _qp: *mut c_void,
@@ -355,12 +358,6 @@ pub extern "C" fn ibv_read_ibdev_sysfs_file(
 // RDMA stack; the answer is the one a provider without the op gives.
 // ---------------------------------------------------------------------------
 
-/// Pointer-returning unsupported verb: NULL with errno EOPNOTSUPP.
-fn null_eopnotsupp<T>() -> *mut T {
-    set_errno(EOPNOTSUPP);
-    ptr::null_mut()
-}
-
 /// Int-returning unsupported verb: EOPNOTSUPP (also left in errno, as
 /// rdma-core's own `ibv_set_ece` does).
 fn eopnotsupp() -> c_int {
@@ -378,10 +375,13 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
     _fd: c_int,
     _access: c_int,
 ) -> *mut c_void {
-    null_eopnotsupp()
+    fail_null(EOPNOTSUPP)
 }
 
 /// `ibv_attach_mcast`: UD multicast is not supported.
+///
+/// # Safety
+/// `_qp` is NULL or a live QP (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(
     _qp: *mut c_void,
@@ -399,6 +399,9 @@ pub unsafe extern "C" fn ibv_attach_mcast(
 }
 
 /// `ibv_detach_mcast`: UD multicast is not supported.
+///
+/// # Safety
+/// `_qp` is NULL or a live QP (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(
     _qp: *mut c_void,
@@ -416,6 +419,9 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 }
 
 /// `ibv_query_ece`: no Enhanced Connection Establishment options.
+///
+/// # Safety
+/// `_qp` is NULL or a live QP (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
     crate::passthrough::pass_through!(
@@ -429,6 +435,9 @@ pub unsafe extern "C" fn ibv_query_ece(_qp: *mut c_void, _ece: *mut c_void) -> c
 }
 
 /// `ibv_set_ece`: no Enhanced Connection Establishment options.
+///
+/// # Safety
+/// `_qp` is NULL or a live QP (of this library or the system's).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_set_ece(_qp: *mut c_void, _ece: *mut c_void) -> c_int {
     crate::passthrough::pass_through!(
@@ -616,139 +625,140 @@ fn copy_ah_attr_from_kern(dst: &mut ibv_ah_attr, src: &UverbsAhAttr) {
     dst.port_num = src.port_num;
 }
 
-/// `ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src)`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut c_void, src: *const c_void) {
+/// Run a kernel-struct converter on the caller's structs; NULL for either
+/// is a no-op.
+///
+/// # Safety
+/// `dst` and `src` are NULL or valid, non-overlapping structs of types `D`
+/// and `S`.
+unsafe fn convert<D, S>(dst: *mut c_void, src: *const c_void, copy: impl FnOnce(&mut D, &S)) {
     guard((), || {
-        // SAFETY: the caller passes valid, non-overlapping structs of these
-        // types (the C contract); NULL is rejected by as_mut/as_ref.
-        let (Some(dst), Some(src)) = (unsafe {
-            (
-                dst.cast::<ibv_ah_attr>().as_mut(),
-                src.cast::<UverbsAhAttr>().as_ref(),
-            )
+        // SAFETY: per the contract; NULL is rejected by as_mut/as_ref.
+        let (Some(d), Some(s)) = (unsafe { dst.cast::<D>().as_mut() }, unsafe {
+            src.cast::<S>().as_ref()
         }) else {
             return;
         };
-        copy_ah_attr_from_kern(dst, src);
+        copy(d, s);
     })
+}
+
+/// `ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src)`.
+///
+/// # Safety
+/// As [`convert`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut c_void, src: *const c_void) {
+    // SAFETY: per the contract.
+    unsafe { convert(dst, src, copy_ah_attr_from_kern) }
 }
 
 /// `ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, struct ib_uverbs_qp_attr *src)`.
 /// Like rdma-core it leaves `qp_state` and `rate_limit` untouched.
+///
+/// # Safety
+/// As [`convert`].
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(dst: *mut c_void, src: *const c_void) {
-    guard((), || {
-        // SAFETY: as in ibv_copy_ah_attr_from_kern.
-        let (Some(d), Some(s)) = (unsafe {
-            (
-                dst.cast::<ibv_qp_attr>().as_mut(),
-                src.cast::<UverbsQpAttr>().as_ref(),
-            )
-        }) else {
-            return;
-        };
-        // The C enums are 4 bytes; the kernel's u32 values go in unchanged.
-        d.cur_qp_state = s.cur_qp_state;
-        d.path_mtu = s.path_mtu;
-        d.path_mig_state = s.path_mig_state;
-        d.qkey = s.qkey;
-        d.rq_psn = s.rq_psn;
-        d.sq_psn = s.sq_psn;
-        d.dest_qp_num = s.dest_qp_num;
-        d.qp_access_flags = s.qp_access_flags;
-        d.cap.max_send_wr = s.max_send_wr;
-        d.cap.max_recv_wr = s.max_recv_wr;
-        d.cap.max_send_sge = s.max_send_sge;
-        d.cap.max_recv_sge = s.max_recv_sge;
-        d.cap.max_inline_data = s.max_inline_data;
-        copy_ah_attr_from_kern(&mut d.ah_attr, &s.ah_attr);
-        copy_ah_attr_from_kern(&mut d.alt_ah_attr, &s.alt_ah_attr);
-        d.pkey_index = s.pkey_index;
-        d.alt_pkey_index = s.alt_pkey_index;
-        d.en_sqd_async_notify = s.en_sqd_async_notify;
-        d.sq_draining = s.sq_draining;
-        d.max_rd_atomic = s.max_rd_atomic;
-        d.max_dest_rd_atomic = s.max_dest_rd_atomic;
-        d.min_rnr_timer = s.min_rnr_timer;
-        d.port_num = s.port_num;
-        d.timeout = s.timeout;
-        d.retry_cnt = s.retry_cnt;
-        d.rnr_retry = s.rnr_retry;
-        d.alt_port_num = s.alt_port_num;
-        d.alt_timeout = s.alt_timeout;
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        convert(dst, src, |d: &mut ibv_qp_attr, s: &UverbsQpAttr| {
+            // The C enums are 4 bytes; the kernel's u32 values go in unchanged.
+            d.cur_qp_state = s.cur_qp_state;
+            d.path_mtu = s.path_mtu;
+            d.path_mig_state = s.path_mig_state;
+            d.qkey = s.qkey;
+            d.rq_psn = s.rq_psn;
+            d.sq_psn = s.sq_psn;
+            d.dest_qp_num = s.dest_qp_num;
+            d.qp_access_flags = s.qp_access_flags;
+            d.cap.max_send_wr = s.max_send_wr;
+            d.cap.max_recv_wr = s.max_recv_wr;
+            d.cap.max_send_sge = s.max_send_sge;
+            d.cap.max_recv_sge = s.max_recv_sge;
+            d.cap.max_inline_data = s.max_inline_data;
+            copy_ah_attr_from_kern(&mut d.ah_attr, &s.ah_attr);
+            copy_ah_attr_from_kern(&mut d.alt_ah_attr, &s.alt_ah_attr);
+            d.pkey_index = s.pkey_index;
+            d.alt_pkey_index = s.alt_pkey_index;
+            d.en_sqd_async_notify = s.en_sqd_async_notify;
+            d.sq_draining = s.sq_draining;
+            d.max_rd_atomic = s.max_rd_atomic;
+            d.max_dest_rd_atomic = s.max_dest_rd_atomic;
+            d.min_rnr_timer = s.min_rnr_timer;
+            d.port_num = s.port_num;
+            d.timeout = s.timeout;
+            d.retry_cnt = s.retry_cnt;
+            d.rnr_retry = s.rnr_retry;
+            d.alt_port_num = s.alt_port_num;
+            d.alt_timeout = s.alt_timeout;
+        })
+    }
 }
 
 /// `ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_path_rec *src)`.
 /// Narrowing `mtu` (u32 → u8) and sign changes follow C's implicit conversions.
+///
+/// # Safety
+/// As [`convert`].
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut c_void, src: *const c_void) {
-    guard((), || {
-        // SAFETY: as in ibv_copy_ah_attr_from_kern.
-        let (Some(d), Some(s)) = (unsafe {
-            (
-                dst.cast::<IbvSaPathRec>().as_mut(),
-                src.cast::<UserPathRec>().as_ref(),
-            )
-        }) else {
-            return;
-        };
-        d.dgid = ibv_gid { raw: s.dgid };
-        d.sgid = ibv_gid { raw: s.sgid };
-        d.dlid = s.dlid;
-        d.slid = s.slid;
-        d.raw_traffic = s.raw_traffic as c_int;
-        d.flow_label = s.flow_label;
-        d.hop_limit = s.hop_limit;
-        d.traffic_class = s.traffic_class;
-        d.reversible = s.reversible as c_int;
-        d.numb_path = s.numb_path;
-        d.pkey = s.pkey;
-        d.sl = s.sl;
-        d.mtu_selector = s.mtu_selector;
-        d.mtu = s.mtu as u8;
-        d.rate_selector = s.rate_selector;
-        d.rate = s.rate;
-        d.packet_life_time = s.packet_life_time;
-        d.preference = s.preference;
-        d.packet_life_time_selector = s.packet_life_time_selector;
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        convert(dst, src, |d: &mut IbvSaPathRec, s: &UserPathRec| {
+            d.dgid = ibv_gid { raw: s.dgid };
+            d.sgid = ibv_gid { raw: s.sgid };
+            d.dlid = s.dlid;
+            d.slid = s.slid;
+            d.raw_traffic = s.raw_traffic as c_int;
+            d.flow_label = s.flow_label;
+            d.hop_limit = s.hop_limit;
+            d.traffic_class = s.traffic_class;
+            d.reversible = s.reversible as c_int;
+            d.numb_path = s.numb_path;
+            d.pkey = s.pkey;
+            d.sl = s.sl;
+            d.mtu_selector = s.mtu_selector;
+            d.mtu = s.mtu as u8;
+            d.rate_selector = s.rate_selector;
+            d.rate = s.rate;
+            d.packet_life_time = s.packet_life_time;
+            d.preference = s.preference;
+            d.packet_life_time_selector = s.packet_life_time_selector;
+        })
+    }
 }
 
 /// `ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src)`.
+///
+/// # Safety
+/// As [`convert`].
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(dst: *mut c_void, src: *const c_void) {
-    guard((), || {
-        // SAFETY: as in ibv_copy_ah_attr_from_kern.
-        let (Some(d), Some(s)) = (unsafe {
-            (
-                dst.cast::<UserPathRec>().as_mut(),
-                src.cast::<IbvSaPathRec>().as_ref(),
-            )
-        }) else {
-            return;
-        };
-        d.dgid = s.dgid.raw;
-        d.sgid = s.sgid.raw;
-        d.dlid = s.dlid;
-        d.slid = s.slid;
-        d.raw_traffic = s.raw_traffic as u32;
-        d.flow_label = s.flow_label;
-        d.hop_limit = s.hop_limit;
-        d.traffic_class = s.traffic_class;
-        d.reversible = s.reversible as u32;
-        d.numb_path = s.numb_path;
-        d.pkey = s.pkey;
-        d.sl = s.sl;
-        d.mtu_selector = s.mtu_selector;
-        d.mtu = u32::from(s.mtu);
-        d.rate_selector = s.rate_selector;
-        d.rate = s.rate;
-        d.packet_life_time = s.packet_life_time;
-        d.preference = s.preference;
-        d.packet_life_time_selector = s.packet_life_time_selector;
-    })
+    // SAFETY: per the contract.
+    unsafe {
+        convert(dst, src, |d: &mut UserPathRec, s: &IbvSaPathRec| {
+            d.dgid = s.dgid.raw;
+            d.sgid = s.sgid.raw;
+            d.dlid = s.dlid;
+            d.slid = s.slid;
+            d.raw_traffic = s.raw_traffic as u32;
+            d.flow_label = s.flow_label;
+            d.hop_limit = s.hop_limit;
+            d.traffic_class = s.traffic_class;
+            d.reversible = s.reversible as u32;
+            d.numb_path = s.numb_path;
+            d.pkey = s.pkey;
+            d.sl = s.sl;
+            d.mtu_selector = s.mtu_selector;
+            d.mtu = u32::from(s.mtu);
+            d.rate_selector = s.rate_selector;
+            d.rate = s.rate;
+            d.packet_life_time = s.packet_life_time;
+            d.preference = s.preference;
+            d.packet_life_time_selector = s.packet_life_time_selector;
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -804,7 +814,7 @@ pub extern "C" fn verbs_open_device(
     _device: *mut c_void,
     _private_data: *mut c_void,
 ) -> *mut c_void {
-    null_eopnotsupp()
+    fail_null(EOPNOTSUPP)
 }
 
 /// `_verbs_init_and_alloc_context`: no uverbs fd to build a provider
@@ -817,7 +827,7 @@ pub extern "C" fn _verbs_init_and_alloc_context(
     _context_offset: *mut c_void,
     _driver_id: u32,
 ) -> *mut c_void {
-    null_eopnotsupp()
+    fail_null(EOPNOTSUPP)
 }
 
 /// `execute_ioctl(struct ibv_context *, struct ibv_command_buffer *)`: no
@@ -846,6 +856,10 @@ const UVERBS_ATTR_SIZE: usize = 16;
 /// a pure helper providers call to size the attribute array of a command,
 /// implemented as rdma-core: `num_attrs` plus the attributes filled in
 /// every linked buffer.
+///
+/// # Safety
+/// `link` is NULL or a live command buffer whose `next` links are NULL
+/// or live command buffers.
 #[no_mangle]
 pub unsafe extern "C" fn __ioctl_final_num_attrs(num_attrs: c_uint, link: *const c_void) -> c_uint {
     guard(num_attrs, || {
@@ -961,37 +975,32 @@ unsafe fn post_unsupported(wr: *mut c_void, bad_wr: *mut *mut c_void) -> c_int {
     eopnotsupp()
 }
 
-/// `ibv_cmd_post_send(qp, wr, bad_wr)`: nothing posted; `*bad_wr = wr`, EOPNOTSUPP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_cmd_post_send(
-    _qp: *mut c_void,
-    wr: *mut c_void,
-    bad_wr: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: the C caller passes a valid (or NULL) bad_wr slot.
-    unsafe { post_unsupported(wr, bad_wr) }
+/// Defines the `ibv_cmd_post_*` entry points: nothing posted, the first
+/// WR reported (`*bad_wr = wr`), EOPNOTSUPP.
+macro_rules! cmd_post_unsupported {
+    ($( fn $name:ident($queue:ident); )*) => {
+        $(
+            #[doc = concat!("`", stringify!($name), "`: nothing posted; `*bad_wr = wr`, EOPNOTSUPP.")]
+            ///
+            /// # Safety
+            /// `bad_wr` is NULL or writable.
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(
+                $queue: *mut c_void,
+                wr: *mut c_void,
+                bad_wr: *mut *mut c_void,
+            ) -> c_int {
+                // SAFETY: per the contract.
+                unsafe { post_unsupported(wr, bad_wr) }
+            }
+        )*
+    };
 }
 
-/// `ibv_cmd_post_recv(qp, wr, bad_wr)`: nothing posted; `*bad_wr = wr`, EOPNOTSUPP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_cmd_post_recv(
-    _qp: *mut c_void,
-    wr: *mut c_void,
-    bad_wr: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: the C caller passes a valid (or NULL) bad_wr slot.
-    unsafe { post_unsupported(wr, bad_wr) }
-}
-
-/// `ibv_cmd_post_srq_recv(srq, wr, bad_wr)`: nothing posted; `*bad_wr = wr`, EOPNOTSUPP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_cmd_post_srq_recv(
-    _srq: *mut c_void,
-    wr: *mut c_void,
-    bad_wr: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: the C caller passes a valid (or NULL) bad_wr slot.
-    unsafe { post_unsupported(wr, bad_wr) }
+cmd_post_unsupported! {
+    fn ibv_cmd_post_send(_qp);
+    fn ibv_cmd_post_recv(_qp);
+    fn ibv_cmd_post_srq_recv(_srq);
 }
 
 #[cfg(test)]
@@ -1046,24 +1055,18 @@ mod tests {
         // SAFETY: reading this thread's errno.
         assert_eq!(unsafe { *libc::__errno_location() }, EOPNOTSUPP);
         // SAFETY: a NULL QP (refused without being read).
-        assert_eq!(
-            unsafe { ibv_attach_mcast(ptr::null_mut(), ptr::null(), 0) },
-            EOPNOTSUPP
-        );
+        let rc = unsafe { ibv_attach_mcast(ptr::null_mut(), ptr::null(), 0) };
+        assert_eq!(rc, EOPNOTSUPP);
         assert_eq!(ibv_cmd_poll_cq(ptr::null_mut(), 1, ptr::null_mut()), -1);
         let wr = 0x1000 as *mut c_void;
         let mut bad = ptr::null_mut();
         // SAFETY: `bad` is a valid slot.
-        assert_eq!(
-            unsafe { ibv_cmd_post_send(ptr::null_mut(), wr, &mut bad) },
-            EOPNOTSUPP
-        );
+        let rc = unsafe { ibv_cmd_post_send(ptr::null_mut(), wr, &mut bad) };
+        assert_eq!(rc, EOPNOTSUPP);
         assert_eq!(bad, wr);
         // SAFETY: NULL pointers are refused before use.
-        assert_eq!(
-            unsafe { ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0) },
-            -1
-        );
+        let rc = unsafe { ibv_read_sysfs_file(ptr::null(), ptr::null(), ptr::null_mut(), 0) };
+        assert_eq!(rc, -1);
         let mut buf = [0 as c_char; 8];
         // SAFETY: NUL-terminated names; buf holds 8 bytes.
         let n = unsafe {
@@ -1095,6 +1098,7 @@ mod tests {
         k.preference = 9;
         // SAFETY: as above.
         let mut u: IbvSaPathRec = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut back: UserPathRec = unsafe { std::mem::zeroed() };
         // SAFETY: valid, distinct structs of the documented types.
         unsafe {

@@ -1,14 +1,17 @@
 //! Tag-matching SRQs through the C ABI: `ibv_create_srq_ex` with
 //! `IBV_SRQT_TM`, `ibv_post_srq_ops` (the `verbs_context` op) and the
-//! extended CQ's `read_tm_info` (in `verbs.rs`). The matching itself is the
+//! extended CQ's `read_tm_info` (in `cq.rs`). The matching itself is the
 //! engine's (`roxe_provider::engine::tm`).
 
 use crate::abi::*;
-use crate::guard;
-use crate::verbs::{fail_null, obj, sges, RoxeCq, RoxePd, RoxeSrq};
+use crate::cq::RoxeCq;
+use crate::object::container_of;
+use crate::pd::RoxePd;
+use crate::post::sges;
+use crate::srq::RoxeSrq;
+use crate::{fail_null, guard};
 use roxe_verbs::{SrqOp, SrqOpKind};
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 
 /// `ibv_create_srq_ex` for `IBV_SRQT_TM`: PD, CQ and tag list required;
 /// `max_num_tags` from 1 to `tm_caps.max_num_tags`, `max_ops` at most
@@ -22,7 +25,12 @@ pub(crate) unsafe fn create_tm_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
         return fail_null(libc::EINVAL);
     }
     // SAFETY: per the contract.
-    let (p, cq) = unsafe { (obj::<RoxePd, _>(a.pd), obj::<RoxeCq, _>(a.cq)) };
+    let (p, cq) = unsafe {
+        (
+            container_of::<RoxePd, _>(a.pd),
+            container_of::<RoxeCq, _>(a.cq),
+        )
+    };
     let (Some(p), Some(cq)) = (p, cq) else {
         return fail_null(libc::EINVAL);
     };
@@ -42,9 +50,8 @@ pub(crate) unsafe fn create_tm_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
         Ok(s) => s,
         Err(e) => return fail_null(e.errno()),
     };
-    cq.users.fetch_add(1, Ordering::AcqRel);
-    // SAFETY: p came from a.pd; the CQ counts the SRQ as its user.
-    unsafe { RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, None, Some(cq)) }
+    // The SRQ counts as its CQ's user.
+    RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, None, Some(cq))
 }
 
 /// `vctx->post_srq_ops`: each operation of the list in order; an ADD
@@ -63,13 +70,14 @@ pub(crate) unsafe extern "C" fn post_srq_ops(
     guard(libc::EIO, || {
         // SAFETY: srq is NULL or this library's (the inline wrapper found
         // this op through its context).
-        let Some(s) = (unsafe { obj::<RoxeSrq, _>(srq) }) else {
+        let Some(s) = (unsafe { container_of::<RoxeSrq, _>(srq) }) else {
             return libc::EINVAL;
         };
         let mut cur = op;
         // SAFETY: the list is the caller's, each `next` NULL or valid.
         while let Some(w) = unsafe { cur.as_mut() } {
-            let rc = post_one(s, w);
+            // SAFETY: the node's SGEs are readable (the contract).
+            let rc = unsafe { post_one(s, w) };
             if rc != 0 {
                 // SAFETY: bad_op is NULL or the caller's out-pointer.
                 if let Some(b) = unsafe { bad_op.as_mut() } {
@@ -83,13 +91,17 @@ pub(crate) unsafe extern "C" fn post_srq_ops(
     })
 }
 
-fn post_one(s: &RoxeSrq, w: &mut ibv_ops_wr) -> c_int {
+/// One operation of a `post_srq_ops` list.
+///
+/// # Safety
+/// An ADD's `add_sg_list` holds `add_num_sge` readable SGEs.
+unsafe fn post_one(s: &RoxeSrq, w: &mut ibv_ops_wr) -> c_int {
     if w.flags & !(IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC) != 0 {
         return libc::EINVAL;
     }
     let kind = match w.opcode {
         IBV_WR_TAG_ADD => {
-            // SAFETY: sg_list holds num_sge SGEs (the C contract).
+            // SAFETY: sg_list holds num_sge SGEs (the contract).
             let Some(sg_list) = (unsafe { sges(w.add_sg_list, w.add_num_sge) }) else {
                 return libc::EINVAL;
             };

@@ -6,11 +6,13 @@
 //! `ibv_query_qp` and `ibv_destroy_qp` come here for it (they tell it by
 //! its public `qp_type`), and posting on it is EINVAL.
 
-use crate::abi::convert::qp_attr_to_c;
 use crate::abi::*;
-use crate::device::context;
-use crate::verbs::{leak, obj, RoxeCq, RoxePd, RoxeSrq};
-use crate::{guard, set_errno};
+use crate::context::context;
+use crate::cq::RoxeCq;
+use crate::object::{container_of, destroy, hand_out, Counted, Used, Users};
+use crate::pd::RoxePd;
+use crate::srq::RoxeSrq;
+use crate::{fail_null, guard};
 use parking_lot::Mutex;
 use roxe_verbs::{QpState, XrcRecvQp, Xrcd};
 use std::collections::BTreeMap;
@@ -21,13 +23,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[repr(C)]
 pub(crate) struct RoxeXrcd {
     c: ibv_xrcd,
-    pub(crate) xrcd: Xrcd,
+    xrcd: Xrcd,
     /// SRQs and QPs in the domain: it cannot close while any is left.
-    pub(crate) users: AtomicUsize,
+    users: Users,
     /// Opens not yet closed (several through the same file).
     opens: AtomicUsize,
     /// The file it was opened through.
     file: Option<FileKey>,
+}
+
+impl Counted for RoxeXrcd {
+    fn users(&self) -> &Users {
+        &self.users
+    }
 }
 
 /// (device name, st_dev, st_ino): the file a domain is shared through.
@@ -53,11 +61,11 @@ pub(crate) unsafe extern "C" fn open_xrcd(
         // SAFETY: ctx is one of ours (this op is only in our contexts);
         // attr is the caller's.
         let (Some(c), Some(a)) = (unsafe { context(ctx) }, unsafe { attr.as_ref() }) else {
-            return fail(libc::EINVAL);
+            return fail_null(libc::EINVAL);
         };
         let known = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
         if a.comp_mask & !known != 0 {
-            return fail(libc::EOPNOTSUPP);
+            return fail_null(libc::EOPNOTSUPP);
         }
         let fd = if a.comp_mask & IBV_XRCD_INIT_ATTR_FD != 0 {
             a.fd
@@ -77,14 +85,14 @@ pub(crate) unsafe extern "C" fn open_xrcd(
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat on the caller's descriptor into our buffer.
             if unsafe { libc::fstat(fd, &mut st) } != 0 {
-                return fail(libc::EBADF);
+                return fail_null(libc::EBADF);
             }
             Some((c.ctx.name().to_string(), st.st_dev, st.st_ino))
         };
         if let Some(k) = &key {
             let existing = by_file.get(k).copied();
             match existing {
-                Some(_) if oflags & libc::O_EXCL != 0 => return fail(libc::EINVAL),
+                Some(_) if oflags & libc::O_EXCL != 0 => return fail_null(libc::EINVAL),
                 Some(p) => {
                     // SAFETY: registered domains are live until their last
                     // close, which takes this lock.
@@ -92,18 +100,18 @@ pub(crate) unsafe extern "C" fn open_xrcd(
                     x.opens.fetch_add(1, Ordering::AcqRel);
                     return p as *mut ibv_xrcd;
                 }
-                None if oflags & libc::O_CREAT == 0 => return fail(libc::EAGAIN),
+                None if oflags & libc::O_CREAT == 0 => return fail_null(libc::EAGAIN),
                 None => {}
             }
         }
         let xrcd = match c.ctx.open_xrcd() {
             Ok(x) => x,
-            Err(e) => return fail(e.errno()),
+            Err(e) => return fail_null(e.errno()),
         };
-        let raw = leak(RoxeXrcd {
+        let raw = hand_out(RoxeXrcd {
             c: ibv_xrcd { context: ctx },
             xrcd,
-            users: AtomicUsize::new(0),
+            users: Users::default(),
             opens: AtomicUsize::new(1),
             file: key.clone(),
         });
@@ -124,28 +132,25 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
         let mut by_file = BY_FILE.lock();
         // SAFETY: xrcd is NULL or from open_xrcd and not yet closed for
         // good (the lock keeps a concurrent close out).
-        let Some(x) = (unsafe { obj::<RoxeXrcd, _>(xrcd) }) else {
+        let Some(x) = (unsafe { container_of::<RoxeXrcd, _>(xrcd) }) else {
             return libc::EINVAL;
         };
         if x.opens.load(Ordering::Acquire) > 1 {
             x.opens.fetch_sub(1, Ordering::AcqRel);
             return 0;
         }
-        if x.users.load(Ordering::Acquire) != 0 {
-            return libc::EBUSY;
+        // The last close frees the domain.
+        // SAFETY: as above; not used again once closed for good.
+        unsafe {
+            destroy(xrcd, |x: &RoxeXrcd| {
+                x.users.refuse_if_used()?;
+                if let Some(k) = &x.file {
+                    by_file.remove(k);
+                }
+                Ok(())
+            })
         }
-        if let Some(k) = &x.file {
-            by_file.remove(k);
-        }
-        // SAFETY: created by leak(RoxeXrcd); this was its last open.
-        drop(unsafe { Box::from_raw(xrcd.cast::<RoxeXrcd>()) });
-        0
     })
-}
-
-fn fail<T>(errno: c_int) -> *mut T {
-    set_errno(errno);
-    null_mut()
 }
 
 /// `ibv_create_srq_ex` for `IBV_SRQT_XRC`: needs a PD, an XRCD and a CQ.
@@ -155,30 +160,27 @@ fn fail<T>(errno: c_int) -> *mut T {
 pub(crate) unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
     let need = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     if a.comp_mask & need != need {
-        return fail(libc::EINVAL);
+        return fail_null(libc::EINVAL);
     }
     // SAFETY: per the contract.
     let (p, x, cq) = unsafe {
         (
-            obj::<RoxePd, _>(a.pd),
-            obj::<RoxeXrcd, _>(a.xrcd.cast::<ibv_xrcd>()),
-            obj::<RoxeCq, _>(a.cq),
+            container_of::<RoxePd, _>(a.pd),
+            container_of::<RoxeXrcd, _>(a.xrcd.cast::<ibv_xrcd>()),
+            container_of::<RoxeCq, _>(a.cq),
         )
     };
     let (Some(p), Some(x), Some(cq)) = (p, x, cq) else {
-        return fail(libc::EINVAL);
+        return fail_null(libc::EINVAL);
     };
     let srq = match p
         .pd
         .create_xrc_srq(&x.xrcd, &cq.cq, a.attr.max_wr, a.attr.max_sge)
     {
         Ok(s) => s,
-        Err(e) => return fail(e.errno()),
+        Err(e) => return fail_null(e.errno()),
     };
-    x.users.fetch_add(1, Ordering::AcqRel);
-    cq.users.fetch_add(1, Ordering::AcqRel);
-    // SAFETY: p came from a.pd.
-    unsafe { RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, Some(x), Some(cq)) }
+    RoxeSrq::hand_out(p, a.pd, a.srq_context, srq, a.attr, Some(x), Some(cq))
 }
 
 /// `vctx->get_srq_num`.
@@ -188,8 +190,9 @@ pub(crate) unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex) -> *mut ibv_srq {
 pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: srq NULL or ours; num is the caller's.
-        let (Some(s), Some(out)) = (unsafe { obj::<RoxeSrq, _>(srq) }, unsafe { num.as_mut() })
-        else {
+        let (Some(s), Some(out)) = (unsafe { container_of::<RoxeSrq, _>(srq) }, unsafe {
+            num.as_mut()
+        }) else {
             return libc::EINVAL;
         };
         match s.srq.number() {
@@ -206,8 +209,17 @@ pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) ->
 pub(crate) struct RoxeXrcRecvQp {
     c: ibv_qp,
     qp: XrcRecvQp,
-    xrcd: *const RoxeXrcd,
+    _xrcd: Used<RoxeXrcd>,
 }
+
+/// An XRC_RECV QP has no queues.
+const NO_CAP: ibv_qp_cap = ibv_qp_cap {
+    max_send_wr: 0,
+    max_recv_wr: 0,
+    max_send_sge: 0,
+    max_recv_sge: 0,
+    max_inline_data: 0,
+};
 
 /// True for an XRC_RECV QP (of this library, or any: the field is public).
 ///
@@ -227,26 +239,19 @@ pub(crate) unsafe fn create_recv_qp(
     a: &mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     if a.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 {
-        return fail(libc::EINVAL);
+        return fail_null(libc::EINVAL);
     }
     // SAFETY: per the contract.
-    let Some(x) = (unsafe { obj::<RoxeXrcd, _>(a.xrcd.cast::<ibv_xrcd>()) }) else {
-        return fail(libc::EINVAL);
+    let Some(x) = (unsafe { container_of::<RoxeXrcd, _>(a.xrcd.cast::<ibv_xrcd>()) }) else {
+        return fail_null(libc::EINVAL);
     };
     let qp = match x.xrcd.create_recv_qp() {
         Ok(q) => q,
-        Err(e) => return fail(e.errno()),
+        Err(e) => return fail_null(e.errno()),
     };
-    x.users.fetch_add(1, Ordering::AcqRel);
-    a.cap = ibv_qp_cap {
-        max_send_wr: 0,
-        max_recv_wr: 0,
-        max_send_sge: 0,
-        max_recv_sge: 0,
-        max_inline_data: 0,
-    };
+    a.cap = NO_CAP;
     let qpn = qp.qp_num();
-    leak(RoxeXrcRecvQp {
+    hand_out(RoxeXrcRecvQp {
         c: ibv_qp {
             context: ctx,
             qp_context: a.qp_context,
@@ -263,7 +268,7 @@ pub(crate) unsafe fn create_recv_qp(
             events_completed: 0,
         },
         qp,
-        xrcd: x,
+        _xrcd: Used::new(x),
     })
     .cast()
 }
@@ -272,81 +277,50 @@ pub(crate) unsafe fn create_recv_qp(
 ///
 /// # Safety
 /// `qp` is an XRC_RECV QP of this library; `attr` NULL or the caller's.
-pub(crate) unsafe fn modify(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub(crate) unsafe fn modify_recv_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: per the contract.
-        let Some(q) = (unsafe { obj::<RoxeXrcRecvQp, _>(qp) }) else {
+        let Some(q) = (unsafe { container_of::<RoxeXrcRecvQp, _>(qp) }) else {
             return libc::EINVAL;
         };
         // SAFETY: as above.
-        unsafe { crate::verbs::modify_with(qp, attr, mask, |a, m| q.qp.modify(a, m)) }
+        unsafe { crate::qp::modify_with(qp, attr, mask, |a, m| q.qp.modify(a, m)) }
     })
 }
 
 /// `ibv_query_qp` on an XRC_RECV QP.
 ///
 /// # Safety
-/// As [`modify`]; `attr` and `init` NULL or the caller's.
-pub(crate) unsafe fn query(
+/// As [`modify_recv_qp`]; `attr` and `init` NULL or the caller's.
+pub(crate) unsafe fn query_recv_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: per the contract.
-        let Some(q) = (unsafe { obj::<RoxeXrcRecvQp, _>(qp) }) else {
+        let Some(q) = (unsafe { container_of::<RoxeXrcRecvQp, _>(qp) }) else {
             return libc::EINVAL;
         };
-        if attr.is_null() || init.is_null() {
-            return libc::EINVAL;
-        }
-        let a = match q.qp.query() {
-            Ok(a) => a,
-            Err(e) => return e.errno(),
+        let created = ibv_qp_init_attr {
+            qp_context: q.c.qp_context,
+            send_cq: null_mut(),
+            recv_cq: null_mut(),
+            srq: null_mut(),
+            cap: NO_CAP,
+            qp_type: IBV_QPT_XRC_RECV,
+            sq_sig_all: 0,
         };
-        let none = ibv_qp_cap {
-            max_send_wr: 0,
-            max_recv_wr: 0,
-            max_send_sge: 0,
-            max_recv_sge: 0,
-            max_inline_data: 0,
-        };
-        let out = qp_attr_to_c(&a, none);
-        // SAFETY: attr and init are the caller's.
-        unsafe {
-            attr.write(out);
-            init.write(ibv_qp_init_attr {
-                qp_context: q.c.qp_context,
-                send_cq: null_mut(),
-                recv_cq: null_mut(),
-                srq: null_mut(),
-                cap: none,
-                qp_type: IBV_QPT_XRC_RECV,
-                sq_sig_all: 0,
-            });
-            (*qp).state = out.qp_state;
-        }
-        0
+        // SAFETY: per the contract.
+        unsafe { crate::qp::query_with(qp, attr, init, created, || q.qp.query()) }
     })
 }
 
 /// `ibv_destroy_qp` on an XRC_RECV QP.
 ///
 /// # Safety
-/// As [`modify`]; the QP is not used again.
-pub(crate) unsafe fn destroy(qp: *mut ibv_qp) -> c_int {
-    guard(libc::EIO, || {
-        if qp.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: created by leak(RoxeXrcRecvQp), destroyed once; its
-        // domain outlives it (users count).
-        unsafe {
-            let q = Box::from_raw(qp.cast::<RoxeXrcRecvQp>());
-            let x = q.xrcd;
-            drop(q);
-            (*x).users.fetch_sub(1, Ordering::AcqRel);
-        }
-        0
-    })
+/// As [`modify_recv_qp`]; the QP is not used again.
+pub(crate) unsafe fn destroy_recv_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: per the contract; its domain outlives it (it counts).
+    unsafe { destroy(qp, |_: &RoxeXrcRecvQp| Ok(())) }
 }
