@@ -283,6 +283,13 @@ int main(int argc, char **argv)
 	      "receive completion");
 	CHECK(strcmp(rbuf, "through rdma_post_send") == 0, "received data");
 	printf("ok accept and rdma_verbs.h data path\n");
+	/* rdma_notify: COMM_EST (data before the RTU) is what the CM takes;
+	 * any other QP event is EINVAL, as the kernel's ib_cm_notify answers. */
+	CHECK(rdma_notify(child, IBV_EVENT_COMM_EST) == 0, "rdma_notify COMM_EST");
+	errno = 0;
+	CHECK(rdma_notify(child, IBV_EVENT_SQ_DRAINED) == -1 && errno == EINVAL,
+	      "rdma_notify SQ_DRAINED: EINVAL (errno %d)", errno);
+	printf("ok rdma_notify\n");
 
 	CHECK(rdma_disconnect(child) == 0, "rdma_disconnect");
 	ev = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 5000);

@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 /// `IBV_EVENT_COMM_EST`.
-const IBV_EVENT_COMM_EST: c_int = 5;
+const IBV_EVENT_COMM_EST: c_int = 4;
 /// The REJ reason of `rdma_reject_ece` (vendor option not supported).
 const REJ_VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
 
