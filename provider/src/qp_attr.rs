@@ -124,25 +124,85 @@ impl From<InvalidValue> for VerbsError {
     }
 }
 
-/// QP transport type (`enum ibv_qp_type` values: RC=2, UC=3, UD=4,
-/// XRC_SEND=9, XRC_RECV=10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum QpType {
-    /// `IBV_QPT_RC`: reliable connected.
-    Rc = 2,
-    /// `IBV_QPT_UC`: unreliable connected.
-    Uc = 3,
-    /// `IBV_QPT_UD`: unreliable datagram.
-    Ud = 4,
-    /// `IBV_QPT_XRC_SEND` (the kernel's XRC_INI): an XRC requester. It has
-    /// a send queue and no receive side; each WR names the XRC SRQ it
-    /// targets at the peer.
-    XrcSend = 9,
-    /// `IBV_QPT_XRC_RECV` (XRC_TGT): an XRC responder in an XRC domain,
-    /// with no queue of its own: each request's XRCETH picks the domain's
-    /// SRQ that receives it, whose PD and CQ apply.
-    XrcRecv = 10,
+/// A verbs enumeration from its table of variants: the `#[repr(u32)]` enum,
+/// whose discriminants are libibverbs' values, and `TryFrom<u32>`, which
+/// refuses every other value with an [`InvalidValue`] naming `$what`. With a
+/// name after each variant (`Rc = 2 => "RC"`) also `name()` and `Display`.
+macro_rules! verbs_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident($what:literal) {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:literal => $name:literal, )*
+        }
+    ) => {
+        verbs_enum! {
+            $(#[$meta])*
+            pub enum $ty($what) {
+                $( $(#[$vmeta])* $variant = $value, )*
+            }
+        }
+
+        impl $ty {
+            /// The name as libibverbs spells the value, without its prefix
+            /// (`"RC"` for `IBV_QPT_RC`, `"RESET"` for `IBV_QPS_RESET`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $( $ty::$variant => $name, )*
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident($what:literal) {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:literal, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u32)]
+        pub enum $ty {
+            $( $(#[$vmeta])* $variant = $value, )*
+        }
+
+        impl TryFrom<u32> for $ty {
+            type Error = InvalidValue;
+
+            fn try_from(value: u32) -> Result<Self, Self::Error> {
+                match value {
+                    $( $value => Ok($ty::$variant), )*
+                    _ => Err(InvalidValue { what: $what, value }),
+                }
+            }
+        }
+    };
+}
+
+verbs_enum! {
+    /// QP transport type (`enum ibv_qp_type` values: RC=2, UC=3, UD=4,
+    /// XRC_SEND=9, XRC_RECV=10).
+    pub enum QpType("QP type") {
+        /// `IBV_QPT_RC`: reliable connected.
+        Rc = 2 => "RC",
+        /// `IBV_QPT_UC`: unreliable connected.
+        Uc = 3 => "UC",
+        /// `IBV_QPT_UD`: unreliable datagram.
+        Ud = 4 => "UD",
+        /// `IBV_QPT_XRC_SEND` (the kernel's XRC_INI): an XRC requester. It has
+        /// a send queue and no receive side; each WR names the XRC SRQ it
+        /// targets at the peer.
+        XrcSend = 9 => "XRC_SEND",
+        /// `IBV_QPT_XRC_RECV` (XRC_TGT): an XRC responder in an XRC domain,
+        /// with no queue of its own: each request's XRCETH picks the domain's
+        /// SRQ that receives it, whose PD and CQ apply.
+        XrcRecv = 10 => "XRC_RECV",
+    }
 }
 
 impl QpType {
@@ -150,17 +210,6 @@ impl QpType {
     /// kernel's `qp_state_table` (the XRC types derive theirs from RC's:
     /// see [`Transition::rule`]).
     pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
-
-    /// The short name: `"RC"`, `"UC"`, `"UD"`, `"XRC_SEND"`, `"XRC_RECV"`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-            QpType::XrcSend => "XRC_SEND",
-            QpType::XrcRecv => "XRC_RECV",
-        }
-    }
 
     /// RC and both XRC halves: PSNs, ACKs and retries (reliable connection).
     pub const fn is_reliable(self) -> bool {
@@ -173,49 +222,26 @@ impl QpType {
     }
 }
 
-impl fmt::Display for QpType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+verbs_enum! {
+    /// QP state (`enum ibv_qp_state` values: RESET=0, INIT=1, RTR=2, RTS=3, SQD=4, SQE=5, ERR=6).
+    #[derive(Default)]
+    pub enum QpState("QP state") {
+        /// `IBV_QPS_RESET`: the state a QP is created in.
+        #[default]
+        Reset = 0 => "RESET",
+        /// `IBV_QPS_INIT`: receives may be posted, nothing moves.
+        Init = 1 => "INIT",
+        /// `IBV_QPS_RTR`: ready to receive.
+        Rtr = 2 => "RTR",
+        /// `IBV_QPS_RTS`: ready to send.
+        Rts = 3 => "RTS",
+        /// `IBV_QPS_SQD`: send queue drain(ing/ed).
+        Sqd = 4 => "SQD",
+        /// `IBV_QPS_SQE`: send queue error (UC/UD only).
+        Sqe = 5 => "SQE",
+        /// `IBV_QPS_ERR`: error; outstanding work is flushed.
+        Err = 6 => "ERR",
     }
-}
-
-impl TryFrom<u32> for QpType {
-    type Error = InvalidValue;
-
-    fn try_from(value: u32) -> Result<Self, Self::Error> {
-        match value {
-            2 => Ok(QpType::Rc),
-            3 => Ok(QpType::Uc),
-            4 => Ok(QpType::Ud),
-            9 => Ok(QpType::XrcSend),
-            10 => Ok(QpType::XrcRecv),
-            _ => Err(InvalidValue {
-                what: "QP type",
-                value,
-            }),
-        }
-    }
-}
-
-/// QP state (`enum ibv_qp_state` values: RESET=0, INIT=1, RTR=2, RTS=3, SQD=4, SQE=5, ERR=6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-#[repr(u32)]
-pub enum QpState {
-    /// `IBV_QPS_RESET`: the state a QP is created in.
-    #[default]
-    Reset = 0,
-    /// `IBV_QPS_INIT`: receives may be posted, nothing moves.
-    Init = 1,
-    /// `IBV_QPS_RTR`: ready to receive.
-    Rtr = 2,
-    /// `IBV_QPS_RTS`: ready to send.
-    Rts = 3,
-    /// `IBV_QPS_SQD`: send queue drain(ing/ed).
-    Sqd = 4,
-    /// `IBV_QPS_SQE`: send queue error (UC/UD only).
-    Sqe = 5,
-    /// `IBV_QPS_ERR`: error; outstanding work is flushed.
-    Err = 6,
 }
 
 impl QpState {
@@ -229,56 +255,24 @@ impl QpState {
         QpState::Sqe,
         QpState::Err,
     ];
-
-    /// The name as `ibv_qp_state_str`-style text: `"RESET"`, `"INIT"`, ...
-    pub const fn name(self) -> &'static str {
-        match self {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Sqd => "SQD",
-            QpState::Sqe => "SQE",
-            QpState::Err => "ERR",
-        }
-    }
 }
 
-impl fmt::Display for QpState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+verbs_enum! {
+    /// IB path MTU (`enum ibv_mtu`: 256=1 .. 4096=5).
+    #[derive(Default)]
+    pub enum Mtu("path MTU") {
+        /// `IBV_MTU_256` (rxe's initial path MTU).
+        #[default]
+        Mtu256 = 1,
+        /// `IBV_MTU_512`.
+        Mtu512 = 2,
+        /// `IBV_MTU_1024`.
+        Mtu1024 = 3,
+        /// `IBV_MTU_2048`.
+        Mtu2048 = 4,
+        /// `IBV_MTU_4096`.
+        Mtu4096 = 5,
     }
-}
-
-impl TryFrom<u32> for QpState {
-    type Error = InvalidValue;
-
-    fn try_from(value: u32) -> Result<Self, Self::Error> {
-        QpState::ALL
-            .into_iter()
-            .find(|s| *s as u32 == value)
-            .ok_or(InvalidValue {
-                what: "QP state",
-                value,
-            })
-    }
-}
-
-/// IB path MTU (`enum ibv_mtu`: 256=1 .. 4096=5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-#[repr(u32)]
-pub enum Mtu {
-    /// `IBV_MTU_256` (rxe's initial path MTU).
-    #[default]
-    Mtu256 = 1,
-    /// `IBV_MTU_512`.
-    Mtu512 = 2,
-    /// `IBV_MTU_1024`.
-    Mtu1024 = 3,
-    /// `IBV_MTU_2048`.
-    Mtu2048 = 4,
-    /// `IBV_MTU_4096`.
-    Mtu4096 = 5,
 }
 
 impl Mtu {
@@ -302,71 +296,56 @@ impl Mtu {
     }
 }
 
-impl TryFrom<u32> for Mtu {
-    type Error = InvalidValue;
-
-    fn try_from(value: u32) -> Result<Self, Self::Error> {
-        Mtu::ALL
-            .into_iter()
-            .find(|m| *m as u32 == value)
-            .ok_or(InvalidValue {
-                what: "path MTU",
-                value,
-            })
-    }
-}
-
 /// `enum ibv_qp_attr_mask`: which attributes an `ibv_modify_qp` call carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AttrMask(pub u32);
 
+/// The mask bits, each with its libibverbs name: the [`AttrMask`]
+/// constants, and the names `Display` prints.
+macro_rules! mask_bits {
+    ($( $(#[$doc:meta])* $bit:ident = $value:expr => $name:literal, )*) => {
+        impl AttrMask {
+            $(
+                #[doc = concat!("`", $name, "`.")]
+                $(#[$doc])*
+                pub const $bit: AttrMask = AttrMask($value);
+            )*
+        }
+
+        /// The libibverbs name of every defined mask bit.
+        const MASK_NAMES: &[(AttrMask, &str)] = &[$( (AttrMask::$bit, $name), )*];
+    };
+}
+
+mask_bits! {
+    STATE = 1 => "IBV_QP_STATE",
+    CUR_STATE = 1 << 1 => "IBV_QP_CUR_STATE",
+    EN_SQD_ASYNC_NOTIFY = 1 << 2 => "IBV_QP_EN_SQD_ASYNC_NOTIFY",
+    ACCESS_FLAGS = 1 << 3 => "IBV_QP_ACCESS_FLAGS",
+    PKEY_INDEX = 1 << 4 => "IBV_QP_PKEY_INDEX",
+    PORT = 1 << 5 => "IBV_QP_PORT",
+    QKEY = 1 << 6 => "IBV_QP_QKEY",
+    AV = 1 << 7 => "IBV_QP_AV",
+    PATH_MTU = 1 << 8 => "IBV_QP_PATH_MTU",
+    TIMEOUT = 1 << 9 => "IBV_QP_TIMEOUT",
+    RETRY_CNT = 1 << 10 => "IBV_QP_RETRY_CNT",
+    RNR_RETRY = 1 << 11 => "IBV_QP_RNR_RETRY",
+    RQ_PSN = 1 << 12 => "IBV_QP_RQ_PSN",
+    MAX_QP_RD_ATOMIC = 1 << 13 => "IBV_QP_MAX_QP_RD_ATOMIC",
+    ALT_PATH = 1 << 14 => "IBV_QP_ALT_PATH",
+    MIN_RNR_TIMER = 1 << 15 => "IBV_QP_MIN_RNR_TIMER",
+    SQ_PSN = 1 << 16 => "IBV_QP_SQ_PSN",
+    MAX_DEST_RD_ATOMIC = 1 << 17 => "IBV_QP_MAX_DEST_RD_ATOMIC",
+    PATH_MIG_STATE = 1 << 18 => "IBV_QP_PATH_MIG_STATE",
+    CAP = 1 << 19 => "IBV_QP_CAP",
+    DEST_QPN = 1 << 20 => "IBV_QP_DEST_QPN",
+    /// Only through the `_ex` command; rxe has no packet pacing.
+    RATE_LIMIT = 1 << 25 => "IBV_QP_RATE_LIMIT",
+}
+
 impl AttrMask {
     /// No attribute.
     pub const EMPTY: AttrMask = AttrMask(0);
-    /// `IBV_QP_STATE`.
-    pub const STATE: AttrMask = AttrMask(1);
-    /// `IBV_QP_CUR_STATE`.
-    pub const CUR_STATE: AttrMask = AttrMask(1 << 1);
-    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
-    pub const EN_SQD_ASYNC_NOTIFY: AttrMask = AttrMask(1 << 2);
-    /// `IBV_QP_ACCESS_FLAGS`.
-    pub const ACCESS_FLAGS: AttrMask = AttrMask(1 << 3);
-    /// `IBV_QP_PKEY_INDEX`.
-    pub const PKEY_INDEX: AttrMask = AttrMask(1 << 4);
-    /// `IBV_QP_PORT`.
-    pub const PORT: AttrMask = AttrMask(1 << 5);
-    /// `IBV_QP_QKEY`.
-    pub const QKEY: AttrMask = AttrMask(1 << 6);
-    /// `IBV_QP_AV`.
-    pub const AV: AttrMask = AttrMask(1 << 7);
-    /// `IBV_QP_PATH_MTU`.
-    pub const PATH_MTU: AttrMask = AttrMask(1 << 8);
-    /// `IBV_QP_TIMEOUT`.
-    pub const TIMEOUT: AttrMask = AttrMask(1 << 9);
-    /// `IBV_QP_RETRY_CNT`.
-    pub const RETRY_CNT: AttrMask = AttrMask(1 << 10);
-    /// `IBV_QP_RNR_RETRY`.
-    pub const RNR_RETRY: AttrMask = AttrMask(1 << 11);
-    /// `IBV_QP_RQ_PSN`.
-    pub const RQ_PSN: AttrMask = AttrMask(1 << 12);
-    /// `IBV_QP_MAX_QP_RD_ATOMIC`.
-    pub const MAX_QP_RD_ATOMIC: AttrMask = AttrMask(1 << 13);
-    /// `IBV_QP_ALT_PATH`.
-    pub const ALT_PATH: AttrMask = AttrMask(1 << 14);
-    /// `IBV_QP_MIN_RNR_TIMER`.
-    pub const MIN_RNR_TIMER: AttrMask = AttrMask(1 << 15);
-    /// `IBV_QP_SQ_PSN`.
-    pub const SQ_PSN: AttrMask = AttrMask(1 << 16);
-    /// `IBV_QP_MAX_DEST_RD_ATOMIC`.
-    pub const MAX_DEST_RD_ATOMIC: AttrMask = AttrMask(1 << 17);
-    /// `IBV_QP_PATH_MIG_STATE`.
-    pub const PATH_MIG_STATE: AttrMask = AttrMask(1 << 18);
-    /// `IBV_QP_CAP`.
-    pub const CAP: AttrMask = AttrMask(1 << 19);
-    /// `IBV_QP_DEST_QPN`.
-    pub const DEST_QPN: AttrMask = AttrMask(1 << 20);
-    /// `IBV_QP_RATE_LIMIT` (only through the `_ex` command; rxe has no packet pacing).
-    pub const RATE_LIMIT: AttrMask = AttrMask(1 << 25);
     /// Every bit the legacy modify command carries (`IB_QP_ATTR_STANDARD_BITS`: STATE ..= DEST_QPN).
     pub const STANDARD: AttrMask = AttrMask((1 << 21) - 1);
 
@@ -437,32 +416,6 @@ impl BitAnd for AttrMask {
     }
 }
 
-/// The libibverbs name of every defined mask bit.
-const MASK_NAMES: [(AttrMask, &str); 22] = [
-    (AttrMask::STATE, "IBV_QP_STATE"),
-    (AttrMask::CUR_STATE, "IBV_QP_CUR_STATE"),
-    (AttrMask::EN_SQD_ASYNC_NOTIFY, "IBV_QP_EN_SQD_ASYNC_NOTIFY"),
-    (AttrMask::ACCESS_FLAGS, "IBV_QP_ACCESS_FLAGS"),
-    (AttrMask::PKEY_INDEX, "IBV_QP_PKEY_INDEX"),
-    (AttrMask::PORT, "IBV_QP_PORT"),
-    (AttrMask::QKEY, "IBV_QP_QKEY"),
-    (AttrMask::AV, "IBV_QP_AV"),
-    (AttrMask::PATH_MTU, "IBV_QP_PATH_MTU"),
-    (AttrMask::TIMEOUT, "IBV_QP_TIMEOUT"),
-    (AttrMask::RETRY_CNT, "IBV_QP_RETRY_CNT"),
-    (AttrMask::RNR_RETRY, "IBV_QP_RNR_RETRY"),
-    (AttrMask::RQ_PSN, "IBV_QP_RQ_PSN"),
-    (AttrMask::MAX_QP_RD_ATOMIC, "IBV_QP_MAX_QP_RD_ATOMIC"),
-    (AttrMask::ALT_PATH, "IBV_QP_ALT_PATH"),
-    (AttrMask::MIN_RNR_TIMER, "IBV_QP_MIN_RNR_TIMER"),
-    (AttrMask::SQ_PSN, "IBV_QP_SQ_PSN"),
-    (AttrMask::MAX_DEST_RD_ATOMIC, "IBV_QP_MAX_DEST_RD_ATOMIC"),
-    (AttrMask::PATH_MIG_STATE, "IBV_QP_PATH_MIG_STATE"),
-    (AttrMask::CAP, "IBV_QP_CAP"),
-    (AttrMask::DEST_QPN, "IBV_QP_DEST_QPN"),
-    (AttrMask::RATE_LIMIT, "IBV_QP_RATE_LIMIT"),
-];
-
 impl fmt::Display for AttrMask {
     /// The set bits by libibverbs name, joined by `|`; unnamed bits in hex.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -471,7 +424,7 @@ impl fmt::Display for AttrMask {
         }
         let mut rest = *self;
         let mut first = true;
-        for (bit, name) in MASK_NAMES {
+        for &(bit, name) in MASK_NAMES {
             if rest.contains(bit) {
                 if !first {
                     f.write_str("|")?;

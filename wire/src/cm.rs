@@ -258,7 +258,190 @@ const fn put(v: u8, shift: u32, width: u32) -> u8 {
     (v & ((1u16 << width) - 1) as u8) << shift
 }
 
-const U24: u32 = 0xFF_FFFF;
+// ---------------------------------------------------------------------------
+// Where a message's fields lie. Each message below is a table of rows
+// `name: type = place`; `cm_message!` makes the struct, `parse` and `emit`
+// from it, so each offset is written once and parse and emit cannot
+// disagree.
+
+/// Where a field of a CM message lies in the 232 bytes after the MAD
+/// header, and so how its value is read and written.
+trait Place<T> {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> T;
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: T);
+}
+
+/// The byte at this offset.
+struct Byte(usize);
+/// A big-endian 16-bit number at this offset.
+struct Be16(usize);
+/// A big-endian 24-bit number (QPN, PSN, ...) at this offset; emitting
+/// keeps the value's low 24 bits.
+struct Be24(usize);
+/// A big-endian 32-bit number at this offset.
+struct Be32(usize);
+/// A big-endian 64-bit number at this offset.
+struct Be64(usize);
+/// `width` bits of the byte at `at`, `shift` bits above its least
+/// significant bit (a `bool` is one bit); emitting keeps the value's low
+/// `width` bits.
+struct Bits {
+    at: usize,
+    shift: u32,
+    width: u32,
+}
+/// A 24-bit number whose three bytes lie apart, most significant first:
+/// REP and SIDR_REP fit their vendor ID into bytes other fields leave over.
+struct Split24([usize; 3]);
+/// Bytes kept as they are, from this offset on, as many as the field's
+/// array holds.
+struct Bytes(usize);
+/// A REQ path ([`PathRepr`], 44 bytes) from this offset on.
+struct Path(usize);
+
+impl Place<u8> for Byte {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u8 {
+        d[self.0]
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u8) {
+        d[self.0] = v;
+    }
+}
+
+impl Place<u16> for Be16 {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u16 {
+        u16_at(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u16) {
+        set_u16(d, self.0, v);
+    }
+}
+
+impl Place<u32> for Be24 {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u32 {
+        u24_at(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u32) {
+        set_u24(d, self.0, v);
+    }
+}
+
+impl Place<u32> for Be32 {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u32 {
+        u32_at(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u32) {
+        set_u32(d, self.0, v);
+    }
+}
+
+impl Place<u64> for Be64 {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u64 {
+        u64_at(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u64) {
+        set_u64(d, self.0, v);
+    }
+}
+
+impl Place<u8> for Bits {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u8 {
+        bits(d[self.at], self.shift, self.width)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u8) {
+        // The byte's other bits belong to other fields.
+        let others = !put(0xFF, self.shift, self.width);
+        d[self.at] = d[self.at] & others | put(v, self.shift, self.width);
+    }
+}
+
+impl Place<bool> for Bits {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> bool {
+        Place::<u8>::get(self, d) != 0
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: bool) {
+        Place::<u8>::set(self, d, v.into());
+    }
+}
+
+impl Place<u32> for Split24 {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> u32 {
+        let [high, middle, low] = self.0;
+        u32::from_be_bytes([0, d[high], d[middle], d[low]])
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: u32) {
+        let [_, h, m, l] = v.to_be_bytes();
+        let [high, middle, low] = self.0;
+        d[high] = h;
+        d[middle] = m;
+        d[low] = l;
+    }
+}
+
+impl<const N: usize> Place<[u8; N]> for Bytes {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> [u8; N] {
+        arr(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: [u8; N]) {
+        d[self.0..self.0 + N].copy_from_slice(&v);
+    }
+}
+
+impl Place<PathRepr> for Path {
+    fn get(&self, d: &[u8; CM_DATA_LEN]) -> PathRepr {
+        PathRepr::parse_at(d, self.0)
+    }
+    fn set(&self, d: &mut [u8; CM_DATA_LEN], v: PathRepr) {
+        v.emit_at(d, self.0);
+    }
+}
+
+/// A CM message from its table of fields: the struct (its fields public, in
+/// table order), `Default` (the all-zero message), `ATTR_ID`, `parse` and
+/// `emit`. Each row is `name: type = place`, the place one of those above
+/// at an offset from the start of the message, as in the IBA tables.
+///
+/// The rows of a table cover all 232 bytes, reserved and vendor bits
+/// included, so that a parsed message re-emits to the same bytes (the
+/// tests' round trip of random bytes through every attribute checks it).
+macro_rules! cm_message {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident($attr_id:expr) {
+            $( $(#[$fmeta:meta])* $field:ident: $ty:ty = $place:expr, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
+
+        /// The all-zero message.
+        impl Default for $name {
+            fn default() -> Self {
+                Self::parse(&[0; CM_DATA_LEN])
+            }
+        }
+
+        impl $name {
+            /// Attribute ID of the message.
+            pub const ATTR_ID: u16 = $attr_id;
+
+            /// Parse the message from the 232 bytes after the MAD header.
+            pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
+                $name {
+                    $( $field: Place::get(&$place, d), )*
+                }
+            }
+
+            /// Emit the message into the 232 bytes after the MAD header.
+            pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
+                $( Place::set(&$place, d, self.$field); )*
+            }
+        }
+    };
+}
 
 // ---------------------------------------------------------------------------
 // The MAD header.
@@ -513,683 +696,240 @@ impl PathRepr {
 // The messages. Offsets below are from the start of the CM message (MAD
 // byte 24), as in the IBA tables.
 
-/// ConnectRequest (REQ, IBA table 106).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReqRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Reserved byte 4.
-    pub reserved_4: u8,
-    /// Vendor ID (24 bits at byte 5).
-    pub vendor_id: u32,
-    /// Service ID (rdma_cm: [`rdma_cm::service_id`]).
-    pub service_id: u64,
-    /// Local CA GUID.
-    pub local_ca_guid: u64,
-    /// Reserved bytes 24..28.
-    pub reserved_24: u32,
-    /// Local Q_Key (UD/RD only).
-    pub local_qkey: u32,
-    /// Local QPN (24 bits).
-    pub local_qpn: u32,
-    /// Responder resources: RDMA READs/atomics the sender accepts.
-    pub responder_resources: u8,
-    /// Local EE context number (24 bits, RD only).
-    pub local_eecn: u32,
-    /// Initiator depth: RDMA READs/atomics the sender issues at once.
-    pub initiator_depth: u8,
-    /// Remote EE context number (24 bits, RD only).
-    pub remote_eecn: u32,
-    /// Remote CM response timeout (5 bits): 4.096 µs × 2^t.
-    pub remote_cm_response_timeout: u8,
-    /// Transport service type (2 bits): 0 RC, 1 UC, 2 RD.
-    pub transport_service_type: u8,
-    /// End-to-end flow control.
-    pub end_to_end_flow_control: bool,
-    /// Starting PSN (24 bits).
-    pub starting_psn: u32,
-    /// Local CM response timeout (5 bits).
-    pub local_cm_response_timeout: u8,
-    /// Retry count (3 bits).
-    pub retry_count: u8,
-    /// P_Key.
-    pub pkey: u16,
-    /// Path MTU (4 bits, IB enum: 1 = 256 ... 5 = 4096).
-    pub path_mtu: u8,
-    /// RDC exists.
-    pub rdc_exists: bool,
-    /// RNR retry count (3 bits, 7 = infinite).
-    pub rnr_retry_count: u8,
-    /// Max CM retries (4 bits).
-    pub max_cm_retries: u8,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// Extended transport type (3 bits; 0 none, 3 XRC).
-    pub extended_transport: u8,
-    /// The primary path.
-    pub primary: PathRepr,
-    /// The alternate path (all zero when there is none).
-    pub alternate: PathRepr,
-    /// Private data (rdma_cm: a [`rdma_cm::CmaHeader`] first).
-    pub private_data: [u8; REQ_PRIVATE_DATA],
-}
-
-impl Default for ReqRepr {
-    fn default() -> Self {
-        ReqRepr {
-            local_comm_id: 0,
-            reserved_4: 0,
-            vendor_id: 0,
-            service_id: 0,
-            local_ca_guid: 0,
-            reserved_24: 0,
-            local_qkey: 0,
-            local_qpn: 0,
-            responder_resources: 0,
-            local_eecn: 0,
-            initiator_depth: 0,
-            remote_eecn: 0,
-            remote_cm_response_timeout: 0,
-            transport_service_type: 0,
-            end_to_end_flow_control: false,
-            starting_psn: 0,
-            local_cm_response_timeout: 0,
-            retry_count: 0,
-            pkey: 0,
-            path_mtu: 0,
-            rdc_exists: false,
-            rnr_retry_count: 0,
-            max_cm_retries: 0,
-            srq: false,
-            extended_transport: 0,
-            primary: PathRepr::default(),
-            alternate: PathRepr::default(),
-            private_data: [0; REQ_PRIVATE_DATA],
-        }
+cm_message! {
+    /// ConnectRequest (REQ, IBA table 106).
+    pub struct ReqRepr(attr::REQ) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Reserved byte 4.
+        reserved_4: u8 = Byte(4),
+        /// Vendor ID (24 bits at byte 5).
+        vendor_id: u32 = Be24(5),
+        /// Service ID (rdma_cm: [`rdma_cm::service_id`]).
+        service_id: u64 = Be64(8),
+        /// Local CA GUID.
+        local_ca_guid: u64 = Be64(16),
+        /// Reserved bytes 24..28.
+        reserved_24: u32 = Be32(24),
+        /// Local Q_Key (UD/RD only).
+        local_qkey: u32 = Be32(28),
+        /// Local QPN (24 bits).
+        local_qpn: u32 = Be24(32),
+        /// Responder resources: RDMA READs/atomics the sender accepts.
+        responder_resources: u8 = Byte(35),
+        /// Local EE context number (24 bits, RD only).
+        local_eecn: u32 = Be24(36),
+        /// Initiator depth: RDMA READs/atomics the sender issues at once.
+        initiator_depth: u8 = Byte(39),
+        /// Remote EE context number (24 bits, RD only).
+        remote_eecn: u32 = Be24(40),
+        /// Remote CM response timeout (5 bits): 4.096 µs × 2^t.
+        remote_cm_response_timeout: u8 = Bits { at: 43, shift: 3, width: 5 },
+        /// Transport service type (2 bits): 0 RC, 1 UC, 2 RD.
+        transport_service_type: u8 = Bits { at: 43, shift: 1, width: 2 },
+        /// End-to-end flow control.
+        end_to_end_flow_control: bool = Bits { at: 43, shift: 0, width: 1 },
+        /// Starting PSN (24 bits).
+        starting_psn: u32 = Be24(44),
+        /// Local CM response timeout (5 bits).
+        local_cm_response_timeout: u8 = Bits { at: 47, shift: 3, width: 5 },
+        /// Retry count (3 bits).
+        retry_count: u8 = Bits { at: 47, shift: 0, width: 3 },
+        /// P_Key.
+        pkey: u16 = Be16(48),
+        /// Path MTU (4 bits, IB enum: 1 = 256 ... 5 = 4096).
+        path_mtu: u8 = Bits { at: 50, shift: 4, width: 4 },
+        /// RDC exists.
+        rdc_exists: bool = Bits { at: 50, shift: 3, width: 1 },
+        /// RNR retry count (3 bits, 7 = infinite).
+        rnr_retry_count: u8 = Bits { at: 50, shift: 0, width: 3 },
+        /// Max CM retries (4 bits).
+        max_cm_retries: u8 = Bits { at: 51, shift: 4, width: 4 },
+        /// The QP uses an SRQ.
+        srq: bool = Bits { at: 51, shift: 3, width: 1 },
+        /// Extended transport type (3 bits; 0 none, 3 XRC).
+        extended_transport: u8 = Bits { at: 51, shift: 0, width: 3 },
+        /// The primary path.
+        primary: PathRepr = Path(52),
+        /// The alternate path (all zero when there is none).
+        alternate: PathRepr = Path(96),
+        /// Private data (rdma_cm: a [`rdma_cm::CmaHeader`] first).
+        private_data: [u8; REQ_PRIVATE_DATA] = Bytes(140),
     }
 }
 
 impl ReqRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::REQ;
-
     /// The SAP Supported bit (in the alternate path's last byte).
     pub fn sap_supported(&self) -> bool {
         self.alternate.reserved_ack & 0x4 != 0
     }
+}
 
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        ReqRepr {
-            local_comm_id: u32_at(d, 0),
-            reserved_4: d[4],
-            vendor_id: u24_at(d, 5),
-            service_id: u64_at(d, 8),
-            local_ca_guid: u64_at(d, 16),
-            reserved_24: u32_at(d, 24),
-            local_qkey: u32_at(d, 28),
-            local_qpn: u24_at(d, 32),
-            responder_resources: d[35],
-            local_eecn: u24_at(d, 36),
-            initiator_depth: d[39],
-            remote_eecn: u24_at(d, 40),
-            remote_cm_response_timeout: bits(d[43], 3, 5),
-            transport_service_type: bits(d[43], 1, 2),
-            end_to_end_flow_control: bits(d[43], 0, 1) != 0,
-            starting_psn: u24_at(d, 44),
-            local_cm_response_timeout: bits(d[47], 3, 5),
-            retry_count: bits(d[47], 0, 3),
-            pkey: u16_at(d, 48),
-            path_mtu: bits(d[50], 4, 4),
-            rdc_exists: bits(d[50], 3, 1) != 0,
-            rnr_retry_count: bits(d[50], 0, 3),
-            max_cm_retries: bits(d[51], 4, 4),
-            srq: bits(d[51], 3, 1) != 0,
-            extended_transport: bits(d[51], 0, 3),
-            primary: PathRepr::parse_at(d, 52),
-            alternate: PathRepr::parse_at(d, 96),
-            private_data: arr(d, 140),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        d[4] = self.reserved_4;
-        set_u24(d, 5, self.vendor_id & U24);
-        set_u64(d, 8, self.service_id);
-        set_u64(d, 16, self.local_ca_guid);
-        set_u32(d, 24, self.reserved_24);
-        set_u32(d, 28, self.local_qkey);
-        set_u24(d, 32, self.local_qpn & U24);
-        d[35] = self.responder_resources;
-        set_u24(d, 36, self.local_eecn & U24);
-        d[39] = self.initiator_depth;
-        set_u24(d, 40, self.remote_eecn & U24);
-        d[43] = put(self.remote_cm_response_timeout, 3, 5)
-            | put(self.transport_service_type, 1, 2)
-            | put(self.end_to_end_flow_control.into(), 0, 1);
-        set_u24(d, 44, self.starting_psn & U24);
-        d[47] = put(self.local_cm_response_timeout, 3, 5) | put(self.retry_count, 0, 3);
-        set_u16(d, 48, self.pkey);
-        d[50] = put(self.path_mtu, 4, 4)
-            | put(self.rdc_exists.into(), 3, 1)
-            | put(self.rnr_retry_count, 0, 3);
-        d[51] = put(self.max_cm_retries, 4, 4)
-            | put(self.srq.into(), 3, 1)
-            | put(self.extended_transport, 0, 3);
-        self.primary.emit_at(d, 52);
-        self.alternate.emit_at(d, 96);
-        d[140..].copy_from_slice(&self.private_data);
+cm_message! {
+    /// MsgRcptAck (MRA, IBA table 107): "your message arrived, the answer
+    /// takes longer".
+    pub struct MraRepr(attr::MRA) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID.
+        remote_comm_id: u32 = Be32(4),
+        /// Message MRAed (2 bits): 0 REQ, 1 REP, 2 LAP.
+        msg_mraed: u8 = Bits { at: 8, shift: 6, width: 2 },
+        /// The 6 reserved bits after MessageMRAed.
+        reserved_8: u8 = Bits { at: 8, shift: 0, width: 6 },
+        /// Service timeout (5 bits): 4.096 µs × 2^t more to wait.
+        service_timeout: u8 = Bits { at: 9, shift: 3, width: 5 },
+        /// The 3 reserved bits after ServiceTimeout.
+        reserved_9: u8 = Bits { at: 9, shift: 0, width: 3 },
+        /// Private data.
+        private_data: [u8; MRA_PRIVATE_DATA] = Bytes(10),
     }
 }
 
-/// MsgRcptAck (MRA, IBA table 107): "your message arrived, the answer
-/// takes longer".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MraRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID.
-    pub remote_comm_id: u32,
-    /// Message MRAed (2 bits): 0 REQ, 1 REP, 2 LAP.
-    pub msg_mraed: u8,
-    /// The 6 reserved bits after MessageMRAed.
-    pub reserved_8: u8,
-    /// Service timeout (5 bits): 4.096 µs × 2^t more to wait.
-    pub service_timeout: u8,
-    /// The 3 reserved bits after ServiceTimeout.
-    pub reserved_9: u8,
-    /// Private data.
-    pub private_data: [u8; MRA_PRIVATE_DATA],
-}
-
-impl Default for MraRepr {
-    fn default() -> Self {
-        MraRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            msg_mraed: 0,
-            reserved_8: 0,
-            service_timeout: 0,
-            reserved_9: 0,
-            private_data: [0; MRA_PRIVATE_DATA],
-        }
+cm_message! {
+    /// ConnectReject (REJ, IBA table 108).
+    pub struct RejRepr(attr::REJ) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID (0 when rejecting a REQ from an unknown peer).
+        remote_comm_id: u32 = Be32(4),
+        /// Message rejected (2 bits): 0 REQ, 1 REP, 2 other.
+        msg_rejected: u8 = Bits { at: 8, shift: 6, width: 2 },
+        /// The 6 reserved bits after MessageRejected.
+        reserved_8: u8 = Bits { at: 8, shift: 0, width: 6 },
+        /// Length of the ARI in bytes (7 bits).
+        reject_info_length: u8 = Bits { at: 9, shift: 1, width: 7 },
+        /// The reserved bit after RejectInfoLength.
+        reserved_9: u8 = Bits { at: 9, shift: 0, width: 1 },
+        /// Reason ([`reason`]).
+        reason: u16 = Be16(10),
+        /// Additional rejection information.
+        ari: [u8; REJ_ARI_LEN] = Bytes(12),
+        /// Private data.
+        private_data: [u8; REJ_PRIVATE_DATA] = Bytes(84),
     }
 }
 
-impl MraRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::MRA;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        MraRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            msg_mraed: bits(d[8], 6, 2),
-            reserved_8: bits(d[8], 0, 6),
-            service_timeout: bits(d[9], 3, 5),
-            reserved_9: bits(d[9], 0, 3),
-            private_data: arr(d, 10),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        d[8] = put(self.msg_mraed, 6, 2) | put(self.reserved_8, 0, 6);
-        d[9] = put(self.service_timeout, 3, 5) | put(self.reserved_9, 0, 3);
-        d[10..].copy_from_slice(&self.private_data);
-    }
-}
-
-/// ConnectReject (REJ, IBA table 108).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RejRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID (0 when rejecting a REQ from an unknown peer).
-    pub remote_comm_id: u32,
-    /// Message rejected (2 bits): 0 REQ, 1 REP, 2 other.
-    pub msg_rejected: u8,
-    /// The 6 reserved bits after MessageRejected.
-    pub reserved_8: u8,
-    /// Length of the ARI in bytes (7 bits).
-    pub reject_info_length: u8,
-    /// The reserved bit after RejectInfoLength.
-    pub reserved_9: u8,
-    /// Reason ([`reason`]).
-    pub reason: u16,
-    /// Additional rejection information.
-    pub ari: [u8; REJ_ARI_LEN],
-    /// Private data.
-    pub private_data: [u8; REJ_PRIVATE_DATA],
-}
-
-impl Default for RejRepr {
-    fn default() -> Self {
-        RejRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            msg_rejected: 0,
-            reserved_8: 0,
-            reject_info_length: 0,
-            reserved_9: 0,
-            reason: 0,
-            ari: [0; REJ_ARI_LEN],
-            private_data: [0; REJ_PRIVATE_DATA],
-        }
+cm_message! {
+    /// ConnectReply (REP, IBA table 110).
+    pub struct RepRepr(attr::REP) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID (the REQ's local one).
+        remote_comm_id: u32 = Be32(4),
+        /// Local Q_Key.
+        local_qkey: u32 = Be32(8),
+        /// Local QPN (24 bits).
+        local_qpn: u32 = Be24(12),
+        /// Local EE context number (24 bits).
+        local_eecn: u32 = Be24(16),
+        /// Starting PSN (24 bits).
+        starting_psn: u32 = Be24(20),
+        /// Responder resources.
+        responder_resources: u8 = Byte(24),
+        /// Initiator depth.
+        initiator_depth: u8 = Byte(25),
+        /// Target ACK delay (5 bits).
+        target_ack_delay: u8 = Bits { at: 26, shift: 3, width: 5 },
+        /// Failover accepted (2 bits): 0 accepted, 1 rejected, 2 unsupported.
+        failover_accepted: u8 = Bits { at: 26, shift: 1, width: 2 },
+        /// End-to-end flow control.
+        end_to_end_flow_control: bool = Bits { at: 26, shift: 0, width: 1 },
+        /// RNR retry count (3 bits).
+        rnr_retry_count: u8 = Bits { at: 27, shift: 5, width: 3 },
+        /// The QP uses an SRQ.
+        srq: bool = Bits { at: 27, shift: 4, width: 1 },
+        /// The 4 reserved bits after SRQ.
+        reserved_27: u8 = Bits { at: 27, shift: 0, width: 4 },
+        /// Vendor ID (24 bits, kept in the bytes after LocalQPN (high),
+        /// LocalEECN (middle) and StartingPSN (low)).
+        vendor_id: u32 = Split24([15, 19, 23]),
+        /// Local CA GUID.
+        local_ca_guid: u64 = Be64(28),
+        /// Private data.
+        private_data: [u8; REP_PRIVATE_DATA] = Bytes(36),
     }
 }
 
-impl RejRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::REJ;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        RejRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            msg_rejected: bits(d[8], 6, 2),
-            reserved_8: bits(d[8], 0, 6),
-            reject_info_length: bits(d[9], 1, 7),
-            reserved_9: bits(d[9], 0, 1),
-            reason: u16_at(d, 10),
-            ari: arr(d, 12),
-            private_data: arr(d, 84),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        d[8] = put(self.msg_rejected, 6, 2) | put(self.reserved_8, 0, 6);
-        d[9] = put(self.reject_info_length, 1, 7) | put(self.reserved_9, 0, 1);
-        set_u16(d, 10, self.reason);
-        d[12..84].copy_from_slice(&self.ari);
-        d[84..].copy_from_slice(&self.private_data);
+cm_message! {
+    /// ReadyToUse (RTU, IBA table 111).
+    pub struct RtuRepr(attr::RTU) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID.
+        remote_comm_id: u32 = Be32(4),
+        /// Private data.
+        private_data: [u8; RTU_PRIVATE_DATA] = Bytes(8),
     }
 }
 
-/// ConnectReply (REP, IBA table 110).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RepRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID (the REQ's local one).
-    pub remote_comm_id: u32,
-    /// Local Q_Key.
-    pub local_qkey: u32,
-    /// Local QPN (24 bits).
-    pub local_qpn: u32,
-    /// Local EE context number (24 bits).
-    pub local_eecn: u32,
-    /// Starting PSN (24 bits).
-    pub starting_psn: u32,
-    /// Responder resources.
-    pub responder_resources: u8,
-    /// Initiator depth.
-    pub initiator_depth: u8,
-    /// Target ACK delay (5 bits).
-    pub target_ack_delay: u8,
-    /// Failover accepted (2 bits): 0 accepted, 1 rejected, 2 unsupported.
-    pub failover_accepted: u8,
-    /// End-to-end flow control.
-    pub end_to_end_flow_control: bool,
-    /// RNR retry count (3 bits).
-    pub rnr_retry_count: u8,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// The 4 reserved bits after SRQ.
-    pub reserved_27: u8,
-    /// Vendor ID (24 bits, kept in the bytes after LocalQPN (high),
-    /// LocalEECN (middle) and StartingPSN (low)).
-    pub vendor_id: u32,
-    /// Local CA GUID.
-    pub local_ca_guid: u64,
-    /// Private data.
-    pub private_data: [u8; REP_PRIVATE_DATA],
-}
-
-impl Default for RepRepr {
-    fn default() -> Self {
-        RepRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            local_qkey: 0,
-            local_qpn: 0,
-            local_eecn: 0,
-            starting_psn: 0,
-            responder_resources: 0,
-            initiator_depth: 0,
-            target_ack_delay: 0,
-            failover_accepted: 0,
-            end_to_end_flow_control: false,
-            rnr_retry_count: 0,
-            srq: false,
-            reserved_27: 0,
-            vendor_id: 0,
-            local_ca_guid: 0,
-            private_data: [0; REP_PRIVATE_DATA],
-        }
+cm_message! {
+    /// DisconnectRequest (DREQ, IBA table 112).
+    pub struct DreqRepr(attr::DREQ) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID.
+        remote_comm_id: u32 = Be32(4),
+        /// Remote QPN/EECN (24 bits): the receiver's QP.
+        remote_qpn: u32 = Be24(8),
+        /// Reserved byte 11.
+        reserved_11: u8 = Byte(11),
+        /// Private data.
+        private_data: [u8; DREQ_PRIVATE_DATA] = Bytes(12),
     }
 }
 
-impl RepRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::REP;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        RepRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            local_qkey: u32_at(d, 8),
-            local_qpn: u24_at(d, 12),
-            local_eecn: u24_at(d, 16),
-            starting_psn: u24_at(d, 20),
-            vendor_id: u32::from(d[15]) << 16 | u32::from(d[19]) << 8 | u32::from(d[23]),
-            responder_resources: d[24],
-            initiator_depth: d[25],
-            target_ack_delay: bits(d[26], 3, 5),
-            failover_accepted: bits(d[26], 1, 2),
-            end_to_end_flow_control: bits(d[26], 0, 1) != 0,
-            rnr_retry_count: bits(d[27], 5, 3),
-            srq: bits(d[27], 4, 1) != 0,
-            reserved_27: bits(d[27], 0, 4),
-            local_ca_guid: u64_at(d, 28),
-            private_data: arr(d, 36),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        set_u32(d, 8, self.local_qkey);
-        set_u24(d, 12, self.local_qpn & U24);
-        d[15] = (self.vendor_id >> 16) as u8;
-        set_u24(d, 16, self.local_eecn & U24);
-        d[19] = (self.vendor_id >> 8) as u8;
-        set_u24(d, 20, self.starting_psn & U24);
-        d[23] = self.vendor_id as u8;
-        d[24] = self.responder_resources;
-        d[25] = self.initiator_depth;
-        d[26] = put(self.target_ack_delay, 3, 5)
-            | put(self.failover_accepted, 1, 2)
-            | put(self.end_to_end_flow_control.into(), 0, 1);
-        d[27] = put(self.rnr_retry_count, 5, 3)
-            | put(self.srq.into(), 4, 1)
-            | put(self.reserved_27, 0, 4);
-        set_u64(d, 28, self.local_ca_guid);
-        d[36..].copy_from_slice(&self.private_data);
+cm_message! {
+    /// DisconnectReply (DREP, IBA table 113).
+    pub struct DrepRepr(attr::DREP) {
+        /// Local communication ID.
+        local_comm_id: u32 = Be32(0),
+        /// Remote communication ID.
+        remote_comm_id: u32 = Be32(4),
+        /// Private data.
+        private_data: [u8; DREP_PRIVATE_DATA] = Bytes(8),
     }
 }
 
-/// ReadyToUse (RTU, IBA table 111).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RtuRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID.
-    pub remote_comm_id: u32,
-    /// Private data.
-    pub private_data: [u8; RTU_PRIVATE_DATA],
-}
-
-impl Default for RtuRepr {
-    fn default() -> Self {
-        RtuRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            private_data: [0; RTU_PRIVATE_DATA],
-        }
+cm_message! {
+    /// ServiceIDResReq (SIDR_REQ, IBA table 119): which UD QP serves this
+    /// service ID?
+    pub struct SidrReqRepr(attr::SIDR_REQ) {
+        /// Request ID.
+        request_id: u32 = Be32(0),
+        /// P_Key.
+        pkey: u16 = Be16(4),
+        /// Reserved bytes 6..8.
+        reserved_6: u16 = Be16(6),
+        /// Service ID.
+        service_id: u64 = Be64(8),
+        /// Private data (rdma_cm: a [`rdma_cm::CmaHeader`] first).
+        private_data: [u8; SIDR_REQ_PRIVATE_DATA] = Bytes(16),
     }
 }
 
-impl RtuRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::RTU;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        RtuRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            private_data: arr(d, 8),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        d[8..].copy_from_slice(&self.private_data);
-    }
-}
-
-/// DisconnectRequest (DREQ, IBA table 112).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DreqRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID.
-    pub remote_comm_id: u32,
-    /// Remote QPN/EECN (24 bits): the receiver's QP.
-    pub remote_qpn: u32,
-    /// Reserved byte 11.
-    pub reserved_11: u8,
-    /// Private data.
-    pub private_data: [u8; DREQ_PRIVATE_DATA],
-}
-
-impl Default for DreqRepr {
-    fn default() -> Self {
-        DreqRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            remote_qpn: 0,
-            reserved_11: 0,
-            private_data: [0; DREQ_PRIVATE_DATA],
-        }
-    }
-}
-
-impl DreqRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::DREQ;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        DreqRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            remote_qpn: u24_at(d, 8),
-            reserved_11: d[11],
-            private_data: arr(d, 12),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        set_u24(d, 8, self.remote_qpn & U24);
-        d[11] = self.reserved_11;
-        d[12..].copy_from_slice(&self.private_data);
-    }
-}
-
-/// DisconnectReply (DREP, IBA table 113).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DrepRepr {
-    /// Local communication ID.
-    pub local_comm_id: u32,
-    /// Remote communication ID.
-    pub remote_comm_id: u32,
-    /// Private data.
-    pub private_data: [u8; DREP_PRIVATE_DATA],
-}
-
-impl Default for DrepRepr {
-    fn default() -> Self {
-        DrepRepr {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            private_data: [0; DREP_PRIVATE_DATA],
-        }
-    }
-}
-
-impl DrepRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::DREP;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        DrepRepr {
-            local_comm_id: u32_at(d, 0),
-            remote_comm_id: u32_at(d, 4),
-            private_data: arr(d, 8),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.local_comm_id);
-        set_u32(d, 4, self.remote_comm_id);
-        d[8..].copy_from_slice(&self.private_data);
-    }
-}
-
-/// ServiceIDResReq (SIDR_REQ, IBA table 119): which UD QP serves this
-/// service ID?
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SidrReqRepr {
-    /// Request ID.
-    pub request_id: u32,
-    /// P_Key.
-    pub pkey: u16,
-    /// Reserved bytes 6..8.
-    pub reserved_6: u16,
-    /// Service ID.
-    pub service_id: u64,
-    /// Private data (rdma_cm: a [`rdma_cm::CmaHeader`] first).
-    pub private_data: [u8; SIDR_REQ_PRIVATE_DATA],
-}
-
-impl Default for SidrReqRepr {
-    fn default() -> Self {
-        SidrReqRepr {
-            request_id: 0,
-            pkey: 0,
-            reserved_6: 0,
-            service_id: 0,
-            private_data: [0; SIDR_REQ_PRIVATE_DATA],
-        }
-    }
-}
-
-impl SidrReqRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::SIDR_REQ;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        SidrReqRepr {
-            request_id: u32_at(d, 0),
-            pkey: u16_at(d, 4),
-            reserved_6: u16_at(d, 6),
-            service_id: u64_at(d, 8),
-            private_data: arr(d, 16),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.request_id);
-        set_u16(d, 4, self.pkey);
-        set_u16(d, 6, self.reserved_6);
-        set_u64(d, 8, self.service_id);
-        d[16..].copy_from_slice(&self.private_data);
-    }
-}
-
-/// ServiceIDResReqResp (SIDR_REP, IBA table 120).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SidrRepRepr {
-    /// Request ID (the SIDR_REQ's).
-    pub request_id: u32,
-    /// Status: 0 valid, 1 service ID not supported, 2 rejected, 3 no QP,
-    /// 4 redirect, 5 unsupported class version.
-    pub status: u8,
-    /// Length of the additional information in bytes.
-    pub additional_info_length: u8,
-    /// Vendor ID (24 bits: high 16 at byte 6, low 8 at byte 11).
-    pub vendor_id: u32,
-    /// QPN of the service's UD QP (24 bits).
-    pub qpn: u32,
-    /// Service ID.
-    pub service_id: u64,
-    /// Q_Key of the service's UD QP (rdma_cm: [`rdma_cm::UDP_QKEY`]).
-    pub qkey: u32,
-    /// ClassPortInfo (additional information, for a redirect).
-    pub class_port_info: [u8; SIDR_REP_CLASS_PORT_INFO_LEN],
-    /// Private data.
-    pub private_data: [u8; SIDR_REP_PRIVATE_DATA],
-}
-
-impl Default for SidrRepRepr {
-    fn default() -> Self {
-        SidrRepRepr {
-            request_id: 0,
-            status: 0,
-            additional_info_length: 0,
-            vendor_id: 0,
-            qpn: 0,
-            service_id: 0,
-            qkey: 0,
-            class_port_info: [0; SIDR_REP_CLASS_PORT_INFO_LEN],
-            private_data: [0; SIDR_REP_PRIVATE_DATA],
-        }
-    }
-}
-
-impl SidrRepRepr {
-    /// Attribute ID of the message.
-    pub const ATTR_ID: u16 = attr::SIDR_REP;
-
-    /// Parse the message from the 232 bytes after the MAD header.
-    pub fn parse(d: &[u8; CM_DATA_LEN]) -> Self {
-        SidrRepRepr {
-            request_id: u32_at(d, 0),
-            status: d[4],
-            additional_info_length: d[5],
-            vendor_id: u32::from(u16_at(d, 6)) << 8 | u32::from(d[11]),
-            qpn: u24_at(d, 8),
-            service_id: u64_at(d, 12),
-            qkey: u32_at(d, 20),
-            class_port_info: arr(d, 24),
-            private_data: arr(d, 96),
-        }
-    }
-
-    /// Emit the message into the 232 bytes after the MAD header.
-    pub fn emit(&self, d: &mut [u8; CM_DATA_LEN]) {
-        set_u32(d, 0, self.request_id);
-        d[4] = self.status;
-        d[5] = self.additional_info_length;
-        set_u16(d, 6, (self.vendor_id >> 8) as u16);
-        set_u24(d, 8, self.qpn & U24);
-        d[11] = self.vendor_id as u8;
-        set_u64(d, 12, self.service_id);
-        set_u32(d, 20, self.qkey);
-        d[24..96].copy_from_slice(&self.class_port_info);
-        d[96..].copy_from_slice(&self.private_data);
+cm_message! {
+    /// ServiceIDResReqResp (SIDR_REP, IBA table 120).
+    pub struct SidrRepRepr(attr::SIDR_REP) {
+        /// Request ID (the SIDR_REQ's).
+        request_id: u32 = Be32(0),
+        /// Status: 0 valid, 1 service ID not supported, 2 rejected, 3 no QP,
+        /// 4 redirect, 5 unsupported class version.
+        status: u8 = Byte(4),
+        /// Length of the additional information in bytes.
+        additional_info_length: u8 = Byte(5),
+        /// Vendor ID (24 bits: high 16 at byte 6, low 8 at byte 11).
+        vendor_id: u32 = Split24([6, 7, 11]),
+        /// QPN of the service's UD QP (24 bits).
+        qpn: u32 = Be24(8),
+        /// Service ID.
+        service_id: u64 = Be64(12),
+        /// Q_Key of the service's UD QP (rdma_cm: [`rdma_cm::UDP_QKEY`]).
+        qkey: u32 = Be32(20),
+        /// ClassPortInfo (additional information, for a redirect).
+        class_port_info: [u8; SIDR_REP_CLASS_PORT_INFO_LEN] = Bytes(24),
+        /// Private data.
+        private_data: [u8; SIDR_REP_PRIVATE_DATA] = Bytes(96),
     }
 }
 
@@ -1691,6 +1431,23 @@ mod tests {
                 let m = CmMad::parse(&raw).unwrap();
                 assert_eq!(m.message.attr_id().is_some(), CmMessage::is_typed(attr_id));
                 assert_eq!(round_trip(&m), raw);
+            }
+        }
+    }
+
+    /// `emit` writes each byte whole, whatever the buffer held: the rows
+    /// of every message's table cover all 232 bytes.
+    #[test]
+    fn emit_writes_every_byte() {
+        let mut rng = Rng(7);
+        for attr_id in 0..=0x1Cu16 {
+            let mut raw = [0u8; CM_DATA_LEN];
+            rng.fill(&mut raw);
+            let m = CmMessage::parse(attr_id, &raw);
+            for fill in [0x00, 0xA5, 0xFF] {
+                let mut out = [fill; CM_DATA_LEN];
+                m.emit(&mut out);
+                assert_eq!(out, raw, "attribute {attr_id:#x} over {fill:#x}");
             }
         }
     }
