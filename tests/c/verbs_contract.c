@@ -454,6 +454,11 @@ int main(int argc, char **argv)
 	if (!c.ctx)
 		die("device %s not found (%d devices)", dev_name ? dev_name : "(any)", num);
 	printf("# device %s\n", ibv_get_device_name(c.ctx->device));
+	/* A soft device has no kernel index: -1, as rdma-core answers for a
+	 * device the kernel's RDMA netlink does not know (UCX then asks the
+	 * kernel nothing about it). */
+	check(ibv_get_device_index(c.ctx->device) == -1, "get_device_index.none",
+	      "index %d, expected -1", ibv_get_device_index(c.ctx->device));
 	c.pd = ibv_alloc_pd(c.ctx);
 	if (!c.pd)
 		die("ibv_alloc_pd: %s", strerror(errno));

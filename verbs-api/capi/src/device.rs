@@ -232,13 +232,11 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
         (device),
         -1
     );
-    match devices() {
-        Ok(d) => d
-            .iter()
-            .position(|e| e.dev == device)
-            .map_or(-1, |i| i as c_int),
-        Err(_) => -1,
-    }
+    // A soft device has no kernel index (rdma-core's -1 for a device the
+    // kernel's RDMA netlink does not know): an index would name whatever
+    // kernel device has it to programs that ask the kernel about it (UCX
+    // asks whether it is an SMI device).
+    -1
 }
 
 /// What librdmacm keeps per device (`struct cma_device`): the context all
