@@ -206,3 +206,24 @@ pub fn device_with(name: impl Into<String>, config: DeviceConfig) -> DeviceInfo 
         hardware: None,
     }
 }
+
+/// The `uverbs<N>` number the kernel would give a new RDMA device: one
+/// past the highest in `/sys/class/infiniband_verbs` (0 when there is
+/// none). Soft devices are numbered from here, so their names in
+/// `/dev/infiniband` never clash with the kernel's.
+pub fn first_free_uverbs() -> u32 {
+    std::fs::read_dir("/sys/class/infiniband_verbs")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("uverbs"))
+                        .and_then(|n| n.parse::<u32>().ok())
+                })
+                .map(|n| n + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}

@@ -86,7 +86,8 @@ pub use backend::Backend;
 pub use context::{Context, DeviceAttr, PortAttr, TmCaps, SOFT_GID_TABLE_LEN};
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    device_at, device_with, devices, hardware_devices, open_at, soft_devices, DeviceInfo,
+    device_at, device_with, devices, first_free_uverbs, hardware_devices, open_at, soft_devices,
+    DeviceInfo,
 };
 pub use dm::Dm;
 pub use mr::Mr;

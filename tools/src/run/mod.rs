@@ -54,24 +54,6 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-/// The first `uverbs<N>` number the host's own devices leave free.
-fn first_free_uverbs() -> u32 {
-    std::fs::read_dir("/sys/class/infiniband_verbs")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix("uverbs"))
-                        .and_then(|n| n.parse::<u32>().ok())
-                })
-                .map(|n| n + 1)
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
-}
-
 /// roxe's devices as the view shows them (none when `ROXE_BACKEND` offers
 /// hardware only).
 fn view_devices(uverbs_base: u32) -> Result<Vec<view::ViewDevice>, String> {
@@ -114,7 +96,7 @@ pub fn run(args: &Args) -> ExitCode {
 /// Everything up to the `exec`: the libraries, the view, the command.
 fn prepare(args: &Args) -> Result<std::process::Command, String> {
     let libs = dropin::dir()?;
-    let base = first_free_uverbs();
+    let base = roxe_verbs::first_free_uverbs();
     let devices = view_devices(base)?;
     let the_view = view::view(&devices);
     let mut preload = None;

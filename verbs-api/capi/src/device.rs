@@ -63,20 +63,7 @@ fn uverbs_base() -> u32 {
     {
         return n;
     }
-    std::fs::read_dir("/sys/class/infiniband_verbs")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix("uverbs"))
-                        .and_then(|n| n.parse::<u32>().ok())
-                })
-                .map(|n| n + 1)
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
+    roxe_verbs::first_free_uverbs()
 }
 
 /// A device of the list, named as the kernel names its files:
