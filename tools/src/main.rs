@@ -138,6 +138,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "The uverbs<N> number of the first soft device (`roxe run` sets it to match /dev/infiniband)",
     ),
     (
+        "ROXE_VIEW_ROOT",
+        "roxe-view-root",
+        "DIR",
+        "Where the preloaded view library (`roxe run --view preload`) finds the sysfs and /dev files it shows (`roxe run` sets it)",
+    ),
+    (
         "ROXE_HW_ALLOW_DROP_IN",
         "roxe-hw-allow-drop-in",
         "1",
