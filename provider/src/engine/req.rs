@@ -27,13 +27,6 @@ const MAX_UNACKED_PSNS: i32 = 128;
 // Towards a peer on this host's loopback the window is
 // `EngineConfig::loopback_window` (`MAX_LOOPBACK_WINDOW` says why wider).
 
-/// In an ACK-clocked pass (`Engine::poll_transmit_ack_clocked`, after a
-/// verb), a new message of a reliable QP waits while at least this many
-/// PSNs of the device's QPs are unacknowledged: the ACK on its way
-/// triggers the next pass, which sends it with the others posted
-/// meanwhile, on every QP (one system call for many `ibv_post_send`s).
-/// Below it (a ping-pong, the first messages) a post sends at once.
-pub(super) const ACK_CLOCKED_MIN_UNACKED: i32 = 16;
 /// Ask for an ACK at least this often inside long messages (rxe: 64).
 const ACK_REQ_EVERY: u32 = 64;
 

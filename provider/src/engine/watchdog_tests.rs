@@ -4,9 +4,11 @@ use super::*;
 use crate::memory::Sge;
 use crate::qp_attr::AddressVector;
 use crate::qp_attr::Mtu;
+use crate::qp_attr::{AttrMask, QpAttr, QpState, QpType};
 use crate::types::AccessFlags;
 use crate::types::{WcOpcode, WcStatus};
 use crate::wr::SendOpcode;
+use crate::wr::{SendWr, WorkCompletion};
 use roxe_wire::AckTimeout;
 
 /// An RC QP in RTS facing 127.0.0.2 with one WRITE sent.
