@@ -18,6 +18,7 @@ mod qp;
 mod req;
 mod resp;
 mod rx;
+mod sq;
 mod stats;
 mod timer;
 mod tm;

@@ -9,9 +9,14 @@
 //! crosses QPs (a CQ overflow moves every QP feeding that CQ to ERR) is
 //! noted in the context and done by the engine after the call.
 
+use super::comp::Completer;
+use super::req::Requester;
+use super::resp::Responder;
+use super::sq::SendQueue;
+use super::timer::{Timer, Timers};
 use super::{
-    addr_of_gid, err, req::Requester, resp::Responder, CqId, DropCounts, DropReason, EngineConfig,
-    HoldNew, Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
+    addr_of_gid, err, CqId, DropCounts, DropReason, EngineConfig, HoldNew, Nanos, QpEvent,
+    QpInitAttr, QpSnapshot, Stats, Transmit,
 };
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, RemoteQp, Sge};
@@ -126,7 +131,13 @@ pub(crate) struct Qp {
     pub attr: QpAttr,
     /// The connected peer (RC/UC), from the AV's GID.
     pub peer: Option<IpAddr>,
+    /// The send WQEs, which the requester sends and the completer
+    /// completes.
+    pub sq: SendQueue,
     pub req: Requester,
+    pub comp: Completer,
+    /// The retransmission and RNR timers, which both of them arm.
+    pub timers: Timers,
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
     /// XRC_RECV: the SRQ, PD and CQ of the request being handled (set from
@@ -174,7 +185,10 @@ impl Qp {
                 ..QpAttr::default()
             },
             peer: None,
+            sq: SendQueue::new(),
             req: Requester::new(),
+            comp: Completer::new(),
+            timers: Timers::default(),
             resp: Responder::new(),
             rq: VecDeque::new(),
             xrc: None,
@@ -222,14 +236,18 @@ impl Qp {
         if !self.sends_reliably() || !matches!(self.state(), QpState::Rts | QpState::Sqd) {
             return None;
         }
-        (!self.req.timer_covers_flight(self.ack_timeout()))
-            .then_some("a message in flight with no timer armed")
+        // A message in flight always has a timer that will retransmit it
+        // or give up, unless the QP's timeout is infinite.
+        let covered = self.ack_timeout().nanos().is_none()
+            || self.timers.next_deadline().is_some()
+            || !self.sq.in_flight();
+        (!covered).then_some("a message in flight with no timer armed")
     }
 
     /// The watchdog's repair: arm the retransmission timer.
     pub fn repair_liveness(&mut self, now: Nanos) {
         let timeout = self.ack_timeout();
-        self.req.arm_retransmission(now, timeout);
+        self.timers.arm_after(Timer::Retransmit, now, timeout);
     }
 
     /// RC and XRC_SEND: a requester with PSNs, a window, ACKs and retries.
@@ -246,7 +264,7 @@ impl Qp {
     /// SQD may be left for RTS again; `IBV_EVENT_SQ_DRAINED` is raised if
     /// the QP asked for it.
     pub fn update_drain(&mut self, cx: &mut QpCtx) {
-        if self.state() == QpState::Sqd && self.attr.sq_draining && !self.req.in_flight() {
+        if self.state() == QpState::Sqd && self.attr.sq_draining && !self.sq.in_flight() {
             self.attr.sq_draining = false;
             if self.attr.en_sqd_async_notify {
                 cx.events.push(QpEvent {
@@ -345,15 +363,20 @@ impl Qp {
             self.resp.reset_psn(Psn::new(self.attr.rq_psn));
         }
         if fx.changed.contains(AttrMask::SQ_PSN) {
-            self.req.reset_psn(Psn::new(self.attr.sq_psn));
+            let psn = Psn::new(self.attr.sq_psn);
+            self.req.reset_psn(psn);
+            self.comp.reset_psn(psn);
         }
         if fx.changed.contains(AttrMask::RETRY_CNT) || fx.changed.contains(AttrMask::RNR_RETRY) {
-            self.req.reset_retries(&self.attr);
+            self.comp.reset_retries(&self.attr);
         }
         if fx.reset() && old_state != QpState::Reset {
             // Back to RESET: queues are emptied without completions, and
             // completions of this QP still in its CQs go too.
+            self.sq = SendQueue::new();
             self.req = Requester::new();
+            self.comp = Completer::new();
+            self.timers = Timers::default();
             self.resp = Responder::new();
             self.rq.clear();
             self.xrc = None;
@@ -494,7 +517,7 @@ impl Qp {
         }
         // As rxe's post_one_send: the WR is validated (EINVAL) before the
         // queue is found full (ENOMEM).
-        if self.req.outstanding() >= cap.max_send_wr as usize {
+        if self.sq.outstanding() >= cap.max_send_wr as usize {
             return Err(err(VERB, Errno::ENOMEM, "send queue full"));
         }
         if state == QpState::Err {
@@ -507,7 +530,7 @@ impl Qp {
             cx.push_wc(self.init.send_cq, wc, false);
             return Ok(());
         }
-        self.req.post(wr, len as u32);
+        self.sq.post(wr, len as u32);
         Ok(())
     }
 
@@ -526,7 +549,9 @@ impl Qp {
                 event_type: QpEvent::LAST_WQE_REACHED,
             });
         }
-        let sends = self.req.flush();
+        self.req.flush();
+        self.timers.stop_all();
+        let sends = self.sq.flush();
         let recv_cq = self.recv_cq();
         let current = self.resp.take_current_recv();
         let pending = current
@@ -562,16 +587,16 @@ impl Qp {
 
     /// What `roxe stat` shows of this QP.
     pub fn snapshot(&self) -> QpSnapshot {
-        let (next_psn, una, send_queue, retry_left, rnr_retry_left) = self.req.stat();
+        let (retry_left, rnr_retry_left) = self.comp.retries_left();
         QpSnapshot {
             qpn: self.qpn,
             qp_type: self.init.qp_type,
             state: self.state(),
             peer: self.peer.map(|p| (p, self.attr.dest_qp_num)),
-            next_psn,
-            una,
+            next_psn: self.req.next_psn().value(),
+            una: self.comp.una().value(),
             epsn: self.resp.epsn(),
-            send_queue,
+            send_queue: self.sq.len(),
             recv_queue: self.rq.len(),
             retry_left,
             rnr_retry_left,

@@ -1,22 +1,26 @@
 //! Requester (rxe's `rxe_req.c`): send WQEs become packets (segmented by
 //! the path MTU, PSNs assigned, at most 128 unacknowledged PSNs, at most
-//! `max_rd_atomic` READs/atomics in flight, fences honoured). The send
-//! queue's bookkeeping (`ack_upto`, `rewind_to`, `una`) lives here too; the
-//! completer (`comp.rs`) drives it from ACKs, responses and timers.
+//! `max_rd_atomic` READs/atomics in flight, fences honoured).
+//!
+//! The requester owns where the next packet comes from and which PSNs are
+//! assigned ([`Requester`]); the completer (`comp.rs`) owns how far the
+//! responses have come. They share the send queue (`sq.rs`) and the QP's
+//! timers (`timer.rs`), and otherwise talk only through the few methods
+//! each offers the other (listed at the top of `comp.rs`).
 
 use super::qp::{Qp, QpCtx};
+use super::sq::SendQueue;
+use super::timer::Timer;
 use super::{HoldNew, Nanos, PayloadAt, Transmit, PAYLOAD_BY_REF_MIN};
 use crate::memory::RemoteQp;
-use crate::qp_attr::{QpAttr, QpState, QpType};
+use crate::qp_attr::{QpState, QpType};
 use crate::types::WcStatus;
-use crate::wr::{SendFlags, SendOpcode, SendWr};
-use roxe_wire::aeth::AckTimeout;
+use crate::wr::{SendFlags, SendOpcode};
 use roxe_wire::packet::emit_headers;
 use roxe_wire::{
     AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, Opcode, Operation, PacketClass, Psn, RethRepr,
     Transport, ICRC_LEN,
 };
-use std::collections::VecDeque;
 
 /// Unacknowledged PSNs allowed in flight towards a peer on another host:
 /// rxe's RXE_MAX_UNACKED_PSNS. Without congestion control a larger burst
@@ -30,208 +34,62 @@ const MAX_UNACKED_PSNS: i32 = 128;
 /// Ask for an ACK at least this often inside long messages (rxe: 64).
 const ACK_REQ_EVERY: u32 = 64;
 
-/// A posted send WR and its progress.
-#[derive(Debug, Clone)]
-pub(crate) struct SendWqe {
-    /// The request.
-    pub wr: SendWr,
-    /// Message length in bytes.
-    pub len: u32,
-    /// First PSN, once assigned.
-    pub first_psn: Psn,
-    /// PSNs the message consumes.
-    pub npsn: u32,
-    /// PSNs assigned (first packet sent at least once).
-    pub started: bool,
-    /// READ: response packets already placed (the resume point of a retry).
-    pub read_pkts: u32,
-    /// Final status, once known; WQEs retire in order.
-    pub done: Option<WcStatus>,
-    /// A request the QP made itself (not posted by the program).
-    pub internal: Option<Internal>,
-}
-
-/// A request a QP makes on its own: tag matching's rendezvous (`tm.rs`).
-/// It does not count against `max_send_wr` and has no send completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Internal {
-    /// The READ of a matched rendezvous's data into its tagged buffer (the
-    /// WR's `wr_id` is the buffer's): when it finishes, the buffer completes
-    /// in `cq` (TM_RECV with DATA_VALID, or the error) and, on success, a
-    /// FIN carrying `tag` and `app_ctx` goes to the sender.
-    RndvRead {
-        cq: super::CqId,
-        tag: u64,
-        app_ctx: u32,
-    },
-    /// That FIN.
-    RndvFin,
-}
-
-impl SendWqe {
-    pub(super) fn last_psn(&self) -> Psn {
-        self.first_psn + (self.npsn - 1)
-    }
-    pub(super) fn contains(&self, p: Psn) -> bool {
-        self.started && !p.is_before(self.first_psn) && !p.is_after(self.last_psn())
-    }
-}
-
-/// Per-QP requester state.
+/// Per-QP requester state (rxe's `rxe_req_info`): the send queue's cursor
+/// and the PSNs handed out.
 #[derive(Debug)]
 pub(crate) struct Requester {
-    pub(super) sq: VecDeque<SendWqe>,
-    /// Index in `sq` of the WQE whose packet goes out next.
-    pub(super) cursor: usize,
-    /// Packet index within that WQE (SEND/WRITE).
-    pub(super) cursor_pkt: u32,
+    /// Index in the send queue of the WQE whose packet goes out next
+    /// (rxe's `wqe_index`).
+    wqe_index: usize,
+    /// Packet index within that WQE (SEND/WRITE; a READ resumes from its
+    /// `read_pkts`).
+    pkt_index: u32,
     /// PSN the next new WQE starts at.
-    pub(super) next_psn: Psn,
-    /// Oldest unacknowledged PSN.
-    pub(super) una: Psn,
-    /// One past the highest PSN ever sent: anything below is a retransmission.
-    pub(super) high_psn: Psn,
-    pub(super) retry_left: u8,
-    pub(super) rnr_left: u8,
-    pub(super) rto: Option<Nanos>,
-    pub(super) rnr_wait: Option<Nanos>,
-    pub(super) rd_atomic_inflight: u32,
-    pub(super) since_ack_req: u32,
-    /// A go-back-N triggered by a NAK or an implied NAK is under way: more
-    /// stale responses from before it must not start (and pay for) another
-    /// one. Cleared by progress; a timeout always retries (rxe's
-    /// `started_retry`).
-    pub(super) retry_started: bool,
-    /// Set by `ack_upto` when a response moved `una` or finished a WQE:
-    /// forward progress, which refills the retry counter (IBA 9.7.6.1.3).
-    /// Finishing a SEND behind an unanswered READ counts too, so a READ
-    /// whose response keeps being lost cannot exhaust retries while the
-    /// peer is visibly making progress.
-    pub(super) progressed: bool,
-    /// WQEs in `sq` that are `internal`.
-    pub(super) internal: usize,
+    next_psn: Psn,
+    /// One past the highest PSN ever sent: anything below is a
+    /// retransmission.
+    first_unsent_psn: Psn,
+    /// Packets sent since the last one that asked for an ACK (rxe's
+    /// `noack_pkts`).
+    pkts_since_ack_req: u32,
 }
 
 impl Requester {
     pub fn new() -> Self {
         Requester {
-            sq: VecDeque::new(),
-            cursor: 0,
-            cursor_pkt: 0,
+            wqe_index: 0,
+            pkt_index: 0,
             next_psn: Psn::new(0),
-            una: Psn::new(0),
-            high_psn: Psn::new(0),
-            retry_left: 7,
-            rnr_left: 7,
-            rto: None,
-            rnr_wait: None,
-            rd_atomic_inflight: 0,
-            since_ack_req: 0,
-            retry_started: false,
-            progressed: false,
-            internal: 0,
+            first_unsent_psn: Psn::new(0),
+            pkts_since_ack_req: 0,
         }
     }
 
+    /// `sq_psn` was set: the next new message starts at `psn`.
     pub fn reset_psn(&mut self, psn: Psn) {
         self.next_psn = psn;
-        self.una = psn;
-        self.high_psn = psn;
+        self.first_unsent_psn = psn;
     }
 
-    pub fn reset_retries(&mut self, attr: &QpAttr) {
-        self.retry_left = attr.retry_cnt;
-        self.rnr_left = attr.rnr_retry;
+    /// The send queue was flushed: the cursor goes back to its start.
+    pub fn flush(&mut self) {
+        self.wqe_index = 0;
+        self.pkt_index = 0;
     }
 
-    /// The program's WRs queued (what `max_send_wr` bounds).
-    pub fn outstanding(&self) -> usize {
-        self.sq.len() - self.internal
+    /// For the completer: one past the last PSN assigned. Responses at
+    /// or beyond it answer nothing sent.
+    pub fn next_psn(&self) -> Psn {
+        self.next_psn
     }
 
-    /// A message has started (PSNs assigned) and is not finished.
-    /// What `roxe stat` shows: (next new PSN, oldest unacknowledged PSN,
-    /// send WQEs queued, retries left, RNR retries left).
-    pub fn stat(&self) -> (u32, u32, usize, u8, u8) {
-        (
-            self.next_psn.value(),
-            self.una.value(),
-            self.sq.len(),
-            self.retry_left,
-            self.rnr_left,
-        )
-    }
-
-    pub fn in_flight(&self) -> bool {
-        self.sq.iter().any(|w| w.started && w.done.is_none())
-    }
-
-    pub fn post(&mut self, wr: SendWr, len: u32) {
-        self.push(wr, len, None);
-    }
-
-    /// Queue a request of the QP's own, behind the program's.
-    pub fn post_internal(&mut self, wr: SendWr, len: u32, kind: Internal) {
-        self.internal += 1;
-        self.push(wr, len, Some(kind));
-    }
-
-    fn push(&mut self, wr: SendWr, len: u32, internal: Option<Internal>) {
-        self.sq.push_back(SendWqe {
-            wr,
-            len,
-            first_psn: Psn::new(0),
-            npsn: 1,
-            started: false,
-            read_pkts: 0,
-            done: None,
-            internal,
-        });
-    }
-
-    /// Every WQE not yet retired (for flushing).
-    pub fn flush(&mut self) -> Vec<SendWqe> {
-        self.cursor = 0;
-        self.cursor_pkt = 0;
-        self.rto = None;
-        self.rnr_wait = None;
-        self.rd_atomic_inflight = 0;
-        self.internal = 0;
-        self.sq.drain(..).collect()
-    }
-
-    /// The liveness invariant: a message in flight always has a timer
-    /// that will retransmit it or give up (retransmission or RNR), unless
-    /// the QP's timeout is infinite. False means the QP would wait forever.
-    pub fn timer_covers_flight(&self, timeout: AckTimeout) -> bool {
-        timeout.nanos().is_none()
-            || self.rto.is_some()
-            || self.rnr_wait.is_some()
-            || !self.in_flight()
-    }
-
-    /// Arm the retransmission timer (the liveness watchdog's repair).
-    pub fn arm_retransmission(&mut self, now: Nanos, timeout: AckTimeout) {
-        self.rto = timeout.nanos().map(|t| now + t);
-    }
-
-    pub fn next_deadline(&self) -> Option<Nanos> {
-        match (self.rto, self.rnr_wait) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Go back to PSN `r`: the next packet sent is the one carrying it.
-    pub(super) fn rewind_to(&mut self, r: Psn) {
-        if let Some(i) = self
-            .sq
-            .iter()
-            .position(|w| w.contains(r) && w.done.is_none())
-        {
-            self.cursor = i;
-            let w = &self.sq[i];
-            self.cursor_pkt = if w.wr.opcode == SendOpcode::RdmaRead {
+    /// For the completer: go back to PSN `r` (go-back-N). The next packet
+    /// sent is the one carrying it.
+    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
+        if let Some(i) = sq.iter().position(|w| w.contains(r) && w.done.is_none()) {
+            self.wqe_index = i;
+            let w = &sq[i];
+            self.pkt_index = if w.wr.opcode == SendOpcode::RdmaRead {
                 0
             } else {
                 r.distance(w.first_psn).unsigned_abs()
@@ -239,80 +97,29 @@ impl Requester {
         }
     }
 
-    /// Mark every SEND/WRITE whose PSNs all lie at or before `p` as
-    /// acknowledged: the responder executed everything up to `p`. A READ or
-    /// atomic in that range still needs its own response; the first such is
-    /// returned as the PSN to resume from (an implied NAK), and `una` stops
-    /// there.
-    pub(super) fn ack_upto(&mut self, p: Psn) -> Option<Psn> {
-        let mut implied = None;
-        for w in self.sq.iter_mut() {
-            // Finished first: a local operation (bind, invalidate) is done
-            // without ever being started.
-            if w.done.is_some() {
-                continue;
-            }
-            if !w.started {
-                break;
-            }
-            if w.last_psn().is_after(p) {
-                break;
-            }
-            if w.wr.opcode.is_read_or_atomic() {
-                implied.get_or_insert(w.first_psn + w.read_pkts);
-                continue;
-            }
-            w.done = Some(WcStatus::Success);
-            self.progressed = true;
+    /// For the completer: the send queue's oldest WQE was retired, and
+    /// the cursor moves down with the queue.
+    pub fn front_retired(&mut self) {
+        if self.wqe_index == 0 {
+            // The cursor was inside the WQE that just went (a go-back-N
+            // overtaken by the ACK that finishes it): the next WQE
+            // starts at its first packet. A stale packet index here
+            // once made the next message start beyond the 128-PSN
+            // window with no timer armed, a silent stall.
+            self.pkt_index = 0;
         }
-        let upto = implied.unwrap_or(p.next());
-        if upto.is_after(self.una) {
-            self.una = upto;
-            self.progressed = true;
-        }
-        implied
+        self.wqe_index = self.wqe_index.saturating_sub(1);
     }
 
-    /// Advance `una` past `p` unless an earlier READ/atomic is unanswered.
-    pub(super) fn advance_una(&mut self, p: Psn) {
-        // Only a started READ/atomic can block, and `rd_atomic_inflight`
-        // counts those not yet retired: without one, no walk of the queue
-        // (this runs for every ACK).
-        let blocked = self.rd_atomic_inflight > 0
-            && self.sq.iter().any(|w| {
-                w.started
-                    && w.done.is_none()
-                    && w.wr.opcode.is_read_or_atomic()
-                    && (w.first_psn + w.read_pkts).is_before(p)
-            });
-        if !blocked && p.next().is_after(self.una) {
-            self.una = p.next();
+    /// Move the cursor past finished WQEs (local operations done, UC/UD
+    /// messages completed when sent); the index of the WQE it is on, if
+    /// the queue has one there.
+    fn skip_finished(&mut self, sq: &SendQueue) -> Option<usize> {
+        while sq.get(self.wqe_index).is_some_and(|w| w.done.is_some()) {
+            self.wqe_index += 1;
+            self.pkt_index = 0;
         }
-    }
-
-    /// `una` never lags the first unfinished WQE: WQEs completed out of
-    /// order (atomics, READs answered after an earlier READ) get no further
-    /// ACK, so it is raised here rather than by the responses.
-    pub(super) fn normalize_una(&mut self) {
-        match self.sq.iter().find(|w| w.started && w.done.is_none()) {
-            Some(w) => {
-                let floor = w.first_psn + w.read_pkts;
-                if floor.is_after(self.una) {
-                    self.una = floor;
-                }
-            }
-            None => self.una = self.next_psn,
-        }
-    }
-
-    pub(super) fn rearm(&mut self, now: Nanos, timeout: AckTimeout) {
-        self.rto = if self.una == self.next_psn
-            || self.sq.iter().all(|w| w.done.is_some() || !w.started)
-        {
-            None
-        } else {
-            timeout.nanos().map(|t| now + t)
-        };
+        sq.get(self.wqe_index).map(|_| self.wqe_index)
     }
 }
 
@@ -365,13 +172,10 @@ impl Qp {
     fn run_local_ops(&mut self, cx: &mut QpCtx) -> bool {
         loop {
             let r = &mut self.req;
-            while r.sq.get(r.cursor).is_some_and(|w| w.done.is_some()) {
-                r.cursor += 1;
-                r.cursor_pkt = 0;
-            }
-            let Some(w) = r.sq.get(r.cursor) else {
+            let Some(cursor) = r.skip_finished(&self.sq) else {
                 return true;
             };
+            let w = &self.sq[cursor];
             if !w.wr.opcode.is_local() {
                 return true;
             }
@@ -392,22 +196,21 @@ impl Qp {
                 ),
                 _ => (WcStatus::MwBindErr, Err("a bind without its window".into())),
             };
-            let cursor = r.cursor;
             match outcome {
                 Ok(()) => {
-                    r.sq[cursor].done = Some(WcStatus::Success);
-                    r.cursor += 1;
-                    r.cursor_pkt = 0;
+                    self.sq[cursor].done = Some(WcStatus::Success);
+                    r.wqe_index += 1;
+                    r.pkt_index = 0;
                     self.retire(cx);
                 }
                 Err(why) => {
                     tracing::debug!(
                         qpn = format_args!("{:#x}", self.qpn),
-                        op = ?r.sq[cursor].wr.opcode,
+                        op = ?self.sq[cursor].wr.opcode,
                         %why,
                         "local operation failed: the QP goes to ERR"
                     );
-                    r.sq[cursor].done = Some(status);
+                    self.sq[cursor].done = Some(status);
                     self.retire(cx);
                     self.fail(cx);
                     return false;
@@ -418,12 +221,12 @@ impl Qp {
 
     /// Messages posted and not yet completed (sent or waiting to be).
     pub(super) fn queued_messages(&self) -> usize {
-        self.req.sq.len()
+        self.sq.len()
     }
 
     /// PSNs sent and not yet acknowledged.
     pub(super) fn unacked_psns(&self) -> i32 {
-        self.req.una.distance(self.req.next_psn).max(0)
+        self.comp.una().distance(self.req.next_psn()).max(0)
     }
 
     /// This QP's PSNs unacknowledged under the loopback window
@@ -431,8 +234,8 @@ impl Qp {
     /// flight: 0 unless it sends reliably (RTS or SQD) to a peer under
     /// that window.
     pub(super) fn loopback_unacked(&self, config: &super::config::EngineConfig) -> i32 {
-        let sending =
-            matches!(self.state(), QpState::Rts | QpState::Sqd) && self.req.rd_atomic_inflight > 0;
+        let sending = matches!(self.state(), QpState::Rts | QpState::Sqd)
+            && self.sq.reads_atomics_started() > 0;
         match self.peer {
             Some(p) if sending && self.sends_reliably() && config.uses_loopback_window(p) => {
                 self.unacked_psns()
@@ -454,7 +257,7 @@ impl Qp {
         // no new one starts.
         let state = self.state();
         let draining = state == QpState::Sqd;
-        if !(state == QpState::Rts || draining) || self.req.rnr_wait.is_some() {
+        if !(state == QpState::Rts || draining) || self.timers.is_armed(Timer::RnrWait) {
             return None;
         }
         if !draining && !self.run_local_ops(cx) {
@@ -476,14 +279,11 @@ impl Qp {
             MAX_UNACKED_PSNS
         };
         let (pd, src_port) = (self.init.pd, self.src_port());
+        let una = self.comp.una();
         let r = &mut self.req;
         // Skip WQEs already finished (UC/UD complete when sent).
-        while r.sq.get(r.cursor).is_some_and(|w| w.done.is_some()) {
-            r.cursor += 1;
-            r.cursor_pkt = 0;
-        }
-        let idx = r.cursor;
-        let w = r.sq.get(idx)?;
+        let idx = r.skip_finished(&self.sq)?;
+        let w = &self.sq[idx];
         if !w.started {
             if draining {
                 return None;
@@ -500,17 +300,18 @@ impl Qp {
             // Only a fenced WR looks back (a walk of the queue for every
             // message started cost 5 % of a 64 B SEND stream).
             if w.wr.flags.contains(SendFlags::FENCE)
-                && r.sq
+                && self
+                    .sq
                     .iter()
                     .take(idx)
                     .any(|e| e.wr.opcode.is_read_or_atomic() && e.done.is_none())
             {
                 return None;
             }
-            if w.wr.opcode.is_read_or_atomic() && r.rd_atomic_inflight >= max_rd {
+            if w.wr.opcode.is_read_or_atomic() && self.sq.reads_atomics_started() >= max_rd {
                 return None;
             }
-            if reliable && r.una.distance(r.next_psn) >= window {
+            if reliable && una.distance(r.next_psn) >= window {
                 // The window is full: PSNs are assigned when the first
                 // packet can go, so a started message always has one out.
                 return None;
@@ -528,13 +329,13 @@ impl Qp {
             if reliable
                 && loopback
                 && w.wr.opcode.is_read_or_atomic()
-                && r.una != r.next_psn
+                && una != r.next_psn
                 && cx.loopback_unacked >= window
             {
                 return None;
             }
-            debug_assert_eq!(r.cursor_pkt, 0, "a new message starts at its first packet");
-            r.cursor_pkt = 0;
+            debug_assert_eq!(r.pkt_index, 0, "a new message starts at its first packet");
+            r.pkt_index = 0;
             let npsn = match w.wr.opcode {
                 o if o.is_atomic() => 1,
                 _ if qp_type == QpType::Ud => 1,
@@ -542,22 +343,16 @@ impl Qp {
             };
             let first = r.next_psn;
             r.next_psn += npsn;
-            let w = &mut r.sq[idx];
-            w.first_psn = first;
-            w.npsn = npsn;
-            w.started = true;
-            if w.wr.opcode.is_read_or_atomic() {
-                r.rd_atomic_inflight += 1;
-            }
+            self.sq.start(idx, first, npsn);
         }
-        let w = &r.sq[idx];
+        let w = &self.sq[idx];
         let op = w.wr.opcode;
         let (psn, pkt_index) = if op == SendOpcode::RdmaRead {
             (w.first_psn + w.read_pkts, w.read_pkts)
         } else {
-            (w.first_psn + r.cursor_pkt, r.cursor_pkt)
+            (w.first_psn + r.pkt_index, r.pkt_index)
         };
-        if reliable && r.una.distance(psn) >= window {
+        if reliable && una.distance(psn) >= window {
             return None;
         }
         let n = w.npsn;
@@ -641,10 +436,10 @@ impl Qp {
             0
         };
         let ends = last_pkt;
-        r.since_ack_req += 1;
-        let ack_req = reliable && (ends || r.since_ack_req >= ACK_REQ_EVERY);
+        r.pkts_since_ack_req += 1;
+        let ack_req = reliable && (ends || r.pkts_since_ack_req >= ACK_REQ_EVERY);
         if ack_req {
-            r.since_ack_req = 0;
+            r.pkts_since_ack_req = 0;
         }
         let solicited = ends
             && w.wr.flags.contains(SendFlags::SOLICITED)
@@ -692,31 +487,31 @@ impl Qp {
         };
         if !gathered {
             // A bad lkey or range in the local SGEs: local protection error.
-            r.sq[idx].done = Some(WcStatus::LocProtErr);
+            self.sq[idx].done = Some(WcStatus::LocProtErr);
             self.retire(cx);
             self.fail(cx);
             return None;
         }
         // Advance the cursor.
         if last_pkt {
-            r.cursor += 1;
-            r.cursor_pkt = 0;
+            r.wqe_index += 1;
+            r.pkt_index = 0;
         } else {
-            r.cursor_pkt += 1;
+            r.pkt_index += 1;
         }
-        if psn.is_before(r.high_psn) {
+        if psn.is_before(r.first_unsent_psn) {
             cx.stats.tx_retransmits += 1;
             self.counters.tx_retransmits += 1;
         } else {
-            r.high_psn = psn.next();
+            r.first_unsent_psn = psn.next();
         }
         if reliable {
-            if r.rto.is_none() {
-                r.rto = timeout.nanos().map(|t| now + t);
+            if !self.timers.is_armed(Timer::Retransmit) {
+                self.timers.arm_after(Timer::Retransmit, now, timeout);
             }
         } else if last_pkt {
             // Unreliable: complete as soon as the last packet is handed over.
-            r.sq[idx].done = Some(WcStatus::Success);
+            self.sq[idx].done = Some(WcStatus::Success);
             self.retire(cx);
         }
         debug_assert!(total > ICRC_LEN);
@@ -736,122 +531,43 @@ impl Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::SendWr;
-
-    /// A requester with messages of `npsns` PSNs each (the opcodes given),
-    /// all started, from PSN 100.
-    fn started(msgs: &[(SendOpcode, u32)]) -> Requester {
-        let mut r = Requester::new();
-        r.reset_psn(Psn::new(100));
-        for (i, &(op, npsn)) in msgs.iter().enumerate() {
-            r.post(SendWr::new(i as u64, op, Vec::new()), npsn * 1024);
-            let w = r.sq.back_mut().unwrap();
-            w.first_psn = r.next_psn;
-            w.npsn = npsn;
-            w.started = true;
-            r.next_psn += npsn;
-            // As `request_transmit` counts them when they start.
-            if op.is_read_or_atomic() {
-                r.rd_atomic_inflight += 1;
-            }
-        }
-        r.high_psn = r.next_psn;
-        r.cursor = msgs.len();
-        r
-    }
-
-    #[test]
-    fn an_ack_finishes_every_send_it_covers_and_moves_una() {
-        // 100..=102, 103, 104..=105
-        let mut r = started(&[
-            (SendOpcode::Send, 3),
-            (SendOpcode::RdmaWrite, 1),
-            (SendOpcode::Send, 2),
-        ]);
-        // Inside the first message: nothing finishes, una moves.
-        assert_eq!(r.ack_upto(Psn::new(101)), None);
-        assert_eq!(r.una, Psn::new(102));
-        assert!(r.sq[0].done.is_none());
-        assert!(r.progressed);
-        // Through the second: both finish, the third does not.
-        assert_eq!(r.ack_upto(Psn::new(103)), None);
-        assert_eq!(r.sq[0].done, Some(WcStatus::Success));
-        assert_eq!(r.sq[1].done, Some(WcStatus::Success));
-        assert!(r.sq[2].done.is_none());
-        assert_eq!(r.una, Psn::new(104));
-        // A stale ACK changes nothing.
-        r.progressed = false;
-        assert_eq!(r.ack_upto(Psn::new(101)), None);
-        assert_eq!(r.una, Psn::new(104));
-        assert!(!r.progressed);
-    }
-
-    #[test]
-    fn an_ack_beyond_an_unanswered_read_implies_a_nak() {
-        // SEND 100, READ 101..=102, SEND 103
-        let mut r = started(&[
-            (SendOpcode::Send, 1),
-            (SendOpcode::RdmaRead, 2),
-            (SendOpcode::Send, 1),
-        ]);
-        // The READ still needs its response: resume from its first PSN,
-        // una stops there, and the SEND behind it is acknowledged.
-        assert_eq!(r.ack_upto(Psn::new(103)), Some(Psn::new(101)));
-        assert_eq!(r.una, Psn::new(101));
-        assert_eq!(r.sq[0].done, Some(WcStatus::Success));
-        assert!(r.sq[1].done.is_none());
-        assert_eq!(r.sq[2].done, Some(WcStatus::Success));
-        // With one response packet placed, the resume point moves on.
-        r.sq[1].read_pkts = 1;
-        assert_eq!(r.ack_upto(Psn::new(103)), Some(Psn::new(102)));
-    }
-
-    #[test]
-    fn advance_una_waits_for_an_earlier_read() {
-        let mut r = started(&[
-            (SendOpcode::RdmaRead, 2),
-            (SendOpcode::AtomicFetchAndAdd, 1),
-        ]);
-        // The atomic (102) answered before the READ (100..=101).
-        r.advance_una(Psn::new(102));
-        assert_eq!(r.una, Psn::new(100));
-        r.sq[0].read_pkts = 2;
-        r.sq[0].done = Some(WcStatus::Success);
-        r.advance_una(Psn::new(101));
-        assert_eq!(r.una, Psn::new(102));
-        r.sq[1].done = Some(WcStatus::Success);
-        // Nothing unfinished: una is next_psn.
-        r.normalize_una();
-        assert_eq!(r.una, r.next_psn);
-    }
+    use crate::engine::sq::started_from;
 
     #[test]
     fn rewind_goes_back_to_the_packet_carrying_the_psn() {
-        let mut r = started(&[(SendOpcode::Send, 4), (SendOpcode::RdmaRead, 3)]);
-        r.rewind_to(Psn::new(102));
-        assert_eq!((r.cursor, r.cursor_pkt), (0, 2));
+        // SEND 100..=103, READ 104..=106
+        let (mut sq, next) = started_from(
+            Psn::new(100),
+            &[(SendOpcode::Send, 4), (SendOpcode::RdmaRead, 3)],
+        );
+        let mut r = Requester::new();
+        r.reset_psn(next);
+        r.wqe_index = 2;
+        r.rewind_to(&sq, Psn::new(102));
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 2));
         // A READ is re-requested from its first unanswered packet
         // (`read_pkts`), so the cursor packet index is 0.
-        r.rewind_to(Psn::new(105));
-        assert_eq!((r.cursor, r.cursor_pkt), (1, 0));
+        r.rewind_to(&sq, Psn::new(105));
+        assert_eq!((r.wqe_index, r.pkt_index), (1, 0));
         // A finished message is not resent.
-        r.sq[0].done = Some(WcStatus::Success);
-        r.cursor = 1;
-        r.rewind_to(Psn::new(101));
-        assert_eq!(r.cursor, 1);
+        sq[0].done = Some(WcStatus::Success);
+        r.wqe_index = 1;
+        r.rewind_to(&sq, Psn::new(101));
+        assert_eq!(r.wqe_index, 1);
     }
 
     #[test]
-    fn the_timer_is_armed_only_with_unfinished_messages_in_flight() {
-        let timeout = AckTimeout::new(14).unwrap();
-        let mut r = started(&[(SendOpcode::Send, 1)]);
-        r.rearm(1_000, timeout);
-        assert!(r.rto.is_some_and(|d| d > 1_000));
-        assert!(r.timer_covers_flight(timeout));
-        r.ack_upto(Psn::new(100));
-        r.rearm(2_000, timeout);
-        assert_eq!(r.rto, None);
-        assert!(r.timer_covers_flight(timeout));
+    fn retiring_the_wqe_under_the_cursor_restarts_the_next_at_its_first_packet() {
+        let (mut sq, next) =
+            started_from(Psn::new(0), &[(SendOpcode::Send, 4), (SendOpcode::Send, 1)]);
+        let mut r = Requester::new();
+        r.reset_psn(next);
+        r.rewind_to(&sq, Psn::new(2));
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 2));
+        sq[0].done = Some(WcStatus::Success);
+        assert!(sq.pop_finished().is_some());
+        r.front_retired();
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 0));
     }
 
     #[test]

@@ -1,9 +1,84 @@
-//! Timers: every armed QP timer is filed in the engine's index by its
-//! deadline, so `poll_timeout` is one lookup however many QPs there are;
+//! Timers. A QP has two (rxe's `retrans_timer` and `rnr_nak_timer`), named
+//! by [`Timer`] and kept in its [`Timers`]; every QP with one armed is
+//! filed in the engine's index under its earliest deadline, so
+//! `poll_timeout` is one lookup however many QPs there are.
 //! `handle_timeout` fires what is due, and the liveness watchdog finds a
 //! QP that could wait forever.
+//!
+//! Nothing else in the transport runs on time: ACKs are coalesced in the
+//! responder's queue (`resp::Responder::ack`), not by a timer, and the
+//! watchdog runs when the driver calls it (`Engine::audit_liveness`). The
+//! Communication Manager keeps its own timers, which `poll_timeout` and
+//! `handle_timeout` merge in.
 
 use super::{Engine, Nanos};
+use roxe_wire::AckTimeout;
+
+/// A timer of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Timer {
+    /// An RNR NAK's wait: the requester sends nothing until it fires, and
+    /// then the retransmission timer starts.
+    RnrWait,
+    /// No response came in time for the oldest unacknowledged PSN: go
+    /// back to it, spending a retry (or fail with RETRY_EXC_ERR).
+    Retransmit,
+}
+
+impl Timer {
+    /// Every timer, in the order a QP fires those due at once: an RNR wait
+    /// that ends restarts the retransmission timer, which is then no
+    /// longer due.
+    pub const ALL: [Timer; 2] = [Timer::RnrWait, Timer::Retransmit];
+}
+
+/// The deadlines of one QP's timers, `None` where stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Timers([Option<Nanos>; Timer::ALL.len()]);
+
+impl Timers {
+    pub fn deadline(&self, t: Timer) -> Option<Nanos> {
+        self.0[t as usize]
+    }
+
+    pub fn is_armed(&self, t: Timer) -> bool {
+        self.deadline(t).is_some()
+    }
+
+    /// Arm `t` to fire at `at`.
+    pub fn arm_at(&mut self, t: Timer, at: Nanos) {
+        self.0[t as usize] = Some(at);
+    }
+
+    /// Arm `t` to fire `timeout` after `now`; an infinite timeout (a QP
+    /// `timeout` of 0) stops it instead.
+    pub fn arm_after(&mut self, t: Timer, now: Nanos, timeout: AckTimeout) {
+        self.0[t as usize] = timeout.nanos().map(|d| now + d);
+    }
+
+    pub fn stop(&mut self, t: Timer) {
+        self.0[t as usize] = None;
+    }
+
+    pub fn stop_all(&mut self) {
+        *self = Timers::default();
+    }
+
+    /// The earliest deadline of the armed timers.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.0.iter().flatten().min().copied()
+    }
+
+    /// Whether `t` is due at `now`; a due timer is stopped, for the caller
+    /// to fire.
+    pub fn take_due(&mut self, t: Timer, now: Nanos) -> bool {
+        let due = self.deadline(t).is_some_and(|d| d <= now);
+        if due {
+            self.stop(t);
+        }
+        due
+    }
+}
 
 impl Engine {
     /// Keep `timers` in step with QP `qpn`'s next deadline.
@@ -11,7 +86,7 @@ impl Engine {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        let d = q.req.next_deadline();
+        let d = q.timers.next_deadline();
         if d != q.indexed_deadline {
             if let Some(old) = q.indexed_deadline {
                 self.timers.remove(&(old, qpn));
@@ -30,14 +105,14 @@ impl Engine {
             first_qp,
             self.qps
                 .values()
-                .filter_map(|q| q.req.next_deadline())
+                .filter_map(|q| q.timers.next_deadline())
                 .min(),
             "the timer index missed a change"
         );
         #[cfg(debug_assertions)]
         for q in self.qps.values() {
             if let Some(why) = q.liveness_violation() {
-                panic!("QP {:#x} would stall: {why}: {:?}", q.qpn, q.req);
+                panic!("QP {:#x} would stall: {why}: {q:?}", q.qpn);
             }
         }
         debug_assert!(

@@ -9,7 +9,6 @@ use crate::types::AccessFlags;
 use crate::types::{WcOpcode, WcStatus};
 use crate::wr::SendOpcode;
 use crate::wr::{SendWr, WorkCompletion};
-use roxe_wire::AckTimeout;
 
 /// An RC QP in RTS facing 127.0.0.2 with one WRITE sent.
 fn engine_with_a_write_in_flight() -> (Engine, u32) {
@@ -190,7 +189,7 @@ fn a_lost_timer_is_found_counted_and_rearmed() {
     let (mut e, qpn) = engine_with_a_write_in_flight();
     // Simulate the class of bug: the timer of a message in flight gone.
     if let Some(q) = e.qps.get_mut(&qpn) {
-        q.req.arm_retransmission(0, AckTimeout::INFINITE);
+        q.timers.stop(super::timer::Timer::Retransmit);
         assert!(q.liveness_violation().is_some());
     }
     e.reindex_timer(qpn);
