@@ -4,7 +4,7 @@
 //! oldest WR and the QP.
 //!
 //! The completer owns how far the responses have come and the retries
-//! left ([`Completer`], rxe's `rxe_comp_info`); the requester (`req.rs`)
+//! left ([`Completer`], rxe's `rxe_comp_info`); the requester (`req/`)
 //! owns the cursor and the PSNs handed out. Both work on the QP's send
 //! queue (`sq.rs`: each WQE's PSNs, progress and status) and its timers
 //! (`timer.rs`). Beyond those, they talk only through these methods:
@@ -16,7 +16,7 @@
 //! - the requester asks the completer for [`Completer::una`] (the base of
 //!   its window), and has it deliver the completions of the WQEs it
 //!   finished itself (local operations, unreliable sends, a gather that
-//!   failed) with [`Qp::retire`].
+//!   failed) with [`Qp::retire_finished`].
 //!
 //! [`Requester::next_psn`]: super::req::Requester::next_psn
 //! [`Requester::rewind_to`]: super::req::Requester::rewind_to
@@ -31,6 +31,16 @@ use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, WorkCompletion};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
 use roxe_wire::{Operation, Packet, Psn};
+
+/// What started a go-back-N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryCause {
+    /// The retransmission timer: always retries.
+    Timeout,
+    /// A sequence NAK, or a response beyond an unanswered READ/atomic (an
+    /// implied NAK): ignored while a go-back-N is under way.
+    Nak,
+}
 
 /// Per-QP completer state.
 #[derive(Debug)]
@@ -142,7 +152,7 @@ impl Completer {
     /// order (atomics, READs answered after an earlier READ) get no further
     /// ACK, so it is raised here rather than by the responses. With nothing
     /// unfinished it is `next_psn`, the requester's.
-    fn normalize_una(&mut self, sq: &SendQueue, next_psn: Psn) {
+    fn catch_up_una(&mut self, sq: &SendQueue, next_psn: Psn) {
         match sq.iter().find(|w| w.started && w.done.is_none()) {
             Some(w) => {
                 let floor = w.first_psn + w.read_pkts;
@@ -164,11 +174,11 @@ impl Completer {
 impl Qp {
     /// Deliver, in order, the completions of finished WQEs at the front of
     /// the send queue.
-    pub(super) fn retire(&mut self, cx: &mut QpCtx) {
+    pub(super) fn retire_finished(&mut self, cx: &mut QpCtx) {
         let qpn = self.qpn;
         let sig_all = self.init.sq_sig_all;
         let send_cq = self.init.send_cq;
-        self.comp.normalize_una(&self.sq, self.req.next_psn());
+        self.comp.catch_up_una(&self.sq, self.req.next_psn());
         while let Some(w) = self.sq.pop_finished() {
             self.req.front_retired();
             let status = w.done.unwrap_or(WcStatus::GeneralErr);
@@ -190,11 +200,11 @@ impl Qp {
                 cx.push_wc(send_cq, wc, false);
             }
         }
-        self.update_drain(cx);
+        self.end_drain_if_done(cx);
     }
 
     /// Complete the oldest unfinished WQE with `status`, then fail the QP.
-    fn fail_oldest(&mut self, cx: &mut QpCtx, status: WcStatus) {
+    fn fail_oldest_wqe(&mut self, cx: &mut QpCtx, status: WcStatus) {
         let qpn = self.qpn;
         if status == WcStatus::RetryExcErr || status == WcStatus::RnrRetryExcErr {
             tracing::warn!(
@@ -212,22 +222,22 @@ impl Qp {
         if let Some(w) = self.sq.iter_mut().find(|w| w.done.is_none()) {
             w.done = Some(status);
         }
-        self.retire(cx);
-        self.fail(cx);
+        self.retire_finished(cx);
+        self.fail_qp(cx);
     }
 
     /// Finish WQE `i` with an error, then fail the QP.
     fn fail_wqe(&mut self, cx: &mut QpCtx, i: usize, status: WcStatus) {
         self.sq[i].done = Some(status);
-        self.retire(cx);
-        self.fail(cx);
+        self.retire_finished(cx);
+        self.fail_qp(cx);
     }
 
     /// Go-back-N from `r`, spending one retry; false when none is left.
     /// A NAK-triggered retry while another is under way is ignored.
-    fn retry_from(&mut self, r: Psn, timeout: bool) -> bool {
+    fn go_back_n(&mut self, r: Psn, cause: RetryCause) -> bool {
         let comp = &mut self.comp;
-        if comp.retry_started && !timeout {
+        if comp.retry_started && cause == RetryCause::Nak {
             return true;
         }
         if comp.retry_left == 0 {
@@ -240,7 +250,10 @@ impl Qp {
             qpn = format_args!("{:#x}", self.qpn),
             psn = %r,
             retries_left = comp.retry_left,
-            cause = if timeout { "timeout" } else { "NAK" },
+            cause = match cause {
+                RetryCause::Timeout => "timeout",
+                RetryCause::Nak => "NAK",
+            },
             "go-back-N"
         );
         true
@@ -248,9 +261,9 @@ impl Qp {
 
     /// Go-back-N from `r` after a NAK or an implied one, or fail with
     /// RETRY_EXC_ERR when no retry is left.
-    fn retry_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
-        if !self.retry_from(r, false) {
-            self.fail_oldest(cx, WcStatus::RetryExcErr);
+    fn go_back_n_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
+        if !self.go_back_n(r, RetryCause::Nak) {
+            self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
         }
     }
 
@@ -264,7 +277,7 @@ impl Qp {
 
     /// Restart the retransmission timer while a message waits for its
     /// response, stop it otherwise.
-    fn rearm(&mut self, now: Nanos) {
+    fn rearm_retransmit(&mut self, now: Nanos) {
         if self.comp.awaits_response(&self.sq, self.req.next_psn()) {
             let timeout = self.ack_timeout();
             self.timers.arm_after(Timer::Retransmit, now, timeout);
@@ -320,14 +333,14 @@ impl Qp {
         if self.comp.progressed {
             // Forward progress refills the retry counter and restarts the
             // retransmission timer.
-            self.comp.normalize_una(&self.sq, self.req.next_psn());
+            self.comp.catch_up_una(&self.sq, self.req.next_psn());
             self.refill_retries();
-            self.rearm(now);
+            self.rearm_retransmit(now);
         }
-        self.retire(cx);
+        self.retire_finished(cx);
         if let Some(resume) = implied {
             // An ACK or response beyond a READ/atomic whose answer never came.
-            self.retry_or_fail(cx, resume);
+            self.go_back_n_or_fail(cx, resume);
         }
     }
 
@@ -343,7 +356,7 @@ impl Qp {
                     "RNR NAK received"
                 );
                 if self.comp.rnr_left == 0 {
-                    self.fail_oldest(cx, WcStatus::RnrRetryExcErr);
+                    self.fail_oldest_wqe(cx, WcStatus::RnrRetryExcErr);
                     return;
                 }
                 // rnr_retry 7 means retry for ever.
@@ -354,7 +367,7 @@ impl Qp {
                 let wait = now + u64::from(t.micros()) * 1000;
                 self.timers.arm_at(Timer::RnrWait, wait);
                 self.timers.stop(Timer::Retransmit);
-                self.retire(cx);
+                self.retire_finished(cx);
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                 if self.comp.progressed {
@@ -363,8 +376,8 @@ impl Qp {
                     // started it.
                     self.refill_retries();
                 }
-                self.retire(cx);
-                self.retry_or_fail(cx, p);
+                self.retire_finished(cx);
+                self.go_back_n_or_fail(cx, p);
             }
             AethSyndrome::Nak(code) => {
                 let status = match code {
@@ -372,8 +385,8 @@ impl Qp {
                     NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                     _ => WcStatus::RemOpErr,
                 };
-                self.retire(cx);
-                self.fail_oldest(cx, status);
+                self.retire_finished(cx);
+                self.fail_oldest_wqe(cx, status);
             }
             AethSyndrome::Ack { .. } => {
                 cx.internal_error(qpn, "an ACK handled as a NAK");
@@ -490,8 +503,8 @@ impl Qp {
                     "retransmission timeout"
                 );
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
-                if !self.retry_from(una, true) {
-                    self.fail_oldest(cx, WcStatus::RetryExcErr);
+                if !self.go_back_n(una, RetryCause::Timeout) {
+                    self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
                 }
             }
         }
@@ -577,7 +590,7 @@ mod tests {
         assert_eq!(c.una, Psn::new(102));
         sq[1].done = Some(WcStatus::Success);
         // Nothing unfinished: una is next_psn.
-        c.normalize_una(&sq, next);
+        c.catch_up_una(&sq, next);
         assert_eq!(c.una, next);
     }
 

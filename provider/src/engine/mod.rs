@@ -6,7 +6,24 @@
 //! caller's buffer), completions on CQs, and the next timer deadline
 //! ([`Engine::poll_timeout`]). Nothing here touches a socket or reads a clock,
 //! which is what lets `tests/simnet.rs` drive engines through millions of
-//! packets on a virtual clock.
+//! packets on a virtual clock. [`Engine`] states the calling contract.
+//!
+//! Where things are:
+//! - `mod.rs`: the `Engine`, and `drive_qp`, the one way into a QP;
+//! - `objects.rs`: the verbs on PDs, memory windows, CQs, SRQs, XRC
+//!   domains and QPs, and what `roxe stat` shows of them;
+//! - `rx.rs`: receive (parse, ICRC, dispatch by QPN); `gsi.rs`: QP1, the
+//!   CM's MADs;
+//! - `tx.rs`: the transmit passes (round robin over scheduled QPs, ACK
+//!   clocking) and what every packet gets on its way out (ICRC);
+//! - `timer.rs`: `Timer`, a QP's timers, the engine's index of deadlines,
+//!   the liveness watchdog;
+//! - `qp.rs`: one QP and the `QpCtx` it is driven through: its verbs,
+//!   state changes and packet admission;
+//! - rxe's three roles within a QP: `sq.rs` (the send queue, shared by)
+//!   `req/` (requester) and `comp.rs` (completer); `resp/` (responder);
+//! - `tm.rs`: tag matching; `config.rs`, `stats.rs`, `drops.rs`: what an
+//!   engine is created with, and what it counts.
 
 mod comp;
 mod config;
@@ -80,6 +97,69 @@ impl QpEvent {
 }
 
 /// The objects of one device and the transport that connects them.
+///
+/// # Calling contract
+///
+/// The engine does no I/O and reads no clock: a driver feeds it what
+/// happened and asks it what to do, as quinn-proto's `Connection` is
+/// driven. Its methods are of four kinds:
+///
+/// - **A. Getters** (`&self`): [`addr`](Self::addr),
+///   [`config`](Self::config), [`stats`](Self::stats),
+///   [`query_qp`](Self::query_qp), [`qp_snapshots`](Self::qp_snapshots),
+///   [`cq_snapshots`](Self::cq_snapshots), [`has_events`](Self::has_events),
+///   [`has_held`](Self::has_held)... They may be called at any time.
+/// - **B. Inputs from the network and the clock**, named `handle_*`: a
+///   received RoCEv2 UDP payload ([`handle_packet`](Self::handle_packet);
+///   [`handle_segment`](Self::handle_segment) for a GRO segment,
+///   [`handle_direct_segment`](Self::handle_direct_segment),
+///   [`handle_ip_packet`](Self::handle_ip_packet) with its IP and UDP
+///   headers), and [`handle_timeout`](Self::handle_timeout) when the
+///   deadline [`poll_timeout`](Self::poll_timeout) gave has come (early
+///   is harmless: only what is due fires).
+/// - **C. Verbs from the program**: object creation and destruction,
+///   [`modify_qp`](Self::modify_qp), [`post_send`](Self::post_send),
+///   [`post_recv`](Self::post_recv), [`post_srq_recv`](Self::post_srq_recv),
+///   [`post_srq_op`](Self::post_srq_op), [`poll_cq`](Self::poll_cq), the
+///   memory table ([`memory_mut`](Self::memory_mut)), the CM
+///   ([`cm`](Self::cm)). They return at once: what they cause on the wire
+///   comes out of the `poll_*` calls.
+/// - **D. Outputs**, named `poll_*` and `take_*`:
+///   [`poll_transmit`](Self::poll_transmit) (and
+///   [`poll_transmit_pass`](Self::poll_transmit_pass),
+///   [`poll_transmit_ack_clocked`](Self::poll_transmit_ack_clocked)): the
+///   next packet, written into the caller's buffer (at least 4096 + 64
+///   bytes), or `None` when nothing may be sent now;
+///   [`poll_timeout`](Self::poll_timeout): the earliest deadline of any
+///   timer (QPs' retransmission and RNR timers, the CM's), or `None`;
+///   [`take_events`](Self::take_events): asynchronous QP events. Completions
+///   wait in their CQs ([`poll_cq`](Self::poll_cq); a CQ's notification
+///   through [`cq_mut`](Self::cq_mut)), CM events in the CM.
+///
+/// After any call of kind B or C, the driver calls the outputs, in this
+/// order:
+///
+/// 1. [`poll_transmit`](Self::poll_transmit) until it returns `None`,
+///    sending each packet. A packet whose [`Transmit::payload`] is by
+///    reference ([`TxPass::payload_by_ref`]) must be sent before the
+///    engine is next called with `&mut self`: the memory may change then.
+/// 2. [`poll_timeout`](Self::poll_timeout), which must come after (1):
+///    sending a request arms its QP's retransmission timer.
+/// 3. The events and completions, in any order.
+///
+/// Then it waits for a packet, a verb, or the deadline of (2), and starts
+/// again. An ACK-clocked pass ([`poll_transmit_ack_clocked`]) may hold new
+/// messages back ([`has_held`](Self::has_held)); they go at the next pass
+/// that is not one, which the driver must run when the ACK arrives, at the
+/// next timer, or when the program polls.
+///
+/// Every `now` is nanoseconds of one clock the driver owns, never going
+/// back: deadlines are compared with it and completions are stamped with
+/// it. Nothing is sent, completed or timed out between calls.
+/// [`audit_liveness`](Self::audit_liveness) is a watchdog the driver may
+/// run now and then (every 100 ms); a correct engine never needs it.
+///
+/// [`poll_transmit_ack_clocked`]: Self::poll_transmit_ack_clocked
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
@@ -102,19 +182,21 @@ pub struct Engine {
     /// PSNs unacknowledged on all reliable QPs that send under the
     /// loopback window (`Qp::loopback_unacked`): the window is the
     /// device's as much as each QP's (see `request_transmit`). The sum of
-    /// the QPs' `counted_loopback_unacked`, kept by `with_qp`.
+    /// the QPs' `counted_loopback_unacked`, kept by `drive_qp`.
     loopback_unacked: i32,
     /// Round-robin cursor for transmit fairness between QPs.
     tx_cursor: u32,
     /// QPs that may have a packet to send: `poll_transmit` visits only
     /// these, so idle QPs cost nothing per packet. A QP enters when a verb
-    /// or a packet or timer touches it, and leaves when it has nothing.
-    active: BTreeSet<u32>,
-    /// Every armed requester timer as (deadline, QPN): `poll_timeout` is
-    /// its first entry, so thousands of QPs cost nothing per verb call.
-    timers: BTreeSet<(Nanos, u32)>,
+    /// or a packet or timer drives it (`drive_and_schedule`), and leaves
+    /// when it has nothing.
+    scheduled: BTreeSet<u32>,
+    /// Every QP with a timer armed, as (its earliest deadline, QPN):
+    /// `poll_timeout` is the first entry, so thousands of QPs cost nothing
+    /// per verb call (`timer.rs`).
+    deadlines: BTreeSet<(Nanos, u32)>,
     /// QPs whose new message an ACK-clocked pass held: the next pass that
-    /// is not one (the ACK's, a timer's, a poll's) makes them active again,
+    /// is not one (the ACK's, a timer's, a poll's) schedules them again,
     /// whichever QP its packet was for.
     held: BTreeSet<u32>,
     /// Asynchronous events not yet taken by the driver.
@@ -126,7 +208,8 @@ pub struct Engine {
     stats: Stats,
 }
 
-fn err(verb: &'static str, errno: Errno, detail: impl Into<String>) -> VerbsError {
+/// The error of `verb`: `errno`, and what was wrong.
+fn verb_error(verb: &'static str, errno: Errno, detail: impl Into<String>) -> VerbsError {
     VerbsError::new(verb, errno, detail)
 }
 
@@ -186,8 +269,8 @@ impl Engine {
             qps: BTreeMap::new(),
             loopback_unacked: 0,
             tx_cursor: 0,
-            active: BTreeSet::new(),
-            timers: BTreeSet::new(),
+            scheduled: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
             held: BTreeSet::new(),
             events: Vec::new(),
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
@@ -203,14 +286,14 @@ impl Engine {
         }
     }
 
-    /// The Communication Manager (QP1): connect, listen, accept, events.
-    /// What it sends leaves through `poll_transmit`; its timers are part of
-    /// `poll_timeout`/`handle_timeout`.
     /// The Communication Manager's counters.
     pub fn cm_stats(&self) -> crate::cm::CmStats {
         self.cm.stats()
     }
 
+    /// The Communication Manager (QP1): connect, listen, accept, events.
+    /// What it sends leaves through `poll_transmit`; its timers are part of
+    /// `poll_timeout`/`handle_timeout`.
     pub fn cm(&mut self) -> &mut crate::cm::Cm {
         &mut self.cm
     }
@@ -247,7 +330,7 @@ impl Engine {
             let counted = q.loopback_unacked(config);
             self.loopback_unacked += counted - q.counted_loopback_unacked;
             q.counted_loopback_unacked = counted;
-            self.active.insert(q.qpn);
+            self.scheduled.insert(q.qpn);
         }
     }
 
@@ -255,6 +338,7 @@ impl Engine {
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
+
     /// Whether an ACK-clocked pass holds a new message (it goes with the
     /// next pass that holds nothing: an ACK received, a timer, a poll).
     pub fn has_held(&self) -> bool {
@@ -277,10 +361,11 @@ impl Engine {
     }
 
     /// Drive QP `qpn` through `f` with the context it may use, then do
-    /// what the call implies beyond the QP: QPs feeding a CQ that
-    /// overflowed go to ERR, and the QP's timer is re-indexed. `None` when
-    /// there is no such QP.
-    fn with_qp<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut QpCtx) -> R) -> Option<R> {
+    /// what the call implies beyond the QP: its share of the loopback
+    /// window is recounted, QPs feeding a CQ that overflowed go to ERR, and
+    /// the QP is refiled under its next deadline. Every call into a QP
+    /// goes through here. `None` when there is no such QP.
+    fn drive_qp<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut QpCtx) -> R) -> Option<R> {
         let Engine {
             config,
             memory,
@@ -313,29 +398,34 @@ impl Engine {
         q.counted_loopback_unacked = counted;
         let overflowed = cx.overflowed;
         for cq in overflowed {
-            self.cq_overflowed(cq);
+            self.on_cq_overflow(cq);
         }
-        self.reindex_timer(qpn);
+        self.refile_deadline(qpn);
         Some(result)
     }
 
-    /// [`with_qp`](Self::with_qp) for a verb, a packet or a timer: after
-    /// it the QP may have something to send.
-    fn touch<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp, &mut QpCtx) -> R) -> Option<R> {
-        let result = self.with_qp(qpn, f)?;
-        self.active.insert(qpn);
+    /// [`drive_qp`](Self::drive_qp) for a verb, a packet or a timer: after
+    /// it the QP may have something to send, so the next transmit pass
+    /// visits it (rxe schedules its tasks the same way).
+    fn drive_and_schedule<R>(
+        &mut self,
+        qpn: u32,
+        f: impl FnOnce(&mut Qp, &mut QpCtx) -> R,
+    ) -> Option<R> {
+        let result = self.drive_qp(qpn, f)?;
+        self.scheduled.insert(qpn);
         Some(result)
     }
 
     /// A verb on QP `qpn`: EINVAL naming `verb` when there is no such QP.
-    fn qp_verb(
+    fn verb_on_qp(
         &mut self,
         verb: &'static str,
         qpn: u32,
         f: impl FnOnce(&mut Qp, &mut QpCtx) -> VerbsResult<()>,
     ) -> VerbsResult<()> {
-        self.touch(qpn, f)
-            .unwrap_or_else(|| Err(err(verb, Errno::EINVAL, "no such QP")))
+        self.drive_and_schedule(qpn, f)
+            .unwrap_or_else(|| Err(verb_error(verb, Errno::EINVAL, "no such QP")))
     }
 
     /// Take the asynchronous events raised since the last call.

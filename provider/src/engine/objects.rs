@@ -1,12 +1,14 @@
 //! The engine's verbs on its objects: PDs, memory windows, CQs, SRQs
 //! (XRC and tag-matching ones too), XRC domains and QPs, and the
 //! snapshots `roxe stat` shows. Verbs on a QP go through
-//! `Engine::qp_verb`, so that what they change is settled as any other
+//! `Engine::verb_on_qp`, so that what they change is settled as any other
 //! call to a QP is.
 
 use super::qp::{Qp, RecvWqe, Srq, XrcSrq};
 use super::stats::{CqSnapshot, QpSnapshot};
-use super::{err, tm, CqId, Engine, Nanos, QpCap, QpInitAttr, SrqId, SrqOp, SrqOpKind, XrcdId};
+use super::{
+    tm, verb_error, CqId, Engine, Nanos, QpCap, QpInitAttr, SrqId, SrqOp, SrqOpKind, XrcdId,
+};
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, MwType};
 use crate::qp_attr::{AttrMask, QpAttr, QpState, QpType};
@@ -26,10 +28,14 @@ impl Engine {
     /// `ibv_dealloc_pd`: EBUSY while QPs still use it.
     pub fn dealloc_pd(&mut self, pd: PdId) -> VerbsResult<()> {
         if !self.pds.contains_key(&pd.0) {
-            return Err(err("ibv_dealloc_pd", Errno::EINVAL, "no such PD"));
+            return Err(verb_error("ibv_dealloc_pd", Errno::EINVAL, "no such PD"));
         }
         if self.qps.values().any(|q| q.init.pd == pd) || self.srqs.values().any(|s| s.pd == pd) {
-            return Err(err("ibv_dealloc_pd", Errno::EBUSY, "PD still in use"));
+            return Err(verb_error(
+                "ibv_dealloc_pd",
+                Errno::EBUSY,
+                "PD still in use",
+            ));
         }
         self.pds.remove(&pd.0);
         Ok(())
@@ -39,7 +45,7 @@ impl Engine {
     /// key. `EINVAL` for no such PD.
     pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> VerbsResult<u32> {
         if !self.pds.contains_key(&pd.0) {
-            return Err(err("ibv_alloc_mw", Errno::EINVAL, "no such PD"));
+            return Err(verb_error("ibv_alloc_mw", Errno::EINVAL, "no such PD"));
         }
         self.memory.alloc_window(pd, kind)
     }
@@ -52,7 +58,7 @@ impl Engine {
     /// `ibv_create_cq`.
     pub fn create_cq(&mut self, depth: u32) -> VerbsResult<CqId> {
         if depth == 0 || depth > self.config.max_cqe {
-            return Err(err(
+            return Err(verb_error(
                 "ibv_create_cq",
                 Errno::EINVAL,
                 format!("cqe {depth} out of range"),
@@ -69,7 +75,7 @@ impl Engine {
     pub fn resize_cq(&mut self, cq: CqId, depth: u32) -> VerbsResult<()> {
         const VERB: &str = "ibv_resize_cq";
         if depth == 0 || depth > self.config.max_cqe {
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("cqe {depth} out of range"),
@@ -78,9 +84,9 @@ impl Engine {
         let c = self
             .cqs
             .get_mut(&cq.0)
-            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such CQ"))?;
+            .ok_or_else(|| verb_error(VERB, Errno::EINVAL, "no such CQ"))?;
         if !c.resize(depth as usize) {
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("{} completions waiting, more than {depth}", c.len()),
@@ -100,12 +106,16 @@ impl Engine {
                 .values()
                 .any(|s| s.xrc.is_some_and(|x| x.cq == cq))
         {
-            return Err(err("ibv_destroy_cq", Errno::EBUSY, "CQ still in use"));
+            return Err(verb_error(
+                "ibv_destroy_cq",
+                Errno::EBUSY,
+                "CQ still in use",
+            ));
         }
         self.cqs
             .remove(&cq.0)
             .map(|_| ())
-            .ok_or_else(|| err("ibv_destroy_cq", Errno::EINVAL, "no such CQ"))
+            .ok_or_else(|| verb_error("ibv_destroy_cq", Errno::EINVAL, "no such CQ"))
     }
 
     /// `ibv_poll_cq`: up to `out.len()` completions.
@@ -113,7 +123,7 @@ impl Engine {
         let q = self
             .cqs
             .get_mut(&cq.0)
-            .ok_or_else(|| err("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
+            .ok_or_else(|| verb_error("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
         Ok(q.poll(out))
     }
 
@@ -128,7 +138,7 @@ impl Engine {
         let q = self
             .cqs
             .get_mut(&cq.0)
-            .ok_or_else(|| err("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
+            .ok_or_else(|| verb_error("ibv_poll_cq", Errno::EINVAL, "no such CQ"))?;
         Ok(q.poll_at(out, at))
     }
 
@@ -155,10 +165,10 @@ impl Engine {
     ) -> VerbsResult<SrqId> {
         const VERB: &str = "ibv_create_srq_ex";
         if !self.xrcds.contains(&xrcd.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such XRC domain"));
+            return Err(verb_error(VERB, Errno::EINVAL, "no such XRC domain"));
         }
         if !self.cqs.contains_key(&cq.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "no such CQ"));
         }
         self.new_srq(VERB, pd, max_wr, max_sge, Some(XrcSrq { xrcd, cq }))
     }
@@ -176,10 +186,10 @@ impl Engine {
     ) -> VerbsResult<SrqId> {
         const VERB: &str = "ibv_create_srq_ex";
         if !self.cqs.contains_key(&cq.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "no such CQ"));
         }
         if max_tags == 0 || max_tags > self.config.max_tm_tags {
-            return Err(err(VERB, Errno::EINVAL, "max_num_tags out of range"));
+            return Err(verb_error(VERB, Errno::EINVAL, "max_num_tags out of range"));
         }
         let id = self.new_srq(VERB, pd, max_wr, max_sge, None)?;
         if let Some(s) = self.srqs.get_mut(&id.0) {
@@ -196,17 +206,17 @@ impl Engine {
         let s = self
             .srqs
             .get_mut(&srq.0)
-            .ok_or_else(|| err(VERB, Errno::EINVAL, "no such SRQ"))?;
+            .ok_or_else(|| verb_error(VERB, Errno::EINVAL, "no such SRQ"))?;
         let max_sge = s.max_sge;
         let Some(t) = s.tm.as_mut() else {
-            return Err(err(VERB, Errno::EINVAL, "not a tag-matching SRQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "not a tag-matching SRQ"));
         };
         if let SrqOpKind::Add { sg_list, .. } = &op.kind {
             if sg_list.len() > max_sge as usize {
-                return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+                return Err(verb_error(VERB, Errno::EINVAL, "too many SGEs"));
             }
             if t.full() {
-                return Err(err(VERB, Errno::ENOMEM, "tag list full"));
+                return Err(verb_error(VERB, Errno::ENOMEM, "tag list full"));
             }
         }
         let cq = t.cq;
@@ -225,7 +235,7 @@ impl Engine {
                 .get_mut(&cq.0)
                 .is_some_and(|q| q.push_at(wc, false, now));
             if !fits {
-                self.cq_overflowed(cq);
+                self.on_cq_overflow(cq);
             }
         }
         Ok(done.handle)
@@ -240,14 +250,14 @@ impl Engine {
         xrc: Option<XrcSrq>,
     ) -> VerbsResult<SrqId> {
         if !self.pds.contains_key(&pd.0) {
-            return Err(err(verb, Errno::EINVAL, "no such PD"));
+            return Err(verb_error(verb, Errno::EINVAL, "no such PD"));
         }
         if max_wr == 0 || max_wr > self.config.max_qp_wr || max_sge > self.config.max_sge {
-            return Err(err(verb, Errno::EINVAL, "SRQ size out of range"));
+            return Err(verb_error(verb, Errno::EINVAL, "SRQ size out of range"));
         }
         // SRQ numbers travel in 24 bits (the XRCETH).
         if self.next_srq > 0xFF_FFFF {
-            return Err(err(verb, Errno::ENOMEM, "SRQ numbers exhausted"));
+            return Err(verb_error(verb, Errno::ENOMEM, "SRQ numbers exhausted"));
         }
         let id = self.next_srq;
         self.next_srq += 1;
@@ -270,10 +280,10 @@ impl Engine {
     pub fn destroy_srq(&mut self, srq: SrqId) -> VerbsResult<()> {
         const VERB: &str = "ibv_destroy_srq";
         if !self.srqs.contains_key(&srq.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such SRQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "no such SRQ"));
         }
         if self.qps.values().any(|q| q.init.srq == Some(srq)) {
-            return Err(err(VERB, Errno::EBUSY, "SRQ still in use"));
+            return Err(verb_error(VERB, Errno::EBUSY, "SRQ still in use"));
         }
         self.srqs.remove(&srq.0);
         Ok(())
@@ -291,7 +301,7 @@ impl Engine {
     pub fn close_xrcd(&mut self, xrcd: XrcdId) -> VerbsResult<()> {
         const VERB: &str = "ibv_close_xrcd";
         if !self.xrcds.contains(&xrcd.0) {
-            return Err(err(VERB, Errno::EINVAL, "no such XRC domain"));
+            return Err(verb_error(VERB, Errno::EINVAL, "no such XRC domain"));
         }
         let in_use = self
             .srqs
@@ -299,7 +309,7 @@ impl Engine {
             .any(|s| s.xrc.is_some_and(|x| x.xrcd == xrcd))
             || self.qps.values().any(|q| q.init.xrcd == Some(xrcd));
         if in_use {
-            return Err(err(VERB, Errno::EBUSY, "XRC domain still in use"));
+            return Err(verb_error(VERB, Errno::EBUSY, "XRC domain still in use"));
         }
         self.xrcds.remove(&xrcd.0);
         Ok(())
@@ -310,7 +320,7 @@ impl Engine {
         if self.srqs.contains_key(&srq.0) {
             Ok(srq.0)
         } else {
-            Err(err("ibv_get_srq_num", Errno::EINVAL, "no such SRQ"))
+            Err(verb_error("ibv_get_srq_num", Errno::EINVAL, "no such SRQ"))
         }
     }
 
@@ -319,13 +329,17 @@ impl Engine {
         let s = self
             .srqs
             .get_mut(&srq.0)
-            .ok_or_else(|| err("ibv_post_srq_recv", Errno::EINVAL, "no such SRQ"))?;
+            .ok_or_else(|| verb_error("ibv_post_srq_recv", Errno::EINVAL, "no such SRQ"))?;
         // rxe's post_one_recv (and mlx5) test for a full queue first.
         if s.queue.len() >= s.max_wr as usize {
-            return Err(err("ibv_post_srq_recv", Errno::ENOMEM, "SRQ full"));
+            return Err(verb_error("ibv_post_srq_recv", Errno::ENOMEM, "SRQ full"));
         }
         if wr.sg_list.len() > s.max_sge as usize {
-            return Err(err("ibv_post_srq_recv", Errno::EINVAL, "too many SGEs"));
+            return Err(verb_error(
+                "ibv_post_srq_recv",
+                Errno::EINVAL,
+                "too many SGEs",
+            ));
         }
         let total = MemoryTable::sge_total(&wr.sg_list);
         s.queue.push_back(RecvWqe {
@@ -342,7 +356,11 @@ impl Engine {
         match init.qp_type {
             QpType::XrcRecv => {
                 if !init.xrcd.is_some_and(|x| self.xrcds.contains(&x.0)) {
-                    return Err(err(VERB, Errno::EINVAL, "XRC_RECV needs an XRC domain"));
+                    return Err(verb_error(
+                        VERB,
+                        Errno::EINVAL,
+                        "XRC_RECV needs an XRC domain",
+                    ));
                 }
                 // Each request's XRC SRQ brings the PD and the CQ.
                 (init.pd, init.send_cq, init.recv_cq, init.srq) = (PdId(0), CqId(0), CqId(0), None);
@@ -350,19 +368,19 @@ impl Engine {
             }
             t => {
                 if init.xrcd.is_some() {
-                    return Err(err(
+                    return Err(verb_error(
                         VERB,
                         Errno::EINVAL,
                         "only XRC_RECV QPs have an XRC domain",
                     ));
                 }
                 if !self.pds.contains_key(&init.pd.0) {
-                    return Err(err(VERB, Errno::EINVAL, "no such PD"));
+                    return Err(verb_error(VERB, Errno::EINVAL, "no such PD"));
                 }
                 if t == QpType::XrcSend {
                     // No receive side.
                     if init.srq.is_some() {
-                        return Err(err(VERB, Errno::EINVAL, "XRC_SEND QPs have no SRQ"));
+                        return Err(verb_error(VERB, Errno::EINVAL, "XRC_SEND QPs have no SRQ"));
                     }
                     init.recv_cq = init.send_cq;
                     init.cap.max_recv_wr = 0;
@@ -371,13 +389,13 @@ impl Engine {
                 if !self.cqs.contains_key(&init.send_cq.0)
                     || !self.cqs.contains_key(&init.recv_cq.0)
                 {
-                    return Err(err(VERB, Errno::EINVAL, "no such CQ"));
+                    return Err(verb_error(VERB, Errno::EINVAL, "no such CQ"));
                 }
                 if let Some(s) = init.srq {
                     match self.srqs.get(&s.0) {
-                        None => return Err(err(VERB, Errno::EINVAL, "no such SRQ")),
+                        None => return Err(verb_error(VERB, Errno::EINVAL, "no such SRQ")),
                         Some(srq) if srq.xrc.is_some() => {
-                            return Err(err(
+                            return Err(verb_error(
                                 VERB,
                                 Errno::EINVAL,
                                 "an XRC SRQ serves XRC_RECV QPs only",
@@ -385,7 +403,7 @@ impl Engine {
                         }
                         // Tag matching's rendezvous READs from the sender.
                         Some(srq) if srq.tm.is_some() && t != QpType::Rc => {
-                            return Err(err(
+                            return Err(verb_error(
                                 VERB,
                                 Errno::EINVAL,
                                 "a tag-matching SRQ serves RC QPs only",
@@ -404,7 +422,7 @@ impl Engine {
             || c.max_recv_sge > l.max_sge
             || c.max_inline_data > l.max_inline
         {
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 "capability beyond the device's limits",
@@ -425,12 +443,12 @@ impl Engine {
         let q = self
             .qps
             .remove(&qpn)
-            .ok_or_else(|| err("ibv_destroy_qp", Errno::EINVAL, "no such QP"))?;
+            .ok_or_else(|| verb_error("ibv_destroy_qp", Errno::EINVAL, "no such QP"))?;
         if let Some(d) = q.indexed_deadline {
-            self.timers.remove(&(d, qpn));
+            self.deadlines.remove(&(d, qpn));
         }
         self.loopback_unacked -= q.counted_loopback_unacked;
-        self.active.remove(&qpn);
+        self.scheduled.remove(&qpn);
         Ok(())
     }
 
@@ -439,31 +457,31 @@ impl Engine {
         self.qps
             .get(&qpn)
             .map(Qp::query)
-            .ok_or_else(|| err("ibv_query_qp", Errno::EINVAL, "no such QP"))
+            .ok_or_else(|| verb_error("ibv_query_qp", Errno::EINVAL, "no such QP"))
     }
 
     /// `ibv_modify_qp`, with the transition and attribute checks of
     /// libibverbs/rxe (EINVAL for anything they reject).
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> VerbsResult<()> {
         let limits = self.config.qp_limits;
-        self.qp_verb("ibv_modify_qp", qpn, |q, cx| {
+        self.verb_on_qp("ibv_modify_qp", qpn, |q, cx| {
             q.modify(cx, attr, mask, &limits)
         })
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> VerbsResult<()> {
-        self.qp_verb("ibv_post_recv", qpn, |q, cx| q.post_recv(cx, wr))
+        self.verb_on_qp("ibv_post_recv", qpn, |q, cx| q.post_recv(cx, wr))
     }
 
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> VerbsResult<()> {
-        self.qp_verb("ibv_post_send", qpn, |q, cx| q.post_send(cx, wr))
+        self.verb_on_qp("ibv_post_send", qpn, |q, cx| q.post_send(cx, wr))
     }
 
     /// A completion did not fit in `cq`: every QP feeding it goes to ERR
     /// (rxe's class G), and its outstanding WRs are flushed.
-    pub(super) fn cq_overflowed(&mut self, cq: CqId) {
+    pub(super) fn on_cq_overflow(&mut self, cq: CqId) {
         tracing::warn!(cq = cq.0, "CQ overflow: the QPs feeding it go to ERR");
         let victims: Vec<u32> = self
             .qps
@@ -473,7 +491,7 @@ impl Engine {
             .collect();
         for v in victims {
             // Flushing into a full CQ cascades no further.
-            self.touch(v, |q, cx| q.enter_error(cx));
+            self.drive_and_schedule(v, |q, cx| q.enter_error(cx));
         }
     }
 

@@ -1,5 +1,6 @@
 //! One queue pair: it owns its requester, completer and responder state
-//! (rxe's three roles) and is driven through a [`QpCtx`], the narrow part
+//! (rxe's three roles), the send queue and timers the first two share, and
+//! is driven through a [`QpCtx`], the narrow part
 //! of the engine a QP may touch for one call: memory, CQs, SRQs, counters
 //! and the event queue. The entry points are the verbs (`post_send`,
 //! `post_recv`, `modify`), [`Qp::on_packet`] (admission, then
@@ -15,7 +16,7 @@ use super::resp::Responder;
 use super::sq::SendQueue;
 use super::timer::{Timer, Timers};
 use super::{
-    addr_of_gid, err, CqId, DropCounts, DropReason, EngineConfig, HoldNew, Nanos, QpEvent,
+    addr_of_gid, verb_error, CqId, DropCounts, DropReason, EngineConfig, HoldNew, Nanos, QpEvent,
     QpInitAttr, QpSnapshot, Stats, Transmit,
 };
 use crate::cq::CompletionQueue;
@@ -134,16 +135,19 @@ pub(crate) struct Qp {
     /// The send WQEs, which the requester sends and the completer
     /// completes.
     pub sq: SendQueue,
+    /// The requester (`req/`): the send queue's cursor, PSNs handed out.
     pub req: Requester,
+    /// The completer (`comp.rs`): acknowledged PSNs, retries left.
     pub comp: Completer,
     /// The retransmission and RNR timers, which both of them arm.
     pub timers: Timers,
+    /// The responder (`resp/`).
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
     /// XRC_RECV: the SRQ, PD and CQ of the request being handled (set from
     /// each request's XRCETH before it executes).
     pub xrc: Option<XrcTarget>,
-    /// The deadline under which `Engine::timers` holds this QP.
+    /// The deadline under which `Engine::deadlines` files this QP.
     pub indexed_deadline: Option<Nanos>,
     /// The port's active MTU in bytes (UD's message limit).
     pub port_mtu: usize,
@@ -152,7 +156,7 @@ pub(crate) struct Qp {
     /// What this QP sent and received (`roxe stat`).
     pub counters: QpCounters,
     /// This QP's share of `Engine::loopback_unacked`, as last counted
-    /// (`Engine::with_qp`).
+    /// (`Engine::drive_qp`).
     pub counted_loopback_unacked: i32,
 }
 
@@ -263,7 +267,7 @@ impl Qp {
     /// unfinished: `sq_draining` clears, as rxe's requester clears it, and
     /// SQD may be left for RTS again; `IBV_EVENT_SQ_DRAINED` is raised if
     /// the QP asked for it.
-    pub fn update_drain(&mut self, cx: &mut QpCtx) {
+    pub fn end_drain_if_done(&mut self, cx: &mut QpCtx) {
         if self.state() == QpState::Sqd && self.attr.sq_draining && !self.sq.in_flight() {
             self.attr.sq_draining = false;
             if self.attr.en_sqd_async_notify {
@@ -358,7 +362,7 @@ impl Qp {
         if fx.changed.contains(AttrMask::AV) {
             self.peer = Some(addr_of_gid(self.attr.av.dgid));
         }
-        self.update_drain(cx);
+        self.end_drain_if_done(cx);
         if fx.changed.contains(AttrMask::RQ_PSN) {
             self.resp.reset_psn(Psn::new(self.attr.rq_psn));
         }
@@ -397,20 +401,24 @@ impl Qp {
     pub fn post_recv(&mut self, cx: &mut QpCtx, wr: RecvWr) -> VerbsResult<()> {
         const VERB: &str = "ibv_post_recv";
         if self.init.srq.is_some() {
-            return Err(err(VERB, Errno::EINVAL, "QP uses an SRQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "QP uses an SRQ"));
         }
         if self.init.qp_type.is_xrc() {
-            return Err(err(VERB, Errno::EINVAL, "XRC QPs have no receive queue"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "XRC QPs have no receive queue",
+            ));
         }
         if self.state() == QpState::Reset {
-            return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
+            return Err(verb_error(VERB, Errno::EINVAL, "QP in RESET"));
         }
         // rxe's post_one_recv (and mlx5) test for a full queue first.
         if self.rq.len() >= self.init.cap.max_recv_wr as usize {
-            return Err(err(VERB, Errno::ENOMEM, "receive queue full"));
+            return Err(verb_error(VERB, Errno::ENOMEM, "receive queue full"));
         }
         if wr.sg_list.len() > self.init.cap.max_recv_sge as usize {
-            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+            return Err(verb_error(VERB, Errno::EINVAL, "too many SGEs"));
         }
         let total = MemoryTable::sge_total(&wr.sg_list);
         let wqe = RecvWqe {
@@ -449,7 +457,7 @@ impl Qp {
             QpType::Ud => matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm),
         };
         if !op_ok {
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("{:?} not valid on {t:?}", wr.opcode),
@@ -457,19 +465,19 @@ impl Qp {
         }
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
-            return Err(err(VERB, Errno::EINVAL, format!("QP in {state}")));
+            return Err(verb_error(VERB, Errno::EINVAL, format!("QP in {state}")));
         }
         let cap = self.init.cap;
         if wr.sg_list.len() > cap.max_send_sge as usize {
-            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+            return Err(verb_error(VERB, Errno::EINVAL, "too many SGEs"));
         }
         if wr.opcode == SendOpcode::BindMw && wr.bind.is_none() {
-            return Err(err(VERB, Errno::EINVAL, "BIND_MW without a window"));
+            return Err(verb_error(VERB, Errno::EINVAL, "BIND_MW without a window"));
         }
         let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
         if inline && (wr.opcode.is_read_or_atomic() || wr.opcode.is_local()) {
             // rxe's validate_send_wr: the opcode has no WR_INLINE_MASK.
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("{:?} cannot carry inline data", wr.opcode),
@@ -482,33 +490,41 @@ impl Qp {
                 // whatever the QP's inline size.
                 Some(d) if wr.opcode == SendOpcode::AtomicWrite => d.len() as u64,
                 Some(_) => {
-                    return Err(err(
+                    return Err(verb_error(
                         VERB,
                         Errno::EINVAL,
                         "inline data beyond max_inline_data",
                     ))
                 }
-                None => return Err(err(VERB, Errno::EINVAL, "INLINE without data")),
+                None => return Err(verb_error(VERB, Errno::EINVAL, "INLINE without data")),
             }
         } else {
             MemoryTable::sge_total(&wr.sg_list)
         };
         if len > 1 << 31 {
-            return Err(err(VERB, Errno::EINVAL, "message longer than 2^31 bytes"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "message longer than 2^31 bytes",
+            ));
         }
         if (wr.opcode.is_atomic() || wr.opcode == SendOpcode::AtomicWrite) && len != 8 {
-            return Err(err(VERB, Errno::EINVAL, "atomic needs one 8-byte SGE"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "atomic needs one 8-byte SGE",
+            ));
         }
         if t == QpType::Ud {
             if wr.ud.is_none() {
-                return Err(err(
+                return Err(verb_error(
                     VERB,
                     Errno::EINVAL,
                     "UD send without an address handle",
                 ));
             }
             if state == QpState::Rts && len as usize > self.pmtu() {
-                return Err(err(
+                return Err(verb_error(
                     VERB,
                     Errno::EINVAL,
                     "UD message larger than the path MTU",
@@ -518,7 +534,7 @@ impl Qp {
         // As rxe's post_one_send: the WR is validated (EINVAL) before the
         // queue is found full (ENOMEM).
         if self.sq.outstanding() >= cap.max_send_wr as usize {
-            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
+            return Err(verb_error(VERB, Errno::ENOMEM, "send queue full"));
         }
         if state == QpState::Err {
             let wc = WorkCompletion::new(
@@ -579,7 +595,7 @@ impl Qp {
     }
 
     /// The QP failed (a transport error): to ERR, unless it is there.
-    pub fn fail(&mut self, cx: &mut QpCtx) {
+    pub fn fail_qp(&mut self, cx: &mut QpCtx) {
         if self.state() != QpState::Err {
             self.enter_error(cx);
         }

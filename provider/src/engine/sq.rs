@@ -29,7 +29,7 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// READ: response packets already placed (the resume point of a retry).
     pub read_pkts: u32,
-    /// Final status, once known; WQEs retire in order.
+    /// Final status, once known; WQEs retire_finished in order.
     pub done: Option<WcStatus>,
     /// A request the QP made itself (not posted by the program).
     pub internal: Option<Internal>,
@@ -58,7 +58,7 @@ impl SendWqe {
     }
 
     /// Whether PSN `p` is one of this (started) message's.
-    pub(super) fn contains(&self, p: Psn) -> bool {
+    pub(super) fn holds_psn(&self, p: Psn) -> bool {
         self.started && !p.is_before(self.first_psn) && !p.is_after(self.last_psn())
     }
 }
@@ -137,7 +137,7 @@ impl SendQueue {
 
     /// The index of the started WQE that PSN `p` belongs to.
     pub fn holding(&self, p: Psn) -> Option<usize> {
-        self.wqes.iter().position(|w| w.contains(p))
+        self.wqes.iter().position(|w| w.holds_psn(p))
     }
 
     /// WQE `i` starts: its `npsn` PSNs from `first` are assigned to it.
@@ -153,9 +153,8 @@ impl SendQueue {
 
     /// Remove the oldest WQE if it is finished: it is retired.
     pub fn pop_finished(&mut self) -> Option<SendWqe> {
-        if !self.wqes.front().is_some_and(|w| w.done.is_some()) {
-            return None;
-        }
+        // Only a finished WQE leaves, and only from the front.
+        self.wqes.front()?.done?;
         let w = self.wqes.pop_front()?;
         if w.wr.opcode.is_read_or_atomic() && w.started {
             self.reads_atomics = self.reads_atomics.saturating_sub(1);

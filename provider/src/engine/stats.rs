@@ -33,7 +33,7 @@ pub struct Stats {
     /// assumption but is right for another identification or DF flag
     /// (`IcrcPolicy::Warn`).
     pub rx_icrc_unverified: u64,
-    /// The liveness watchdog ([`Engine::audit_liveness`]) found a QP with a
+    /// The liveness watchdog ([`Engine::audit_liveness`](super::Engine::audit_liveness)) found a QP with a
     /// message in flight and no timer armed, and armed its retransmission
     /// timer. Always 0 unless the engine has a bug (debug builds panic
     /// instead).

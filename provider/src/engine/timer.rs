@@ -81,18 +81,19 @@ impl Timers {
 }
 
 impl Engine {
-    /// Keep `timers` in step with QP `qpn`'s next deadline.
-    pub(super) fn reindex_timer(&mut self, qpn: u32) {
+    /// File QP `qpn` in `deadlines` under its next deadline (or take it
+    /// out), after anything that may have changed its timers.
+    pub(super) fn refile_deadline(&mut self, qpn: u32) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
         let d = q.timers.next_deadline();
         if d != q.indexed_deadline {
             if let Some(old) = q.indexed_deadline {
-                self.timers.remove(&(old, qpn));
+                self.deadlines.remove(&(old, qpn));
             }
             if let Some(new) = d {
-                self.timers.insert((new, qpn));
+                self.deadlines.insert((new, qpn));
             }
             q.indexed_deadline = d;
         }
@@ -100,7 +101,7 @@ impl Engine {
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        let first_qp = self.timers.first().map(|&(d, _)| d);
+        let first_qp = self.deadlines.first().map(|&(d, _)| d);
         debug_assert_eq!(
             first_qp,
             self.qps
@@ -119,7 +120,7 @@ impl Engine {
             self.qps
                 .values()
                 .all(|q| q.counted_loopback_unacked == q.loopback_unacked(&self.config)),
-            "a QP's PSNs changed outside with_qp"
+            "a QP's PSNs changed outside drive_qp"
         );
         debug_assert_eq!(
             self.loopback_unacked,
@@ -137,7 +138,7 @@ impl Engine {
 
     /// The liveness watchdog: every RC QP with a message in flight must have
     /// a retransmission or RNR timer armed, or it would wait forever. A QP
-    /// found without one is counted in [`Stats::stalls_repaired`] and gets
+    /// found without one is counted in [`Stats::stalls_repaired`](super::Stats::stalls_repaired) and gets
     /// its retransmission timer armed, so it retransmits or, after
     /// `retry_cnt` timeouts, fails with RETRY_EXC_ERR as the IB rules say.
     /// O(QPs × send queue): the driver runs it every 100 ms; debug builds
@@ -155,7 +156,7 @@ impl Engine {
                 qpn = format_args!("{qpn:#x}"),
                 "liveness watchdog: a message in flight had no timer (an engine bug); timer armed"
             );
-            self.touch(qpn, |q, _| q.repair_liveness(now));
+            self.drive_and_schedule(qpn, |q, _| q.repair_liveness(now));
         }
         stalled.len()
     }
@@ -167,12 +168,12 @@ impl Engine {
             self.cm.handle_timeout(now);
         }
         let due: Vec<u32> = self
-            .timers
+            .deadlines
             .range(..=(now, u32::MAX))
             .map(|&(_, qpn)| qpn)
             .collect();
         for qpn in due {
-            self.touch(qpn, |q, cx| q.on_timeout(cx, now));
+            self.drive_and_schedule(qpn, |q, cx| q.on_timeout(cx, now));
         }
     }
 }

@@ -93,7 +93,7 @@ impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
     /// bytes), or `None` when no QP has anything to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
-        self.transmit(now, buf, HoldNew::Never, false)
+        self.round_robin_transmit(now, buf, HoldNew::Never, false)
     }
 
     /// [`poll_transmit`](Self::poll_transmit) for a pass right after a verb
@@ -124,12 +124,12 @@ impl Engine {
         // halved ib_write_bw -q 16 (1.6 -> 0.8-0.9 GB/s).
         let hold_new = if !pass.ack_clocked || !self.unacked_at_least(ACK_CLOCKED_MIN_UNACKED) {
             HoldNew::Never
-        } else if self.timers.len() <= 1 {
+        } else if self.deadlines.len() <= 1 {
             HoldNew::Any
         } else {
             HoldNew::SinglePacket
         };
-        self.transmit(now, buf, hold_new, pass.payload_by_ref)
+        self.round_robin_transmit(now, buf, hold_new, pass.payload_by_ref)
     }
 
     /// Whether the device sends a stream of small messages: `n` messages
@@ -176,13 +176,15 @@ impl Engine {
     /// The QPs with PSNs in flight (an armed timer), earliest deadline
     /// first.
     pub(super) fn qps_in_flight(&self) -> impl Iterator<Item = &Qp> {
-        self.timers.iter().filter_map(|(_, qpn)| self.qps.get(qpn))
+        self.deadlines
+            .iter()
+            .filter_map(|(_, qpn)| self.qps.get(qpn))
     }
 
     /// The next packet of any QP, round robin; `hold_new`: an ACK-clocked
     /// pass (see `poll_transmit_ack_clocked`); `by_ref`: payloads may be
     /// sent by reference ([`TxPass::payload_by_ref`]).
-    fn transmit(
+    fn round_robin_transmit(
         &mut self,
         now: Nanos,
         buf: &mut [u8],
@@ -192,24 +194,24 @@ impl Engine {
         self.clock = self.clock.max(now);
         if hold_new == HoldNew::Never && !self.held.is_empty() {
             // Nothing to wait for (any more): what was held goes now.
-            self.active.append(&mut self.held);
+            self.scheduled.append(&mut self.held);
         }
         if let Some(t) = self.gsi_transmit(buf) {
-            return Some(self.finish_transmit(t, buf));
+            return Some(self.seal_packet(t, buf));
         }
         // Round-robin from the cursor, without collecting the QPNs: this
         // runs once per packet.
         let mut next = self.tx_cursor;
         loop {
             let qpn = *self
-                .active
+                .scheduled
                 .range(next..)
                 .next()
-                .or_else(|| self.active.first())?;
+                .or_else(|| self.scheduled.first())?;
             next = qpn.wrapping_add(1);
             let mut held = false;
             if let Some(t) = self
-                .with_qp(qpn, |q, cx| {
+                .drive_qp(qpn, |q, cx| {
                     cx.payload_by_ref = by_ref;
                     let t = q.poll_transmit(cx, now, buf, hold_new);
                     held = cx.held_new;
@@ -218,17 +220,20 @@ impl Engine {
                 .flatten()
             {
                 self.tx_cursor = next;
-                return Some(self.finish_transmit(t, buf));
+                return Some(self.seal_packet(t, buf));
             }
             if held {
                 self.held.insert(qpn);
             }
-            // Nothing until a verb, a packet or a timer touches it again.
-            self.active.remove(&qpn);
+            // Nothing until a verb, a packet or a timer schedules it again.
+            self.scheduled.remove(&qpn);
         }
     }
 
-    fn finish_transmit(&mut self, mut t: Transmit, buf: &mut [u8]) -> Transmit {
+    /// What every packet gets on its way out, whichever QP made it: the
+    /// source port from the driver's pool, the ICRC (over headers, payload
+    /// and pad, in one piece or three), the counter, and a trace line.
+    fn seal_packet(&mut self, mut t: Transmit, buf: &mut [u8]) -> Transmit {
         let pool = &self.config.src_ports;
         if !pool.is_empty() {
             t.src_port = pool[usize::from(t.src_port) % pool.len()];

@@ -192,8 +192,8 @@ fn a_lost_timer_is_found_counted_and_rearmed() {
         q.timers.stop(super::timer::Timer::Retransmit);
         assert!(q.liveness_violation().is_some());
     }
-    e.reindex_timer(qpn);
-    assert_eq!(e.timers.len(), 0, "nothing would ever wake this QP");
+    e.refile_deadline(qpn);
+    assert_eq!(e.deadlines.len(), 0, "nothing would ever wake this QP");
     assert_eq!(e.audit_liveness(1_000), 1);
     assert_eq!(e.stats().stalls_repaired, 1);
     // The repair: a timer that retransmits, then gives up.

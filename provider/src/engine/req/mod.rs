@@ -86,7 +86,7 @@ impl Requester {
     /// For the completer: go back to PSN `r` (go-back-N). The next packet
     /// sent is the one carrying it.
     pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
-        if let Some(i) = sq.iter().position(|w| w.contains(r) && w.done.is_none()) {
+        if let Some(i) = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none()) {
             self.wqe_index = i;
             let w = &sq[i];
             self.pkt_index = if w.wr.opcode == SendOpcode::RdmaRead {
@@ -116,13 +116,13 @@ impl Requester {
     /// the queue has one there.
     fn skip_finished(&mut self, sq: &SendQueue) -> Option<usize> {
         while sq.get(self.wqe_index).is_some_and(|w| w.done.is_some()) {
-            self.to_next_wqe();
+            self.step_to_next_wqe();
         }
         sq.get(self.wqe_index).map(|_| self.wqe_index)
     }
 
     /// The cursor moves to the next WQE's first packet.
-    fn to_next_wqe(&mut self) {
+    fn step_to_next_wqe(&mut self) {
         self.wqe_index += 1;
         self.pkt_index = 0;
     }
@@ -155,7 +155,7 @@ impl Requester {
     /// sent before (a retransmission).
     fn advance(&mut self, pkt: &NextPacket) -> bool {
         if pkt.last {
-            self.to_next_wqe();
+            self.step_to_next_wqe();
         } else {
             self.pkt_index += 1;
         }
@@ -277,8 +277,8 @@ impl Qp {
             match outcome {
                 Ok(()) => {
                     self.sq[cursor].done = Some(WcStatus::Success);
-                    r.to_next_wqe();
-                    self.retire(cx);
+                    r.step_to_next_wqe();
+                    self.retire_finished(cx);
                 }
                 Err(why) => {
                     tracing::debug!(
@@ -288,8 +288,8 @@ impl Qp {
                         "local operation failed: the QP goes to ERR"
                     );
                     self.sq[cursor].done = Some(status);
-                    self.retire(cx);
-                    self.fail(cx);
+                    self.retire_finished(cx);
+                    self.fail_qp(cx);
                     return false;
                 }
             }
@@ -382,8 +382,8 @@ impl Qp {
         let Ok(payload) = self.gather_payload(cx, &pkt, hdrs.payload_len, hl, len, buf) else {
             // A bad lkey or range in the local SGEs: local protection error.
             self.sq[idx].done = Some(WcStatus::LocProtErr);
-            self.retire(cx);
-            self.fail(cx);
+            self.retire_finished(cx);
+            self.fail_qp(cx);
             return None;
         };
         self.packet_sent(cx, now, &pkt, &limits);
@@ -545,7 +545,7 @@ impl Qp {
         } else if pkt.last {
             // Unreliable: complete as soon as the last packet is handed over.
             self.sq[pkt.idx].done = Some(WcStatus::Success);
-            self.retire(cx);
+            self.retire_finished(cx);
         }
     }
 }

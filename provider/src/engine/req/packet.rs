@@ -224,7 +224,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn data_opcodes_follow_the_message_position() {
+    fn request_opcodes_follow_the_message_position() {
         use Opcode::*;
         let rc = QpType::Rc;
         assert_eq!(request_opcode(rc, SendOpcode::Send, 0, 1), Some(RcSendOnly));
