@@ -22,8 +22,9 @@
 //!   state changes and packet admission;
 //! - rxe's three roles within a QP: `sq.rs` (the send queue, shared by)
 //!   `req/` (requester) and `comp.rs` (completer); `resp/` (responder);
-//! - `tm.rs`: tag matching; `config.rs`, `stats.rs`, `drops.rs`: what an
-//!   engine is created with, and what it counts.
+//! - `tm.rs`: tag matching; `config.rs`, `stats.rs`, `drops.rs`, `load.rs`:
+//!   what an engine is created with, what it counts, and the snapshot of
+//!   its load the driver paces by.
 
 mod comp;
 mod config;
@@ -108,7 +109,8 @@ impl QpEvent {
 ///   [`config`](Self::config), [`stats`](Self::stats),
 ///   [`query_qp`](Self::query_qp), [`qp_snapshots`](Self::qp_snapshots),
 ///   [`cq_snapshots`](Self::cq_snapshots), [`has_events`](Self::has_events),
-///   [`has_held`](Self::has_held)... They may be called at any time.
+///   [`load`](Self::load), what the driver's pacing decides from... They
+///   may be called at any time.
 /// - **B. Inputs from the network and the clock**, named `handle_*`: a
 ///   received RoCEv2 UDP payload ([`handle_packet`](Self::handle_packet);
 ///   [`handle_segment`](Self::handle_segment) for a GRO segment,
