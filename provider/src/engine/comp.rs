@@ -2,42 +2,190 @@
 //! ACKs complete send WQEs, in order; the retransmission and RNR timers and
 //! sequence NAKs drive go-back-N retries, and exhausted retries fail the
 //! oldest WR and the QP.
+//!
+//! The completer owns how far the responses have come and the retries
+//! left ([`Completer`], rxe's `rxe_comp_info`); the requester (`req/`)
+//! owns the cursor and the PSNs handed out. Both work on the QP's send
+//! queue (`sq.rs`: each WQE's PSNs, progress and status) and its timers
+//! (`timer.rs`). Beyond those, they talk only through these methods:
+//!
+//! - the completer asks the requester for [`Requester::next_psn`] (the end
+//!   of what is in flight), to go back with [`Requester::rewind_to`]
+//!   (go-back-N), and tells it [`Requester::front_retired`] when the
+//!   oldest WQE leaves the queue;
+//! - the requester asks the completer for [`Completer::una`] (the base of
+//!   its window), and has it deliver the completions of the WQEs it
+//!   finished itself (local operations, unreliable sends, a gather that
+//!   failed) with [`Qp::retire_finished`].
+//!
+//! [`Requester::next_psn`]: super::req::Requester::next_psn
+//! [`Requester::rewind_to`]: super::req::Requester::rewind_to
+//! [`Requester::front_retired`]: super::req::Requester::front_retired
 
 use super::qp::{Qp, QpCtx};
+use super::sq::SendQueue;
+use super::timer::Timer;
 use super::{DropReason, Nanos};
-use crate::qp_attr::QpState;
+use crate::qp_attr::{QpAttr, QpState};
 use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode, WorkCompletion};
 use roxe_wire::aeth::{AethSyndrome, NakCode};
 use roxe_wire::{Operation, Packet, Psn};
 
+/// What started a go-back-N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryCause {
+    /// The retransmission timer: always retries.
+    Timeout,
+    /// A sequence NAK, or a response beyond an unanswered READ/atomic (an
+    /// implied NAK): ignored while a go-back-N is under way.
+    Nak,
+}
+
+/// Per-QP completer state.
+#[derive(Debug)]
+pub(crate) struct Completer {
+    /// Oldest unacknowledged PSN (rxe's `comp.psn`).
+    una: Psn,
+    /// Retries left after timeouts and sequence NAKs (`retry_cnt`).
+    retry_left: u8,
+    /// Retries left after RNR NAKs (`rnr_retry`; 7 is for ever).
+    rnr_left: u8,
+    /// A go-back-N triggered by a NAK or an implied NAK is under way: more
+    /// stale responses from before it must not start (and pay for) another
+    /// one. Cleared by progress; a timeout always retries (rxe's
+    /// `started_retry`).
+    retry_started: bool,
+    /// Set by `ack_upto` when a response moved `una` or finished a WQE:
+    /// forward progress, which refills the retry counter (IBA 9.7.6.1.3).
+    /// Finishing a SEND behind an unanswered READ counts too, so a READ
+    /// whose response keeps being lost cannot exhaust retries while the
+    /// peer is visibly making progress.
+    progressed: bool,
+}
+
+impl Completer {
+    pub fn new() -> Self {
+        Completer {
+            una: Psn::new(0),
+            retry_left: 7,
+            rnr_left: 7,
+            retry_started: false,
+            progressed: false,
+        }
+    }
+
+    /// `sq_psn` was set: nothing is in flight, from `psn` on.
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.una = psn;
+    }
+
+    /// Refill both retry counters from the QP's attributes.
+    pub fn reset_retries(&mut self, attr: &QpAttr) {
+        self.retry_left = attr.retry_cnt;
+        self.rnr_left = attr.rnr_retry;
+    }
+
+    /// For the requester: the oldest unacknowledged PSN, the base of its
+    /// window.
+    pub fn una(&self) -> Psn {
+        self.una
+    }
+
+    /// What `roxe stat` shows: (retries left, RNR retries left).
+    pub fn retries_left(&self) -> (u8, u8) {
+        (self.retry_left, self.rnr_left)
+    }
+
+    /// Mark every SEND/WRITE whose PSNs all lie at or before `p` as
+    /// acknowledged: the responder executed everything up to `p`. A READ or
+    /// atomic in that range still needs its own response; the first such is
+    /// returned as the PSN to resume from (an implied NAK), and `una` stops
+    /// there.
+    fn ack_upto(&mut self, sq: &mut SendQueue, p: Psn) -> Option<Psn> {
+        let mut implied = None;
+        for w in sq.iter_mut() {
+            // Finished first: a local operation (bind, invalidate) is done
+            // without ever being started.
+            if w.done.is_some() {
+                continue;
+            }
+            if !w.started {
+                break;
+            }
+            if w.last_psn().is_after(p) {
+                break;
+            }
+            if w.wr.opcode.is_read_or_atomic() {
+                implied.get_or_insert(w.first_psn + w.read_pkts);
+                continue;
+            }
+            w.done = Some(WcStatus::Success);
+            self.progressed = true;
+        }
+        let upto = implied.unwrap_or(p.next());
+        if upto.is_after(self.una) {
+            self.una = upto;
+            self.progressed = true;
+        }
+        implied
+    }
+
+    /// Advance `una` past `p` unless an earlier READ/atomic is unanswered.
+    fn advance_una(&mut self, sq: &SendQueue, p: Psn) {
+        // Only a started READ/atomic can block, and the send queue counts
+        // those not yet retired: without one, no walk of the queue (this
+        // runs for every ACK).
+        let blocked = sq.reads_atomics_started() > 0
+            && sq.iter().any(|w| {
+                w.started
+                    && w.done.is_none()
+                    && w.wr.opcode.is_read_or_atomic()
+                    && (w.first_psn + w.read_pkts).is_before(p)
+            });
+        if !blocked && p.next().is_after(self.una) {
+            self.una = p.next();
+        }
+    }
+
+    /// `una` never lags the first unfinished WQE: WQEs completed out of
+    /// order (atomics, READs answered after an earlier READ) get no further
+    /// ACK, so it is raised here rather than by the responses. With nothing
+    /// unfinished it is `next_psn`, the requester's.
+    fn catch_up_una(&mut self, sq: &SendQueue, next_psn: Psn) {
+        match sq.iter().find(|w| w.started && w.done.is_none()) {
+            Some(w) => {
+                let floor = w.first_psn + w.read_pkts;
+                if floor.is_after(self.una) {
+                    self.una = floor;
+                }
+            }
+            None => self.una = next_psn,
+        }
+    }
+
+    /// Whether a started message waits for its response (PSNs before
+    /// `next_psn` unacknowledged): what the retransmission timer covers.
+    fn awaits_response(&self, sq: &SendQueue, next_psn: Psn) -> bool {
+        self.una != next_psn && sq.iter().any(|w| w.started && w.done.is_none())
+    }
+}
+
 impl Qp {
     /// Deliver, in order, the completions of finished WQEs at the front of
     /// the send queue.
-    pub(super) fn retire(&mut self, cx: &mut QpCtx) {
+    pub(super) fn retire_finished(&mut self, cx: &mut QpCtx) {
         let qpn = self.qpn;
         let sig_all = self.init.sq_sig_all;
         let send_cq = self.init.send_cq;
-        let r = &mut self.req;
-        r.normalize_una();
-        while r.sq.front().is_some_and(|w| w.done.is_some()) {
-            let Some(w) = r.sq.pop_front() else { break };
-            if r.cursor == 0 {
-                // The cursor was inside the WQE that just went (a go-back-N
-                // overtaken by the ACK that finishes it): the next WQE
-                // starts at its first packet. A stale packet index here
-                // once made the next message start beyond the 128-PSN
-                // window with no timer armed, a silent stall.
-                r.cursor_pkt = 0;
-            }
-            r.cursor = r.cursor.saturating_sub(1);
-            if w.wr.opcode.is_read_or_atomic() && w.started {
-                r.rd_atomic_inflight = r.rd_atomic_inflight.saturating_sub(1);
-            }
+        self.comp.catch_up_una(&self.sq, self.req.next_psn());
+        while let Some(w) = self.sq.pop_finished() {
+            self.req.front_retired();
             let status = w.done.unwrap_or(WcStatus::GeneralErr);
             if let Some(kind) = w.internal {
-                r.internal = r.internal.saturating_sub(1);
-                if let Some((cq, wc)) = super::tm::internal_done(r, kind, &w, status, qpn) {
+                if let Some((cq, wc)) =
+                    super::tm::internal_done(&mut self.sq, kind, &w, status, qpn)
+                {
                     cx.push_wc(cq, wc, false);
                 }
                 continue;
@@ -52,11 +200,11 @@ impl Qp {
                 cx.push_wc(send_cq, wc, false);
             }
         }
-        self.update_drain(cx);
+        self.end_drain_if_done(cx);
     }
 
     /// Complete the oldest unfinished WQE with `status`, then fail the QP.
-    fn fail_oldest(&mut self, cx: &mut QpCtx, status: WcStatus) {
+    fn fail_oldest_wqe(&mut self, cx: &mut QpCtx, status: WcStatus) {
         let qpn = self.qpn;
         if status == WcStatus::RetryExcErr || status == WcStatus::RnrRetryExcErr {
             tracing::warn!(
@@ -71,38 +219,41 @@ impl Qp {
                 "remote error: the oldest WR fails, the QP goes to ERR"
             );
         }
-        if let Some(w) = self.req.sq.iter_mut().find(|w| w.done.is_none()) {
+        if let Some(w) = self.sq.iter_mut().find(|w| w.done.is_none()) {
             w.done = Some(status);
         }
-        self.retire(cx);
-        self.fail(cx);
+        self.retire_finished(cx);
+        self.fail_qp(cx);
     }
 
     /// Finish WQE `i` with an error, then fail the QP.
     fn fail_wqe(&mut self, cx: &mut QpCtx, i: usize, status: WcStatus) {
-        self.req.sq[i].done = Some(status);
-        self.retire(cx);
-        self.fail(cx);
+        self.sq[i].done = Some(status);
+        self.retire_finished(cx);
+        self.fail_qp(cx);
     }
 
     /// Go-back-N from `r`, spending one retry; false when none is left.
     /// A NAK-triggered retry while another is under way is ignored.
-    fn retry_from(&mut self, r: Psn, timeout: bool) -> bool {
-        let req = &mut self.req;
-        if req.retry_started && !timeout {
+    fn go_back_n(&mut self, r: Psn, cause: RetryCause) -> bool {
+        let comp = &mut self.comp;
+        if comp.retry_started && cause == RetryCause::Nak {
             return true;
         }
-        if req.retry_left == 0 {
+        if comp.retry_left == 0 {
             return false;
         }
-        req.retry_left -= 1;
-        req.retry_started = true;
-        req.rewind_to(r);
+        comp.retry_left -= 1;
+        comp.retry_started = true;
+        self.req.rewind_to(&self.sq, r);
         tracing::debug!(
             qpn = format_args!("{:#x}", self.qpn),
             psn = %r,
-            retries_left = req.retry_left,
-            cause = if timeout { "timeout" } else { "NAK" },
+            retries_left = comp.retry_left,
+            cause = match cause {
+                RetryCause::Timeout => "timeout",
+                RetryCause::Nak => "NAK",
+            },
             "go-back-N"
         );
         true
@@ -110,9 +261,28 @@ impl Qp {
 
     /// Go-back-N from `r` after a NAK or an implied one, or fail with
     /// RETRY_EXC_ERR when no retry is left.
-    fn retry_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
-        if !self.retry_from(r, false) {
-            self.fail_oldest(cx, WcStatus::RetryExcErr);
+    fn go_back_n_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
+        if !self.go_back_n(r, RetryCause::Nak) {
+            self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// Forward progress: the retry counters refill (IBA 9.7.6.1.3) and a
+    /// go-back-N under way is over.
+    fn refill_retries(&mut self) {
+        let attr = self.attr;
+        self.comp.reset_retries(&attr);
+        self.comp.retry_started = false;
+    }
+
+    /// Restart the retransmission timer while a message waits for its
+    /// response, stop it otherwise.
+    fn rearm_retransmit(&mut self, now: Nanos) {
+        if self.comp.awaits_response(&self.sq, self.req.next_psn()) {
+            let timeout = self.ack_timeout();
+            self.timers.arm_after(Timer::Retransmit, now, timeout);
+        } else {
+            self.timers.stop(Timer::Retransmit);
         }
     }
 
@@ -124,17 +294,17 @@ impl Qp {
         }
         let p = pkt.bth().psn();
         // Only responses to PSNs in flight count: [una, next_psn).
-        if p.is_before(self.req.una) || !p.is_before(self.req.next_psn) {
+        if p.is_before(self.comp.una) || !p.is_before(self.req.next_psn()) {
             self.drop_packet(cx, DropReason::PsnOutOfWindow);
             return;
         }
-        self.req.progressed = false;
+        self.comp.progressed = false;
         let implied = match pkt.opcode().operation() {
             Operation::Acknowledge => match pkt.aeth().map(|a| a.syndrome) {
-                Some(AethSyndrome::Ack { .. }) => self.req.ack_upto(p),
+                Some(AethSyndrome::Ack { .. }) => self.comp.ack_upto(&mut self.sq, p),
                 Some(syndrome) => {
                     // A NAK acknowledges everything before its PSN.
-                    let implied = self.req.ack_upto(p - 1);
+                    let implied = self.comp.ack_upto(&mut self.sq, p - 1);
                     if matches!(syndrome, AethSyndrome::RnrNak(_)) {
                         cx.stats.rnr_naks_received += 1;
                         self.counters.rnr_naks_received += 1;
@@ -160,20 +330,17 @@ impl Qp {
                 return;
             }
         };
-        if self.req.progressed {
-            // Forward progress refills the retry counter (IBA 9.7.6.1.3)
-            // and restarts the retransmission timer.
-            self.req.normalize_una();
-            let attr = self.attr;
-            self.req.reset_retries(&attr);
-            self.req.retry_started = false;
-            let timeout = self.ack_timeout();
-            self.req.rearm(now, timeout);
+        if self.comp.progressed {
+            // Forward progress refills the retry counter and restarts the
+            // retransmission timer.
+            self.comp.catch_up_una(&self.sq, self.req.next_psn());
+            self.refill_retries();
+            self.rearm_retransmit(now);
         }
-        self.retire(cx);
+        self.retire_finished(cx);
         if let Some(resume) = implied {
             // An ACK or response beyond a READ/atomic whose answer never came.
-            self.retry_or_fail(cx, resume);
+            self.go_back_n_or_fail(cx, resume);
         }
     }
 
@@ -188,30 +355,29 @@ impl Qp {
                     wait_us = t.micros(),
                     "RNR NAK received"
                 );
-                if self.req.rnr_left == 0 {
-                    self.fail_oldest(cx, WcStatus::RnrRetryExcErr);
+                if self.comp.rnr_left == 0 {
+                    self.fail_oldest_wqe(cx, WcStatus::RnrRetryExcErr);
                     return;
                 }
                 // rnr_retry 7 means retry for ever.
                 if self.attr.rnr_retry != 7 {
-                    self.req.rnr_left -= 1;
+                    self.comp.rnr_left -= 1;
                 }
-                self.req.rewind_to(p);
-                self.req.rnr_wait = Some(now + u64::from(t.micros()) * 1000);
-                self.req.rto = None;
-                self.retire(cx);
+                self.req.rewind_to(&self.sq, p);
+                let wait = now + u64::from(t.micros()) * 1000;
+                self.timers.arm_at(Timer::RnrWait, wait);
+                self.timers.stop(Timer::Retransmit);
+                self.retire_finished(cx);
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
-                if self.req.progressed {
+                if self.comp.progressed {
                     // The responder got further than at the last go-back-N:
                     // this NAK is news, not a stale copy of the one that
                     // started it.
-                    let attr = self.attr;
-                    self.req.reset_retries(&attr);
-                    self.req.retry_started = false;
+                    self.refill_retries();
                 }
-                self.retire(cx);
-                self.retry_or_fail(cx, p);
+                self.retire_finished(cx);
+                self.go_back_n_or_fail(cx, p);
             }
             AethSyndrome::Nak(code) => {
                 let status = match code {
@@ -219,8 +385,8 @@ impl Qp {
                     NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                     _ => WcStatus::RemOpErr,
                 };
-                self.retire(cx);
-                self.fail_oldest(cx, status);
+                self.retire_finished(cx);
+                self.fail_oldest_wqe(cx, status);
             }
             AethSyndrome::Ack { .. } => {
                 cx.internal_error(qpn, "an ACK handled as a NAK");
@@ -234,19 +400,19 @@ impl Qp {
     fn on_read_response(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Option<Option<Psn>> {
         let p = pkt.bth().psn();
         let pmtu = self.pmtu();
-        let Some(i) = self.req.sq.iter().position(|w| w.contains(p)) else {
+        let Some(i) = self.sq.holding(p) else {
             // In [una, next_psn), so some WQE holds it.
             cx.internal_error(self.qpn, "a PSN in flight that no WQE holds");
             return None;
         };
-        if self.req.sq[i].wr.opcode != SendOpcode::RdmaRead {
+        if self.sq[i].wr.opcode != SendOpcode::RdmaRead {
             self.drop_packet(cx, DropReason::OpcodeSequence);
             return None;
         }
         // The response proves everything before the READ executed.
-        let first = self.req.sq[i].first_psn;
-        let implied = self.req.ack_upto(first - 1);
-        let w = &self.req.sq[i];
+        let first = self.sq[i].first_psn;
+        let implied = self.comp.ack_upto(&mut self.sq, first - 1);
+        let w = &self.sq[i];
         if p != w.first_psn + w.read_pkts || w.done.is_some() {
             // Not the READ's next response packet: a duplicate.
             self.drop_packet(cx, DropReason::PsnOutOfWindow);
@@ -267,13 +433,13 @@ impl Qp {
             self.fail_wqe(cx, i, WcStatus::LocProtErr);
             return None;
         }
-        let r = &mut self.req;
-        r.sq[i].read_pkts += 1;
+        let w = &mut self.sq[i];
+        w.read_pkts += 1;
         if pkt.opcode().ends_message() {
-            r.sq[i].done = Some(WcStatus::Success);
+            w.done = Some(WcStatus::Success);
         }
-        r.advance_una(p);
-        r.progressed = true;
+        self.comp.advance_una(&self.sq, p);
+        self.comp.progressed = true;
         Some(implied)
     }
 
@@ -281,63 +447,166 @@ impl Qp {
     /// [`on_read_response`](Self::on_read_response).
     fn on_atomic_ack(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> Option<Option<Psn>> {
         let p = pkt.bth().psn();
-        let Some(i) = self.req.sq.iter().position(|w| w.contains(p)) else {
+        let Some(i) = self.sq.holding(p) else {
             cx.internal_error(self.qpn, "a PSN in flight that no WQE holds");
             return None;
         };
-        let w = &self.req.sq[i];
+        let w = &self.sq[i];
         if !w.wr.opcode.is_atomic() || w.done.is_some() {
             self.drop_packet(cx, DropReason::OpcodeSequence);
             return None;
         }
-        let implied = self.req.ack_upto(p - 1);
+        let implied = self.comp.ack_upto(&mut self.sq, p - 1);
         // Keep the result even when an earlier READ/atomic is still
         // unanswered: the atomic executed exactly once, and going back for
         // the earlier one skips it.
         let orig = pkt.atomic_ack_eth().map(|a| a.orig).unwrap_or(0);
         let placed = cx
             .memory
-            .scatter(
-                self.init.pd,
-                &self.req.sq[i].wr.sg_list,
-                0,
-                &orig.to_ne_bytes(),
-            )
+            .scatter(self.init.pd, &self.sq[i].wr.sg_list, 0, &orig.to_ne_bytes())
             .is_ok();
         if !placed {
             self.fail_wqe(cx, i, WcStatus::LocProtErr);
             return None;
         }
-        let r = &mut self.req;
-        r.sq[i].done = Some(WcStatus::Success);
-        r.advance_una(p);
-        r.progressed = true;
+        self.sq[i].done = Some(WcStatus::Success);
+        self.comp.advance_una(&self.sq, p);
+        self.comp.progressed = true;
         Some(implied)
     }
 
-    /// The retransmission or RNR timer fired (or another timer of the QP:
-    /// nothing due is a no-op).
+    /// Fire this QP's timers that are due at `now` (none due: nothing
+    /// happens).
     pub(super) fn on_timeout(&mut self, cx: &mut QpCtx, now: Nanos) {
-        let timeout = self.ack_timeout();
-        let r = &mut self.req;
-        if r.rnr_wait.is_some_and(|d| d <= now) {
-            r.rnr_wait = None;
-            r.rto = timeout.nanos().map(|t| now + t);
-        }
-        if r.rto.is_some_and(|d| d <= now) {
-            cx.stats.timeouts += 1;
-            self.counters.timeouts += 1;
-            tracing::debug!(
-                qpn = format_args!("{:#x}", self.qpn),
-                una = %r.una,
-                retries_left = r.retry_left,
-                "retransmission timeout"
-            );
-            let una = r.una;
-            r.rto = timeout.nanos().map(|t| now + t);
-            if !self.retry_from(una, true) {
-                self.fail_oldest(cx, WcStatus::RetryExcErr);
+        for timer in Timer::ALL {
+            if self.timers.take_due(timer, now) {
+                self.on_timer(cx, timer, now);
             }
         }
+    }
+
+    /// Timer `timer` fired.
+    fn on_timer(&mut self, cx: &mut QpCtx, timer: Timer, now: Nanos) {
+        let timeout = self.ack_timeout();
+        match timer {
+            // The wait is over: requests go again, under the
+            // retransmission timer.
+            Timer::RnrWait => self.timers.arm_after(Timer::Retransmit, now, timeout),
+            Timer::Retransmit => {
+                cx.stats.timeouts += 1;
+                self.counters.timeouts += 1;
+                let una = self.comp.una;
+                tracing::debug!(
+                    qpn = format_args!("{:#x}", self.qpn),
+                    una = %una,
+                    retries_left = self.comp.retry_left,
+                    "retransmission timeout"
+                );
+                self.timers.arm_after(Timer::Retransmit, now, timeout);
+                if !self.go_back_n(una, RetryCause::Timeout) {
+                    self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::sq::started_from;
+    use crate::engine::timer::Timers;
+    use roxe_wire::AckTimeout;
+
+    /// A send queue of messages of `npsn` PSNs each (the opcodes given),
+    /// all started from PSN 100, and a completer that has heard nothing
+    /// back; the PSN after them.
+    fn started(msgs: &[(SendOpcode, u32)]) -> (SendQueue, Completer, Psn) {
+        let (sq, next) = started_from(Psn::new(100), msgs);
+        let mut c = Completer::new();
+        c.reset_psn(Psn::new(100));
+        (sq, c, next)
+    }
+
+    #[test]
+    fn an_ack_finishes_every_send_it_covers_and_moves_una() {
+        // 100..=102, 103, 104..=105
+        let (mut sq, mut c, _) = started(&[
+            (SendOpcode::Send, 3),
+            (SendOpcode::RdmaWrite, 1),
+            (SendOpcode::Send, 2),
+        ]);
+        // Inside the first message: nothing finishes, una moves.
+        assert_eq!(c.ack_upto(&mut sq, Psn::new(101)), None);
+        assert_eq!(c.una, Psn::new(102));
+        assert!(sq[0].done.is_none());
+        assert!(c.progressed);
+        // Through the second: both finish, the third does not.
+        assert_eq!(c.ack_upto(&mut sq, Psn::new(103)), None);
+        assert_eq!(sq[0].done, Some(WcStatus::Success));
+        assert_eq!(sq[1].done, Some(WcStatus::Success));
+        assert!(sq[2].done.is_none());
+        assert_eq!(c.una, Psn::new(104));
+        // A stale ACK changes nothing.
+        c.progressed = false;
+        assert_eq!(c.ack_upto(&mut sq, Psn::new(101)), None);
+        assert_eq!(c.una, Psn::new(104));
+        assert!(!c.progressed);
+    }
+
+    #[test]
+    fn an_ack_beyond_an_unanswered_read_implies_a_nak() {
+        // SEND 100, READ 101..=102, SEND 103
+        let (mut sq, mut c, _) = started(&[
+            (SendOpcode::Send, 1),
+            (SendOpcode::RdmaRead, 2),
+            (SendOpcode::Send, 1),
+        ]);
+        // The READ still needs its response: resume from its first PSN,
+        // una stops there, and the SEND behind it is acknowledged.
+        assert_eq!(c.ack_upto(&mut sq, Psn::new(103)), Some(Psn::new(101)));
+        assert_eq!(c.una, Psn::new(101));
+        assert_eq!(sq[0].done, Some(WcStatus::Success));
+        assert!(sq[1].done.is_none());
+        assert_eq!(sq[2].done, Some(WcStatus::Success));
+        // With one response packet placed, the resume point moves on.
+        sq[1].read_pkts = 1;
+        assert_eq!(c.ack_upto(&mut sq, Psn::new(103)), Some(Psn::new(102)));
+    }
+
+    #[test]
+    fn advance_una_waits_for_an_earlier_read() {
+        let (mut sq, mut c, next) = started(&[
+            (SendOpcode::RdmaRead, 2),
+            (SendOpcode::AtomicFetchAndAdd, 1),
+        ]);
+        assert_eq!(sq.reads_atomics_started(), 2);
+        // The atomic (102) answered before the READ (100..=101).
+        c.advance_una(&sq, Psn::new(102));
+        assert_eq!(c.una, Psn::new(100));
+        sq[0].read_pkts = 2;
+        sq[0].done = Some(WcStatus::Success);
+        c.advance_una(&sq, Psn::new(101));
+        assert_eq!(c.una, Psn::new(102));
+        sq[1].done = Some(WcStatus::Success);
+        // Nothing unfinished: una is next_psn.
+        c.catch_up_una(&sq, next);
+        assert_eq!(c.una, next);
+    }
+
+    #[test]
+    fn the_timer_runs_only_while_a_message_awaits_its_response() {
+        let (mut sq, mut c, next) = started(&[(SendOpcode::Send, 1)]);
+        assert!(c.awaits_response(&sq, next));
+        let mut timers = Timers::default();
+        timers.arm_after(Timer::Retransmit, 1_000, AckTimeout::new(14).unwrap());
+        assert!(timers
+            .deadline(Timer::Retransmit)
+            .is_some_and(|d| d > 1_000));
+        c.ack_upto(&mut sq, Psn::new(100));
+        assert!(!c.awaits_response(&sq, next));
+        // An infinite timeout stops the timer rather than arming it.
+        timers.arm_after(Timer::Retransmit, 2_000, AckTimeout::INFINITE);
+        assert_eq!(timers.next_deadline(), None);
     }
 }

@@ -15,7 +15,7 @@ pub enum IcrcPolicy {
     AssumeLinuxSender,
     /// Verify as `AssumeLinuxSender`, but accept a mismatch that some IPv4
     /// identification and don't-fragment flag explain, counted in
-    /// [`Stats::rx_icrc_unverified`]: peers such as rxe and mlx5 put
+    /// [`Stats::rx_icrc_unverified`](super::Stats::rx_icrc_unverified): peers such as rxe and mlx5 put
     /// non-zero identifications in their IPv4 headers, which a UDP socket
     /// never shows. Other mismatches are damage, dropped
     /// (`roxe_wire::icrc::UnseenIpv4Fields`).
@@ -23,9 +23,9 @@ pub enum IcrcPolicy {
     /// Do not verify IPv4 ICRCs.
     Off,
     /// The driver reads whole IP datagrams (a raw socket) and hands each
-    /// packet to [`Engine::handle_ip_packet`] with the headers it arrived
+    /// packet to [`Engine::handle_ip_packet`](super::Engine::handle_ip_packet) with the headers it arrived
     /// under, which verifies the ICRC over them exactly (any IPv4
-    /// identification). [`Engine::handle_packet`] alone then does not check
+    /// identification). [`Engine::handle_packet`](super::Engine::handle_packet) alone then does not check
     /// IPv4 ICRCs: its caller has.
     WireHeaders,
 }
@@ -60,7 +60,7 @@ pub struct EngineConfig {
     /// largest UD message, and what `ibv_query_port` reports.
     pub active_mtu: Mtu,
     /// The requester's window towards peers on this host's loopback may
-    /// exceed rxe's 128 PSNs (`req.rs`): true where their only queues are
+    /// exceed rxe's 128 PSNs (`req/`): true where their only queues are
     /// UDP socket buffers; a driver receiving through a raw socket (beside
     /// the kernel's rxe, `ROXE_ICRC=raw`) keeps 128, since its peers there
     /// receive the same way and drop bursts the UDP path would hold.

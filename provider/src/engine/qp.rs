@@ -1,5 +1,6 @@
 //! One queue pair: it owns its requester, completer and responder state
-//! (rxe's three roles) and is driven through a [`QpCtx`], the narrow part
+//! (rxe's three roles), the send queue and timers the first two share, and
+//! is driven through a [`QpCtx`], the narrow part
 //! of the engine a QP may touch for one call: memory, CQs, SRQs, counters
 //! and the event queue. The entry points are the verbs (`post_send`,
 //! `post_recv`, `modify`), [`Qp::on_packet`] (admission, then
@@ -9,9 +10,14 @@
 //! crosses QPs (a CQ overflow moves every QP feeding that CQ to ERR) is
 //! noted in the context and done by the engine after the call.
 
+use super::comp::Completer;
+use super::req::Requester;
+use super::resp::Responder;
+use super::sq::SendQueue;
+use super::timer::{Timer, Timers};
 use super::{
-    addr_of_gid, err, req::Requester, resp::Responder, CqId, DropCounts, DropReason, EngineConfig,
-    HoldNew, Nanos, QpEvent, QpInitAttr, QpSnapshot, Stats, Transmit,
+    addr_of_gid, verb_error, CqId, DropCounts, DropReason, EngineConfig, HoldNew, Nanos, QpEvent,
+    QpInitAttr, QpSnapshot, Stats, Transmit,
 };
 use crate::cq::CompletionQueue;
 use crate::memory::{MemoryTable, RemoteQp, Sge};
@@ -126,13 +132,22 @@ pub(crate) struct Qp {
     pub attr: QpAttr,
     /// The connected peer (RC/UC), from the AV's GID.
     pub peer: Option<IpAddr>,
+    /// The send WQEs, which the requester sends and the completer
+    /// completes.
+    pub sq: SendQueue,
+    /// The requester (`req/`): the send queue's cursor, PSNs handed out.
     pub req: Requester,
+    /// The completer (`comp.rs`): acknowledged PSNs, retries left.
+    pub comp: Completer,
+    /// The retransmission and RNR timers, which both of them arm.
+    pub timers: Timers,
+    /// The responder (`resp/`).
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
     /// XRC_RECV: the SRQ, PD and CQ of the request being handled (set from
     /// each request's XRCETH before it executes).
     pub xrc: Option<XrcTarget>,
-    /// The deadline under which `Engine::timers` holds this QP.
+    /// The deadline under which `Engine::deadlines` files this QP.
     pub indexed_deadline: Option<Nanos>,
     /// The port's active MTU in bytes (UD's message limit).
     pub port_mtu: usize,
@@ -141,7 +156,7 @@ pub(crate) struct Qp {
     /// What this QP sent and received (`roxe stat`).
     pub counters: QpCounters,
     /// This QP's share of `Engine::loopback_unacked`, as last counted
-    /// (`Engine::with_qp`).
+    /// (`Engine::drive_qp`).
     pub counted_loopback_unacked: i32,
 }
 
@@ -174,7 +189,10 @@ impl Qp {
                 ..QpAttr::default()
             },
             peer: None,
+            sq: SendQueue::new(),
             req: Requester::new(),
+            comp: Completer::new(),
+            timers: Timers::default(),
             resp: Responder::new(),
             rq: VecDeque::new(),
             xrc: None,
@@ -222,14 +240,18 @@ impl Qp {
         if !self.sends_reliably() || !matches!(self.state(), QpState::Rts | QpState::Sqd) {
             return None;
         }
-        (!self.req.timer_covers_flight(self.ack_timeout()))
-            .then_some("a message in flight with no timer armed")
+        // A message in flight always has a timer that will retransmit it
+        // or give up, unless the QP's timeout is infinite.
+        let covered = self.ack_timeout().nanos().is_none()
+            || self.timers.next_deadline().is_some()
+            || !self.sq.in_flight();
+        (!covered).then_some("a message in flight with no timer armed")
     }
 
     /// The watchdog's repair: arm the retransmission timer.
     pub fn repair_liveness(&mut self, now: Nanos) {
         let timeout = self.ack_timeout();
-        self.req.arm_retransmission(now, timeout);
+        self.timers.arm_after(Timer::Retransmit, now, timeout);
     }
 
     /// RC and XRC_SEND: a requester with PSNs, a window, ACKs and retries.
@@ -245,8 +267,8 @@ impl Qp {
     /// unfinished: `sq_draining` clears, as rxe's requester clears it, and
     /// SQD may be left for RTS again; `IBV_EVENT_SQ_DRAINED` is raised if
     /// the QP asked for it.
-    pub fn update_drain(&mut self, cx: &mut QpCtx) {
-        if self.state() == QpState::Sqd && self.attr.sq_draining && !self.req.in_flight() {
+    pub fn end_drain_if_done(&mut self, cx: &mut QpCtx) {
+        if self.state() == QpState::Sqd && self.attr.sq_draining && !self.sq.in_flight() {
             self.attr.sq_draining = false;
             if self.attr.en_sqd_async_notify {
                 cx.events.push(QpEvent {
@@ -340,20 +362,25 @@ impl Qp {
         if fx.changed.contains(AttrMask::AV) {
             self.peer = Some(addr_of_gid(self.attr.av.dgid));
         }
-        self.update_drain(cx);
+        self.end_drain_if_done(cx);
         if fx.changed.contains(AttrMask::RQ_PSN) {
             self.resp.reset_psn(Psn::new(self.attr.rq_psn));
         }
         if fx.changed.contains(AttrMask::SQ_PSN) {
-            self.req.reset_psn(Psn::new(self.attr.sq_psn));
+            let psn = Psn::new(self.attr.sq_psn);
+            self.req.reset_psn(psn);
+            self.comp.reset_psn(psn);
         }
         if fx.changed.contains(AttrMask::RETRY_CNT) || fx.changed.contains(AttrMask::RNR_RETRY) {
-            self.req.reset_retries(&self.attr);
+            self.comp.reset_retries(&self.attr);
         }
         if fx.reset() && old_state != QpState::Reset {
             // Back to RESET: queues are emptied without completions, and
             // completions of this QP still in its CQs go too.
+            self.sq = SendQueue::new();
             self.req = Requester::new();
+            self.comp = Completer::new();
+            self.timers = Timers::default();
             self.resp = Responder::new();
             self.rq.clear();
             self.xrc = None;
@@ -374,20 +401,24 @@ impl Qp {
     pub fn post_recv(&mut self, cx: &mut QpCtx, wr: RecvWr) -> VerbsResult<()> {
         const VERB: &str = "ibv_post_recv";
         if self.init.srq.is_some() {
-            return Err(err(VERB, Errno::EINVAL, "QP uses an SRQ"));
+            return Err(verb_error(VERB, Errno::EINVAL, "QP uses an SRQ"));
         }
         if self.init.qp_type.is_xrc() {
-            return Err(err(VERB, Errno::EINVAL, "XRC QPs have no receive queue"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "XRC QPs have no receive queue",
+            ));
         }
         if self.state() == QpState::Reset {
-            return Err(err(VERB, Errno::EINVAL, "QP in RESET"));
+            return Err(verb_error(VERB, Errno::EINVAL, "QP in RESET"));
         }
         // rxe's post_one_recv (and mlx5) test for a full queue first.
         if self.rq.len() >= self.init.cap.max_recv_wr as usize {
-            return Err(err(VERB, Errno::ENOMEM, "receive queue full"));
+            return Err(verb_error(VERB, Errno::ENOMEM, "receive queue full"));
         }
         if wr.sg_list.len() > self.init.cap.max_recv_sge as usize {
-            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+            return Err(verb_error(VERB, Errno::EINVAL, "too many SGEs"));
         }
         let total = MemoryTable::sge_total(&wr.sg_list);
         let wqe = RecvWqe {
@@ -426,7 +457,7 @@ impl Qp {
             QpType::Ud => matches!(wr.opcode, SendOpcode::Send | SendOpcode::SendWithImm),
         };
         if !op_ok {
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("{:?} not valid on {t:?}", wr.opcode),
@@ -434,19 +465,19 @@ impl Qp {
         }
         let state = self.state();
         if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
-            return Err(err(VERB, Errno::EINVAL, format!("QP in {state}")));
+            return Err(verb_error(VERB, Errno::EINVAL, format!("QP in {state}")));
         }
         let cap = self.init.cap;
         if wr.sg_list.len() > cap.max_send_sge as usize {
-            return Err(err(VERB, Errno::EINVAL, "too many SGEs"));
+            return Err(verb_error(VERB, Errno::EINVAL, "too many SGEs"));
         }
         if wr.opcode == SendOpcode::BindMw && wr.bind.is_none() {
-            return Err(err(VERB, Errno::EINVAL, "BIND_MW without a window"));
+            return Err(verb_error(VERB, Errno::EINVAL, "BIND_MW without a window"));
         }
         let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
         if inline && (wr.opcode.is_read_or_atomic() || wr.opcode.is_local()) {
             // rxe's validate_send_wr: the opcode has no WR_INLINE_MASK.
-            return Err(err(
+            return Err(verb_error(
                 VERB,
                 Errno::EINVAL,
                 format!("{:?} cannot carry inline data", wr.opcode),
@@ -459,33 +490,41 @@ impl Qp {
                 // whatever the QP's inline size.
                 Some(d) if wr.opcode == SendOpcode::AtomicWrite => d.len() as u64,
                 Some(_) => {
-                    return Err(err(
+                    return Err(verb_error(
                         VERB,
                         Errno::EINVAL,
                         "inline data beyond max_inline_data",
                     ))
                 }
-                None => return Err(err(VERB, Errno::EINVAL, "INLINE without data")),
+                None => return Err(verb_error(VERB, Errno::EINVAL, "INLINE without data")),
             }
         } else {
             MemoryTable::sge_total(&wr.sg_list)
         };
         if len > 1 << 31 {
-            return Err(err(VERB, Errno::EINVAL, "message longer than 2^31 bytes"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "message longer than 2^31 bytes",
+            ));
         }
         if (wr.opcode.is_atomic() || wr.opcode == SendOpcode::AtomicWrite) && len != 8 {
-            return Err(err(VERB, Errno::EINVAL, "atomic needs one 8-byte SGE"));
+            return Err(verb_error(
+                VERB,
+                Errno::EINVAL,
+                "atomic needs one 8-byte SGE",
+            ));
         }
         if t == QpType::Ud {
             if wr.ud.is_none() {
-                return Err(err(
+                return Err(verb_error(
                     VERB,
                     Errno::EINVAL,
                     "UD send without an address handle",
                 ));
             }
             if state == QpState::Rts && len as usize > self.pmtu() {
-                return Err(err(
+                return Err(verb_error(
                     VERB,
                     Errno::EINVAL,
                     "UD message larger than the path MTU",
@@ -494,8 +533,8 @@ impl Qp {
         }
         // As rxe's post_one_send: the WR is validated (EINVAL) before the
         // queue is found full (ENOMEM).
-        if self.req.outstanding() >= cap.max_send_wr as usize {
-            return Err(err(VERB, Errno::ENOMEM, "send queue full"));
+        if self.sq.outstanding() >= cap.max_send_wr as usize {
+            return Err(verb_error(VERB, Errno::ENOMEM, "send queue full"));
         }
         if state == QpState::Err {
             let wc = WorkCompletion::new(
@@ -507,7 +546,7 @@ impl Qp {
             cx.push_wc(self.init.send_cq, wc, false);
             return Ok(());
         }
-        self.req.post(wr, len as u32);
+        self.sq.post(wr, len as u32);
         Ok(())
     }
 
@@ -526,7 +565,9 @@ impl Qp {
                 event_type: QpEvent::LAST_WQE_REACHED,
             });
         }
-        let sends = self.req.flush();
+        self.req.flush();
+        self.timers.stop_all();
+        let sends = self.sq.flush();
         let recv_cq = self.recv_cq();
         let current = self.resp.take_current_recv();
         let pending = current
@@ -554,7 +595,7 @@ impl Qp {
     }
 
     /// The QP failed (a transport error): to ERR, unless it is there.
-    pub fn fail(&mut self, cx: &mut QpCtx) {
+    pub fn fail_qp(&mut self, cx: &mut QpCtx) {
         if self.state() != QpState::Err {
             self.enter_error(cx);
         }
@@ -562,16 +603,16 @@ impl Qp {
 
     /// What `roxe stat` shows of this QP.
     pub fn snapshot(&self) -> QpSnapshot {
-        let (next_psn, una, send_queue, retry_left, rnr_retry_left) = self.req.stat();
+        let (retry_left, rnr_retry_left) = self.comp.retries_left();
         QpSnapshot {
             qpn: self.qpn,
             qp_type: self.init.qp_type,
             state: self.state(),
             peer: self.peer.map(|p| (p, self.attr.dest_qp_num)),
-            next_psn,
-            una,
+            next_psn: self.req.next_psn().value(),
+            una: self.comp.una().value(),
             epsn: self.resp.epsn(),
-            send_queue,
+            send_queue: self.sq.len(),
             recv_queue: self.rq.len(),
             retry_left,
             rnr_retry_left,

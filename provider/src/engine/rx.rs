@@ -81,7 +81,7 @@ impl Engine {
             return;
         }
         if self
-            .touch(qpn, |q, cx| q.on_packet(cx, now, src, &pkt))
+            .drive_and_schedule(qpn, |q, cx| q.on_packet(cx, now, src, &pkt))
             .is_none()
         {
             self.stats.count_drop(DropReason::NoQp, None);
@@ -93,7 +93,7 @@ impl Engine {
     /// under, as a raw-socket driver reads them. The ICRC is verified over
     /// those headers as they were on the wire (IPv4 identification, flags
     /// and all), whatever the policy; a mismatch is dropped and counted in
-    /// [`Stats::rx_bad_icrc`]. The rest is [`handle_packet`](Self::handle_packet)
+    /// [`Stats::rx_bad_icrc`](super::Stats::rx_bad_icrc). The rest is [`handle_packet`](Self::handle_packet)
     /// (use [`IcrcPolicy::WireHeaders`], so that it does not check again).
     pub fn handle_ip_packet(
         &mut self,

@@ -27,7 +27,7 @@
 //! has no bits outside its mask).
 
 use super::qp::RecvWqe;
-use super::req::{Internal, Requester, SendWqe};
+use super::sq::{Internal, SendQueue, SendWqe};
 use super::CqId;
 use crate::memory::Sge;
 use crate::types::{WcOpcode, WcStatus};
@@ -346,9 +346,9 @@ pub(super) fn rndv_read(wqe: RecvWqe, tmh: Tmh, rvh: Rvh, cq: CqId) -> (SendWr, 
 
 /// An internal request `w` finished with `status`: the completion it owes
 /// (a rendezvous READ: its tagged buffer's second completion), and after a
-/// READ that succeeded the FIN to the sender, queued on `r`.
+/// READ that succeeded the FIN to the sender, queued on `sq`.
 pub(super) fn internal_done(
-    r: &mut Requester,
+    sq: &mut SendQueue,
     kind: Internal,
     w: &SendWqe,
     status: WcStatus,
@@ -369,7 +369,7 @@ pub(super) fn internal_done(
         let mut wr = SendWr::new(0, SendOpcode::Send, Vec::new());
         wr.flags = SendFlags::INLINE;
         wr.inline_data = Some(fin.to_bytes().to_vec());
-        r.post_internal(wr, TMH_LEN as u32, Internal::RndvFin);
+        sq.post_internal(wr, TMH_LEN as u32, Internal::RndvFin);
     }
     Some((cq, wc))
 }

@@ -4,10 +4,11 @@ use super::*;
 use crate::memory::Sge;
 use crate::qp_attr::AddressVector;
 use crate::qp_attr::Mtu;
+use crate::qp_attr::{AttrMask, QpAttr, QpState, QpType};
 use crate::types::AccessFlags;
 use crate::types::{WcOpcode, WcStatus};
 use crate::wr::SendOpcode;
-use roxe_wire::AckTimeout;
+use crate::wr::{SendWr, WorkCompletion};
 
 /// An RC QP in RTS facing 127.0.0.2 with one WRITE sent.
 fn engine_with_a_write_in_flight() -> (Engine, u32) {
@@ -188,11 +189,11 @@ fn a_lost_timer_is_found_counted_and_rearmed() {
     let (mut e, qpn) = engine_with_a_write_in_flight();
     // Simulate the class of bug: the timer of a message in flight gone.
     if let Some(q) = e.qps.get_mut(&qpn) {
-        q.req.arm_retransmission(0, AckTimeout::INFINITE);
+        q.timers.stop(super::timer::Timer::Retransmit);
         assert!(q.liveness_violation().is_some());
     }
-    e.reindex_timer(qpn);
-    assert_eq!(e.timers.len(), 0, "nothing would ever wake this QP");
+    e.refile_deadline(qpn);
+    assert_eq!(e.deadlines.len(), 0, "nothing would ever wake this QP");
     assert_eq!(e.audit_liveness(1_000), 1);
     assert_eq!(e.stats().stalls_repaired, 1);
     // The repair: a timer that retransmits, then gives up.

@@ -394,7 +394,7 @@ impl Qp {
             wc.status = WcStatus::LocLenErr;
         } else {
             let (wr, len, kind) = tm::rndv_read(wqe, tmh, rvh, recv_cq);
-            self.req.post_internal(wr, len, kind);
+            self.sq.post_internal(wr, len, kind);
         }
         Outcome::Complete(recv_cq, wc, pkt.bth().solicited())
     }

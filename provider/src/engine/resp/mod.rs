@@ -277,7 +277,7 @@ impl Qp {
                 self.resp.nak(p, AethSyndrome::Nak(NakCode::InvalidRequest));
                 cx.stats.naks_sent += 1;
                 self.counters.naks_sent += 1;
-                self.fail(cx);
+                self.fail_qp(cx);
                 return;
             }
         }
@@ -290,7 +290,7 @@ impl Qp {
                 if let Some((cq, wc)) = wc {
                     cx.push_wc(cq, wc, false);
                 }
-                self.fail(cx);
+                self.fail_qp(cx);
                 return;
             }
         }

@@ -1,0 +1,594 @@
+//! Requester (rxe's `rxe_req.c`): send WQEs become packets (segmented by
+//! the path MTU, PSNs assigned, at most 128 unacknowledged PSNs, at most
+//! `max_rd_atomic` READs/atomics in flight, fences honoured).
+//!
+//! The requester owns where the next packet comes from and which PSNs are
+//! assigned ([`Requester`]); the completer (`comp.rs`) owns how far the
+//! responses have come. They share the send queue (`sq.rs`) and the QP's
+//! timers (`timer.rs`), and otherwise talk only through the few methods
+//! each offers the other (listed at the top of `comp.rs`).
+
+mod packet;
+
+use super::qp::{Qp, QpCtx};
+use super::sq::SendQueue;
+use super::timer::Timer;
+use super::{HoldNew, Nanos, Transmit};
+use crate::memory::RemoteQp;
+use crate::qp_attr::{QpState, QpType};
+use crate::types::WcStatus;
+use crate::wr::{SendFlags, SendOpcode};
+use roxe_wire::packet::emit_headers;
+use roxe_wire::{BthRepr, ExtHeaders, Psn, ICRC_LEN};
+use std::net::IpAddr;
+
+/// Unacknowledged PSNs allowed in flight towards a peer on another host:
+/// rxe's RXE_MAX_UNACKED_PSNS. Without congestion control a larger burst
+/// overflows the queues of a real path (a tap's 1,000 packets): at 1,024,
+/// 64 KiB READs from rxe in an rxe-peer guest lost responses, and each
+/// go-back-N resent the same burst until RETRY_EXC_ERR.
+const MAX_UNACKED_PSNS: i32 = 128;
+// Towards a peer on this host's loopback the window is
+// `EngineConfig::loopback_window` (`MAX_LOOPBACK_WINDOW` says why wider).
+
+/// Ask for an ACK at least this often inside long messages (rxe: 64).
+const ACK_REQ_EVERY: u32 = 64;
+
+/// Per-QP requester state (rxe's `rxe_req_info`): the send queue's cursor
+/// and the PSNs handed out.
+#[derive(Debug)]
+pub(crate) struct Requester {
+    /// Index in the send queue of the WQE whose packet goes out next
+    /// (rxe's `wqe_index`).
+    wqe_index: usize,
+    /// Packet index within that WQE (SEND/WRITE; a READ resumes from its
+    /// `read_pkts`).
+    pkt_index: u32,
+    /// PSN the next new WQE starts at.
+    next_psn: Psn,
+    /// One past the highest PSN ever sent: anything below is a
+    /// retransmission.
+    first_unsent_psn: Psn,
+    /// Packets sent since the last one that asked for an ACK (rxe's
+    /// `noack_pkts`).
+    pkts_since_ack_req: u32,
+}
+
+impl Requester {
+    pub fn new() -> Self {
+        Requester {
+            wqe_index: 0,
+            pkt_index: 0,
+            next_psn: Psn::new(0),
+            first_unsent_psn: Psn::new(0),
+            pkts_since_ack_req: 0,
+        }
+    }
+
+    /// `sq_psn` was set: the next new message starts at `psn`.
+    pub fn reset_psn(&mut self, psn: Psn) {
+        self.next_psn = psn;
+        self.first_unsent_psn = psn;
+    }
+
+    /// The send queue was flushed: the cursor goes back to its start.
+    pub fn flush(&mut self) {
+        self.wqe_index = 0;
+        self.pkt_index = 0;
+    }
+
+    /// For the completer: one past the last PSN assigned. Responses at
+    /// or beyond it answer nothing sent.
+    pub fn next_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    /// For the completer: go back to PSN `r` (go-back-N). The next packet
+    /// sent is the one carrying it.
+    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
+        if let Some(i) = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none()) {
+            self.wqe_index = i;
+            let w = &sq[i];
+            self.pkt_index = if w.wr.opcode == SendOpcode::RdmaRead {
+                0
+            } else {
+                r.distance(w.first_psn).unsigned_abs()
+            };
+        }
+    }
+
+    /// For the completer: the send queue's oldest WQE was retired, and
+    /// the cursor moves down with the queue.
+    pub fn front_retired(&mut self) {
+        if self.wqe_index == 0 {
+            // The cursor was inside the WQE that just went (a go-back-N
+            // overtaken by the ACK that finishes it): the next WQE
+            // starts at its first packet. A stale packet index here
+            // once made the next message start beyond the 128-PSN
+            // window with no timer armed, a silent stall.
+            self.pkt_index = 0;
+        }
+        self.wqe_index = self.wqe_index.saturating_sub(1);
+    }
+
+    /// Move the cursor past finished WQEs (local operations done, UC/UD
+    /// messages completed when sent); the index of the WQE it is on, if
+    /// the queue has one there.
+    fn skip_finished(&mut self, sq: &SendQueue) -> Option<usize> {
+        while sq.get(self.wqe_index).is_some_and(|w| w.done.is_some()) {
+            self.step_to_next_wqe();
+        }
+        sq.get(self.wqe_index).map(|_| self.wqe_index)
+    }
+
+    /// The cursor moves to the next WQE's first packet.
+    fn step_to_next_wqe(&mut self) {
+        self.wqe_index += 1;
+        self.pkt_index = 0;
+    }
+
+    /// Hand out `npsn` PSNs to the message under the cursor, which starts
+    /// at its first packet; the first of them.
+    fn assign_psns(&mut self, npsn: u32) -> Psn {
+        debug_assert_eq!(
+            self.pkt_index, 0,
+            "a new message starts at its first packet"
+        );
+        self.pkt_index = 0;
+        let first = self.next_psn;
+        self.next_psn += npsn;
+        first
+    }
+
+    /// Whether the next packet asks for an ACK: a reliable message's last
+    /// one, and one in every `ACK_REQ_EVERY` inside long messages.
+    fn asks_for_ack(&mut self, reliable: bool, last: bool) -> bool {
+        self.pkts_since_ack_req += 1;
+        let ack_req = reliable && (last || self.pkts_since_ack_req >= ACK_REQ_EVERY);
+        if ack_req {
+            self.pkts_since_ack_req = 0;
+        }
+        ack_req
+    }
+
+    /// Packet `pkt` left: the cursor moves past it. Whether it had been
+    /// sent before (a retransmission).
+    fn advance(&mut self, pkt: &NextPacket) -> bool {
+        if pkt.last {
+            self.step_to_next_wqe();
+        } else {
+            self.pkt_index += 1;
+        }
+        let again = pkt.psn.is_before(self.first_unsent_psn);
+        if !again {
+            self.first_unsent_psn = pkt.psn.next();
+        }
+        again
+    }
+}
+
+/// Which requests a QP's state lets go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendMode {
+    /// RTS: every request.
+    All,
+    /// SQD: messages already started finish (retransmissions included);
+    /// no new one starts.
+    StartedOnly,
+}
+
+/// Why a message does not start yet (rxe's requester waits:
+/// `wait_fence`, `need_rd_atomic`, `wait_psn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// SQD: only messages already started finish.
+    Draining,
+    /// An ACK-clocked pass holds it for the ACK on its way.
+    HeldForAck,
+    /// FENCE: an earlier READ or atomic is unanswered.
+    Fence,
+    /// `max_rd_atomic` READs and atomics are in flight.
+    ReadAtomicDepth,
+    /// The window of unacknowledged PSNs is full.
+    Window,
+    /// A READ or atomic towards a loopback peer: the device's
+    /// unacknowledged PSNs under the loopback window fill it.
+    LoopbackReads,
+}
+
+/// What a QP sends under, read once per packet.
+#[derive(Debug, Clone, Copy)]
+struct SendLimits {
+    qp_type: QpType,
+    /// RC and XRC_SEND: PSNs under a window, ACKs, retries.
+    reliable: bool,
+    /// Payload bytes per packet.
+    pmtu: usize,
+    /// READs and atomics in flight at most (`max_rd_atomic`, at least 1).
+    max_rd_atomic: u32,
+    /// Unacknowledged PSNs allowed: rxe's 128, or the loopback window.
+    window: i32,
+    /// The peer is on this host's loopback, under the loopback window.
+    loopback: bool,
+}
+
+/// The packet of a started message that goes out next.
+#[derive(Debug, Clone, Copy)]
+struct NextPacket {
+    /// The WQE's index in the send queue.
+    idx: usize,
+    psn: Psn,
+    /// Its index within the message.
+    index: u32,
+    /// The message's last packet (a READ or atomic request is always its
+    /// message's last).
+    last: bool,
+    /// Where its payload starts in the message (a READ: where the data
+    /// asked for starts).
+    offset: u64,
+}
+
+/// A request packet's headers, and where it goes.
+#[derive(Debug)]
+struct RequestHeaders {
+    bth: BthRepr,
+    ext: ExtHeaders,
+    payload_len: usize,
+    dst: IpAddr,
+}
+
+fn packets_for(len: u32, pmtu: usize) -> u32 {
+    (len as usize).div_ceil(pmtu).max(1) as u32
+}
+
+impl Qp {
+    /// Execute the local operations (bind, invalidate) the cursor has
+    /// reached, in send-queue order: they take effect now, send nothing,
+    /// and complete in order with the rest (rxe's `rxe_do_local_ops`).
+    /// False when one failed: its WR completes with MW_BIND_ERR (bind) or
+    /// LOC_QP_OP_ERR (invalidate) and the QP goes to ERR.
+    fn run_local_ops(&mut self, cx: &mut QpCtx) -> bool {
+        loop {
+            let r = &mut self.req;
+            let Some(cursor) = r.skip_finished(&self.sq) else {
+                return true;
+            };
+            let w = &self.sq[cursor];
+            if !w.wr.opcode.is_local() {
+                return true;
+            }
+            let by = RemoteQp {
+                pd: self.init.pd,
+                qpn: Some(self.qpn),
+            };
+            let (status, outcome) = match (w.wr.opcode, w.wr.bind) {
+                (SendOpcode::BindMw, Some(bind)) => (
+                    WcStatus::MwBindErr,
+                    cx.memory.bind_window(by, &bind).map_err(|e| e.to_string()),
+                ),
+                (SendOpcode::LocalInv, _) => (
+                    WcStatus::LocQpOpErr,
+                    cx.memory
+                        .invalidate(w.wr.invalidate_rkey, by)
+                        .map_err(|e| e.to_string()),
+                ),
+                _ => (WcStatus::MwBindErr, Err("a bind without its window".into())),
+            };
+            match outcome {
+                Ok(()) => {
+                    self.sq[cursor].done = Some(WcStatus::Success);
+                    r.step_to_next_wqe();
+                    self.retire_finished(cx);
+                }
+                Err(why) => {
+                    tracing::debug!(
+                        qpn = format_args!("{:#x}", self.qpn),
+                        op = ?self.sq[cursor].wr.opcode,
+                        %why,
+                        "local operation failed: the QP goes to ERR"
+                    );
+                    self.sq[cursor].done = Some(status);
+                    self.retire_finished(cx);
+                    self.fail_qp(cx);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Messages posted and not yet completed (sent or waiting to be).
+    pub(super) fn queued_messages(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// PSNs sent and not yet acknowledged.
+    pub(super) fn unacked_psns(&self) -> i32 {
+        self.comp.una().distance(self.req.next_psn()).max(0)
+    }
+
+    /// This QP's PSNs unacknowledged under the loopback window
+    /// (`EngineConfig::loopback_window`) while it has READs or atomics in
+    /// flight: 0 unless it sends reliably (RTS or SQD) to a peer under
+    /// that window.
+    pub(super) fn loopback_unacked(&self, config: &super::config::EngineConfig) -> i32 {
+        let sending = matches!(self.state(), QpState::Rts | QpState::Sqd)
+            && self.sq.reads_atomics_started() > 0;
+        match self.peer {
+            Some(p) if sending && self.sends_reliably() && config.uses_loopback_window(p) => {
+                self.unacked_psns()
+            }
+            _ => 0,
+        }
+    }
+
+    /// The next request packet of this QP, if it may send one now
+    /// (`hold_new`: a new message waits behind enough unacknowledged PSNs).
+    /// The steps, in the order of rxe's `rxe_requester`:
+    ///
+    /// 1. whether the QP's state lets requests go at all ([`send_mode`]);
+    /// 2. the local operations the cursor reached take effect
+    ///    ([`run_local_ops`]);
+    /// 3. the WQE whose packet is next, past finished ones
+    ///    ([`Requester::skip_finished`]);
+    /// 4. a message not yet started starts only within the limits
+    ///    ([`new_message_wait`]: drain, ACK clocking, fence, READ/atomic
+    ///    depth, windows), and is then assigned its PSNs
+    ///    ([`start_message`]);
+    /// 5. which of its packets goes, inside the window ([`next_packet`]);
+    /// 6. its headers ([`request_headers`]), written into `buf`;
+    /// 7. its payload, copied in or taken by reference
+    ///    ([`gather_payload`]; a bad local SGE fails the WQE and the QP);
+    /// 8. the state it leaves behind ([`packet_sent`]): the cursor, the
+    ///    retransmission count, the timer, an unreliable message's
+    ///    completion.
+    ///
+    /// [`send_mode`]: Self::send_mode
+    /// [`run_local_ops`]: Self::run_local_ops
+    /// [`new_message_wait`]: Self::new_message_wait
+    /// [`start_message`]: Self::start_message
+    /// [`next_packet`]: Self::next_packet
+    /// [`request_headers`]: Self::request_headers
+    /// [`gather_payload`]: Self::gather_payload
+    /// [`packet_sent`]: Self::packet_sent
+    pub(super) fn request_transmit(
+        &mut self,
+        cx: &mut QpCtx,
+        now: Nanos,
+        buf: &mut [u8],
+        hold_new: HoldNew,
+    ) -> Option<Transmit> {
+        let mode = self.send_mode()?;
+        if mode == SendMode::All && !self.run_local_ops(cx) {
+            return None;
+        }
+        let limits = self.send_limits(cx);
+        let idx = self.req.skip_finished(&self.sq)?;
+        if !self.sq[idx].started {
+            if let Some(wait) = self.new_message_wait(cx, idx, mode, hold_new, &limits) {
+                if wait == Wait::HeldForAck {
+                    cx.held_new = true;
+                }
+                return None;
+            }
+            self.start_message(idx, &limits);
+        }
+        let pkt = self.next_packet(idx, &limits)?;
+        let hdrs = self.request_headers(cx, &pkt, &limits)?;
+        let Ok((hl, len)) = emit_headers(&hdrs.bth, &hdrs.ext, hdrs.payload_len, buf) else {
+            cx.internal_error(self.qpn, "a request does not fit the transmit buffer");
+            return None;
+        };
+        debug_assert!(len > ICRC_LEN);
+        let Ok(payload) = self.gather_payload(cx, &pkt, hdrs.payload_len, hl, len, buf) else {
+            // A bad lkey or range in the local SGEs: local protection error.
+            self.sq[idx].done = Some(WcStatus::LocProtErr);
+            self.retire_finished(cx);
+            self.fail_qp(cx);
+            return None;
+        };
+        self.packet_sent(cx, now, &pkt, &limits);
+        Some(Transmit {
+            dst: hdrs.dst,
+            src_port: self.src_port(),
+            len,
+            payload,
+        })
+    }
+
+    /// Step 1: which requests the QP's state lets go, if any. None while
+    /// an RNR NAK's wait runs.
+    fn send_mode(&self) -> Option<SendMode> {
+        let mode = match self.state() {
+            QpState::Rts => SendMode::All,
+            QpState::Sqd => SendMode::StartedOnly,
+            _ => return None,
+        };
+        (!self.timers.is_armed(Timer::RnrWait)).then_some(mode)
+    }
+
+    /// The limits this QP sends under now.
+    fn send_limits(&self, cx: &QpCtx) -> SendLimits {
+        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
+        let window = if loopback {
+            cx.config
+                .loopback_window
+                .clamp(1, super::config::MAX_LOOPBACK_WINDOW)
+        } else {
+            MAX_UNACKED_PSNS
+        };
+        SendLimits {
+            qp_type: self.init.qp_type,
+            reliable: self.sends_reliably(),
+            pmtu: self.pmtu(),
+            max_rd_atomic: u32::from(self.attr.max_rd_atomic.max(1)),
+            window,
+            loopback,
+        }
+    }
+
+    /// Step 4: why the message of WQE `idx`, not yet started, may not
+    /// start now, if it may not. The checks run in this order; a message
+    /// held for the ACK is noted by the caller (the engine releases it at
+    /// the next pass that holds nothing).
+    fn new_message_wait(
+        &self,
+        cx: &QpCtx,
+        idx: usize,
+        mode: SendMode,
+        hold_new: HoldNew,
+        limits: &SendLimits,
+    ) -> Option<Wait> {
+        let w = &self.sq[idx];
+        let read_or_atomic = w.wr.opcode.is_read_or_atomic();
+        let (una, next_psn) = (self.comp.una(), self.req.next_psn);
+        if mode == SendMode::StartedOnly {
+            return Some(Wait::Draining);
+        }
+        let hold = match hold_new {
+            HoldNew::Never => false,
+            HoldNew::Any => true,
+            HoldNew::SinglePacket => w.len as usize <= limits.pmtu,
+        };
+        if hold && limits.reliable {
+            return Some(Wait::HeldForAck);
+        }
+        // Only a fenced WR looks back (a walk of the queue for every
+        // message started cost 5 % of a 64 B SEND stream).
+        if w.wr.flags.contains(SendFlags::FENCE)
+            && self
+                .sq
+                .iter()
+                .take(idx)
+                .any(|e| e.wr.opcode.is_read_or_atomic() && e.done.is_none())
+        {
+            return Some(Wait::Fence);
+        }
+        if read_or_atomic && self.sq.reads_atomics_started() >= limits.max_rd_atomic {
+            return Some(Wait::ReadAtomicDepth);
+        }
+        if limits.reliable && una.distance(next_psn) >= limits.window {
+            // The window is full: PSNs are assigned when the first
+            // packet can go, so a started message always has one out.
+            return Some(Wait::Window);
+        }
+        // READ responses come at the responder's pace into this
+        // device's socket, whichever QP asked: towards loopback peers
+        // the window bounds the device's reads together as well as
+        // each QP's (4 QPs reading 64 KiB with a whole window each
+        // overflowed the socket: responses lost, go-back-N re-reads).
+        // A QP with nothing in flight still starts one, so none waits
+        // behind the others' window. Requests that carry data are
+        // paced by this device's own sending (a shared bound on them
+        // left each of 1,024 QPs one message in flight: 64 KiB WRITEs
+        // 2.7 -> 1.9 GB/s, an ACK per message).
+        if limits.reliable
+            && limits.loopback
+            && read_or_atomic
+            && una != next_psn
+            && cx.loopback_unacked >= limits.window
+        {
+            return Some(Wait::LoopbackReads);
+        }
+        None
+    }
+
+    /// Step 4, continued: WQE `idx` starts, with every PSN its message
+    /// needs (one per packet; one for an atomic or a UD message).
+    fn start_message(&mut self, idx: usize, limits: &SendLimits) {
+        let w = &self.sq[idx];
+        let npsn = match w.wr.opcode {
+            o if o.is_atomic() => 1,
+            _ if limits.qp_type == QpType::Ud => 1,
+            _ => packets_for(w.len, limits.pmtu),
+        };
+        let first = self.req.assign_psns(npsn);
+        self.sq.start(idx, first, npsn);
+    }
+
+    /// Step 5: the packet of WQE `idx` (started) the cursor is on, if the
+    /// window lets it go: a READ resumes at its first response not yet
+    /// placed.
+    fn next_packet(&self, idx: usize, limits: &SendLimits) -> Option<NextPacket> {
+        let w = &self.sq[idx];
+        let op = w.wr.opcode;
+        let index = if op == SendOpcode::RdmaRead {
+            w.read_pkts
+        } else {
+            self.req.pkt_index
+        };
+        let psn = w.first_psn + index;
+        if limits.reliable && self.comp.una().distance(psn) >= limits.window {
+            return None;
+        }
+        Some(NextPacket {
+            idx,
+            psn,
+            index,
+            last: op.is_read_or_atomic() || index + 1 >= w.npsn,
+            offset: u64::from(index) * limits.pmtu as u64,
+        })
+    }
+
+    /// Step 8: `pkt` is on its way. The cursor moves past it, a
+    /// retransmission is counted, and a reliable QP's retransmission timer
+    /// runs; an unreliable message completes with its last packet.
+    fn packet_sent(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &NextPacket, limits: &SendLimits) {
+        if self.req.advance(pkt) {
+            cx.stats.tx_retransmits += 1;
+            self.counters.tx_retransmits += 1;
+        }
+        if limits.reliable {
+            if !self.timers.is_armed(Timer::Retransmit) {
+                let timeout = self.ack_timeout();
+                self.timers.arm_after(Timer::Retransmit, now, timeout);
+            }
+        } else if pkt.last {
+            // Unreliable: complete as soon as the last packet is handed over.
+            self.sq[pkt.idx].done = Some(WcStatus::Success);
+            self.retire_finished(cx);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::sq::started_from;
+
+    #[test]
+    fn rewind_goes_back_to_the_packet_carrying_the_psn() {
+        // SEND 100..=103, READ 104..=106
+        let (mut sq, next) = started_from(
+            Psn::new(100),
+            &[(SendOpcode::Send, 4), (SendOpcode::RdmaRead, 3)],
+        );
+        let mut r = Requester::new();
+        r.reset_psn(next);
+        r.wqe_index = 2;
+        r.rewind_to(&sq, Psn::new(102));
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 2));
+        // A READ is re-requested from its first unanswered packet
+        // (`read_pkts`), so the cursor packet index is 0.
+        r.rewind_to(&sq, Psn::new(105));
+        assert_eq!((r.wqe_index, r.pkt_index), (1, 0));
+        // A finished message is not resent.
+        sq[0].done = Some(WcStatus::Success);
+        r.wqe_index = 1;
+        r.rewind_to(&sq, Psn::new(101));
+        assert_eq!(r.wqe_index, 1);
+    }
+
+    #[test]
+    fn retiring_the_wqe_under_the_cursor_restarts_the_next_at_its_first_packet() {
+        let (mut sq, next) =
+            started_from(Psn::new(0), &[(SendOpcode::Send, 4), (SendOpcode::Send, 1)]);
+        let mut r = Requester::new();
+        r.reset_psn(next);
+        r.rewind_to(&sq, Psn::new(2));
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 2));
+        sq[0].done = Some(WcStatus::Success);
+        assert!(sq.pop_finished().is_some());
+        r.front_retired();
+        assert_eq!((r.wqe_index, r.pkt_index), (0, 0));
+    }
+}
