@@ -19,7 +19,10 @@ pub struct Load {
 
 impl Load {
     /// A stream of small messages goes out: `n` messages or more queued,
-    /// two unacknowledged packets each or fewer.
+    /// two unacknowledged packets each or fewer (one large message, a
+    /// ping-pong's, is no stream however many packets it makes; a stream
+    /// of large ones is paced by its ACKs, which the progress thread had
+    /// better receive alongside the caller).
     pub fn sends_stream(&self, n: usize) -> bool {
         self.queued >= n && self.unacked <= 2 * self.queued
     }

@@ -60,7 +60,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
 use tx::HoldNew;
 
-/// QPs in flight [`Engine::sends_stream`] and [`Engine::load`] look at.
+/// QPs in flight [`Engine::load`] looks at: it runs on the data path (after
+/// every post list), which must not cost a walk over thousands of QPs.
 const STREAM_SAMPLE: usize = 64;
 
 /// Nanoseconds on the caller's clock.
@@ -151,7 +152,7 @@ impl QpEvent {
 ///
 /// Then it waits for a packet, a verb, or the deadline of (2), and starts
 /// again. An ACK-clocked pass ([`poll_transmit_ack_clocked`]) may hold new
-/// messages back ([`has_held`](Self::has_held)); they go at the next pass
+/// messages back ([`load`](Self::load)`().held`); they go at the next pass
 /// that is not one, which the driver must run when the ACK arrives, at the
 /// next timer, or when the program polls.
 ///
@@ -343,7 +344,7 @@ impl Engine {
 
     /// Whether an ACK-clocked pass holds a new message (it goes with the
     /// next pass that holds nothing: an ACK received, a timer, a poll).
-    pub fn has_held(&self) -> bool {
+    fn has_held(&self) -> bool {
         !self.held.is_empty()
     }
 

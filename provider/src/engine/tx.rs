@@ -4,7 +4,7 @@
 //! every packet gets on its way out (source port, ICRC, counters).
 
 use super::qp::Qp;
-use super::{gid_of, Engine, Nanos, STREAM_SAMPLE};
+use super::{gid_of, Engine, Nanos};
 use crate::memory::PayloadRef;
 use roxe_wire::{icrc, ICRC_LEN};
 use std::net::{IpAddr, Ipv6Addr};
@@ -130,37 +130,6 @@ impl Engine {
             HoldNew::SinglePacket
         };
         self.round_robin_transmit(now, buf, hold_new, pass.payload_by_ref)
-    }
-
-    /// Whether the device sends a stream of small messages: `n` messages
-    /// or more posted and not yet completed on the QPs with PSNs in flight
-    /// (one large message, a ping-pong's, is not a stream however many
-    /// packets it makes), of two packets or fewer on average (a stream of
-    /// large ones is paced by its ACKs, which the progress thread had
-    /// better receive alongside the caller: `roxe perf write -s 65536`
-    /// measured 2.5 % slower otherwise).
-    ///
-    /// It looks at the first `STREAM_SAMPLE` (64) QPs in flight only: it runs
-    /// after every post list, which must not cost a walk over thousands of
-    /// QPs.
-    pub fn sends_stream(&self, n: usize) -> bool {
-        let (messages, psns) = self
-            .qps_in_flight()
-            .take(STREAM_SAMPLE)
-            .fold((0, 0), |(m, p), q| {
-                (m + q.queued_messages(), p + q.unacked_psns() as usize)
-            });
-        messages >= n && psns <= 2 * messages
-    }
-
-    /// Whether at least `n` messages are posted and not completed on the
-    /// QPs with PSNs in flight (the first `STREAM_SAMPLE` of them).
-    pub fn queued_at_least(&self, n: usize) -> bool {
-        let mut sum = 0;
-        self.qps_in_flight().take(STREAM_SAMPLE).any(|q| {
-            sum += q.queued_messages();
-            sum >= n
-        })
     }
 
     /// Whether the QPs with PSNs in flight have at least `n`
