@@ -88,6 +88,7 @@ impl Completer {
 
     /// For the requester: the oldest unacknowledged PSN, the base of its
     /// window.
+    #[inline]
     pub fn una(&self) -> Psn {
         self.una
     }

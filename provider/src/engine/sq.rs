@@ -104,16 +104,19 @@ impl SendQueue {
     }
 
     /// WQEs queued, internal ones included.
+    #[inline]
     pub fn len(&self) -> usize {
         self.wqes.len()
     }
 
     /// The program's WRs queued (what `max_send_wr` bounds).
+    #[inline]
     pub fn outstanding(&self) -> usize {
         self.wqes.len() - self.internal
     }
 
     /// Started READs and atomics not yet retired.
+    #[inline]
     pub fn reads_atomics_started(&self) -> u32 {
         self.reads_atomics
     }
@@ -123,24 +126,29 @@ impl SendQueue {
         self.wqes.iter().any(|w| w.started && w.done.is_none())
     }
 
+    #[inline]
     pub fn get(&self, i: usize) -> Option<&SendWqe> {
         self.wqes.get(i)
     }
 
+    #[inline]
     pub fn iter(&self) -> impl Iterator<Item = &SendWqe> {
         self.wqes.iter()
     }
 
+    #[inline]
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut SendWqe> {
         self.wqes.iter_mut()
     }
 
     /// The index of the started WQE that PSN `p` belongs to.
+    #[inline]
     pub fn holding(&self, p: Psn) -> Option<usize> {
         self.wqes.iter().position(|w| w.holds_psn(p))
     }
 
     /// WQE `i` starts: its `npsn` PSNs from `first` are assigned to it.
+    #[inline]
     pub fn start(&mut self, i: usize, first: Psn, npsn: u32) {
         let w = &mut self.wqes[i];
         w.first_psn = first;
@@ -152,6 +160,7 @@ impl SendQueue {
     }
 
     /// Remove the oldest WQE if it is finished: it is retired.
+    #[inline]
     pub fn pop_finished(&mut self) -> Option<SendWqe> {
         // Only a finished WQE leaves, and only from the front.
         self.wqes.front()?.done?;
@@ -175,12 +184,14 @@ impl SendQueue {
 
 impl Index<usize> for SendQueue {
     type Output = SendWqe;
+    #[inline]
     fn index(&self, i: usize) -> &SendWqe {
         &self.wqes[i]
     }
 }
 
 impl IndexMut<usize> for SendQueue {
+    #[inline]
     fn index_mut(&mut self, i: usize) -> &mut SendWqe {
         &mut self.wqes[i]
     }

@@ -37,25 +37,30 @@ impl Timer {
 pub(crate) struct Timers([Option<Nanos>; Timer::ALL.len()]);
 
 impl Timers {
+    #[inline]
     pub fn deadline(&self, t: Timer) -> Option<Nanos> {
         self.0[t as usize]
     }
 
+    #[inline]
     pub fn is_armed(&self, t: Timer) -> bool {
         self.deadline(t).is_some()
     }
 
     /// Arm `t` to fire at `at`.
+    #[inline]
     pub fn arm_at(&mut self, t: Timer, at: Nanos) {
         self.0[t as usize] = Some(at);
     }
 
     /// Arm `t` to fire `timeout` after `now`; an infinite timeout (a QP
     /// `timeout` of 0) stops it instead.
+    #[inline]
     pub fn arm_after(&mut self, t: Timer, now: Nanos, timeout: AckTimeout) {
         self.0[t as usize] = timeout.nanos().map(|d| now + d);
     }
 
+    #[inline]
     pub fn stop(&mut self, t: Timer) {
         self.0[t as usize] = None;
     }
@@ -65,12 +70,14 @@ impl Timers {
     }
 
     /// The earliest deadline of the armed timers.
+    #[inline]
     pub fn next_deadline(&self) -> Option<Nanos> {
         self.0.iter().flatten().min().copied()
     }
 
     /// Whether `t` is due at `now`; a due timer is stopped, for the caller
     /// to fire.
+    #[inline]
     pub fn take_due(&mut self, t: Timer, now: Nanos) -> bool {
         let due = self.deadline(t).is_some_and(|d| d <= now);
         if due {

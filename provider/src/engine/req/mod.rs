@@ -79,6 +79,7 @@ impl Requester {
 
     /// For the completer: one past the last PSN assigned. Responses at
     /// or beyond it answer nothing sent.
+    #[inline]
     pub fn next_psn(&self) -> Psn {
         self.next_psn
     }
@@ -99,6 +100,7 @@ impl Requester {
 
     /// For the completer: the send queue's oldest WQE was retired, and
     /// the cursor moves down with the queue.
+    #[inline]
     pub fn front_retired(&mut self) {
         if self.wqe_index == 0 {
             // The cursor was inside the WQE that just went (a go-back-N
@@ -114,6 +116,7 @@ impl Requester {
     /// Move the cursor past finished WQEs (local operations done, UC/UD
     /// messages completed when sent); the index of the WQE it is on, if
     /// the queue has one there.
+    #[inline]
     fn skip_finished(&mut self, sq: &SendQueue) -> Option<usize> {
         while sq.get(self.wqe_index).is_some_and(|w| w.done.is_some()) {
             self.step_to_next_wqe();
@@ -122,6 +125,7 @@ impl Requester {
     }
 
     /// The cursor moves to the next WQE's first packet.
+    #[inline]
     fn step_to_next_wqe(&mut self) {
         self.wqe_index += 1;
         self.pkt_index = 0;
@@ -129,6 +133,7 @@ impl Requester {
 
     /// Hand out `npsn` PSNs to the message under the cursor, which starts
     /// at its first packet; the first of them.
+    #[inline]
     fn assign_psns(&mut self, npsn: u32) -> Psn {
         debug_assert_eq!(
             self.pkt_index, 0,
@@ -142,6 +147,7 @@ impl Requester {
 
     /// Whether the next packet asks for an ACK: a reliable message's last
     /// one, and one in every `ACK_REQ_EVERY` inside long messages.
+    #[inline]
     fn asks_for_ack(&mut self, reliable: bool, last: bool) -> bool {
         self.pkts_since_ack_req += 1;
         let ack_req = reliable && (last || self.pkts_since_ack_req >= ACK_REQ_EVERY);
@@ -153,6 +159,7 @@ impl Requester {
 
     /// Packet `pkt` left: the cursor moves past it. Whether it had been
     /// sent before (a retransmission).
+    #[inline]
     fn advance(&mut self, pkt: &NextPacket) -> bool {
         if pkt.last {
             self.step_to_next_wqe();
@@ -350,6 +357,10 @@ impl Qp {
     /// [`request_headers`]: Self::request_headers
     /// [`gather_payload`]: Self::gather_payload
     /// [`packet_sent`]: Self::packet_sent
+    ///
+    /// The steps are this function's body cut into named pieces, run once
+    /// per packet: they are `#[inline(always)]`, so that the cut is in the
+    /// source only.
     pub(super) fn request_transmit(
         &mut self,
         cx: &mut QpCtx,
@@ -397,6 +408,7 @@ impl Qp {
 
     /// Step 1: which requests the QP's state lets go, if any. None while
     /// an RNR NAK's wait runs.
+    #[inline(always)]
     fn send_mode(&self) -> Option<SendMode> {
         let mode = match self.state() {
             QpState::Rts => SendMode::All,
@@ -407,6 +419,7 @@ impl Qp {
     }
 
     /// The limits this QP sends under now.
+    #[inline(always)]
     fn send_limits(&self, cx: &QpCtx) -> SendLimits {
         let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
         let window = if loopback {
@@ -430,6 +443,7 @@ impl Qp {
     /// start now, if it may not. The checks run in this order; a message
     /// held for the ACK is noted by the caller (the engine releases it at
     /// the next pass that holds nothing).
+    #[inline(always)]
     fn new_message_wait(
         &self,
         cx: &QpCtx,
@@ -494,6 +508,7 @@ impl Qp {
 
     /// Step 4, continued: WQE `idx` starts, with every PSN its message
     /// needs (one per packet; one for an atomic or a UD message).
+    #[inline(always)]
     fn start_message(&mut self, idx: usize, limits: &SendLimits) {
         let w = &self.sq[idx];
         let npsn = match w.wr.opcode {
@@ -508,6 +523,7 @@ impl Qp {
     /// Step 5: the packet of WQE `idx` (started) the cursor is on, if the
     /// window lets it go: a READ resumes at its first response not yet
     /// placed.
+    #[inline(always)]
     fn next_packet(&self, idx: usize, limits: &SendLimits) -> Option<NextPacket> {
         let w = &self.sq[idx];
         let op = w.wr.opcode;
@@ -532,6 +548,7 @@ impl Qp {
     /// Step 8: `pkt` is on its way. The cursor moves past it, a
     /// retransmission is counted, and a reliable QP's retransmission timer
     /// runs; an unreliable message completes with its last packet.
+    #[inline(always)]
     fn packet_sent(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &NextPacket, limits: &SendLimits) {
         if self.req.advance(pkt) {
             cx.stats.tx_retransmits += 1;

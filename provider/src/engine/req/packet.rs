@@ -52,6 +52,7 @@ impl Qp {
     /// Step 6: the headers of `pkt` and where it goes. `None` (an engine
     /// bug, counted) when the request has no opcode on the QP's transport
     /// or no destination.
+    #[inline(always)]
     pub(super) fn request_headers(
         &mut self,
         cx: &mut QpCtx,
@@ -113,6 +114,7 @@ impl Qp {
     }
 
     /// The extension headers `opcode` carries, for `pkt`.
+    #[inline(always)]
     fn extension_headers(&self, opcode: Opcode, pkt: &NextPacket) -> ExtHeaders {
         use roxe_wire::HeaderSet as H;
         let w = &self.sq[pkt.idx];
@@ -175,6 +177,7 @@ impl Qp {
     /// data or the SGEs' memory, copied; or, in a pass that allows it, a
     /// reference to the memory when it lies in one region, and then the
     /// pad and ICRC move up behind the headers. `Err` for a bad local SGE.
+    #[inline(always)]
     pub(super) fn gather_payload(
         &self,
         cx: &mut QpCtx,
