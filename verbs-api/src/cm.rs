@@ -789,9 +789,25 @@ impl CmId {
             return Err(cm_err("rdma_listen", "id not bound"));
         };
         let sid = rdma_cm::service_id(self.inner.ps.code(), local.port());
+        let dev = ctx.soft("rdma_cm")?;
+        dev.claim_service(sid).map_err(|e| {
+            let errno = if e.kind() == std::io::ErrorKind::AddrInUse {
+                98
+            } else {
+                5
+            };
+            verbs("rdma_listen", Errno(errno), e.to_string())
+        })?;
         let lid = {
-            let mut e = ctx.soft("rdma_cm")?.engine();
-            let lid = e.cm().listen(sid)?;
+            let mut e = dev.engine();
+            let lid = match e.cm().listen(sid) {
+                Ok(l) => l,
+                Err(err) => {
+                    drop(e);
+                    dev.release_service(sid);
+                    return Err(err.into());
+                }
+            };
             let backlog = if backlog <= 0 { 1024 } else { backlog as u32 };
             e.cm().set_backlog(lid, backlog);
             lid
@@ -1158,6 +1174,9 @@ impl Drop for IdInner {
         let (Ok(router), Some(dev)) = (device_cm(ctx), ctx.soft_device()) else {
             return;
         };
+        if let (Some(_), Some(local)) = (listen, st.local) {
+            dev.release_service(rdma_cm::service_id(self.ps.code(), local.port()));
+        }
         dev.defer(Box::new(move |e| {
             // Unregistered only once the CM has forgotten the IDs: no
             // later event can then park in the router's `early` buffer.

@@ -59,6 +59,10 @@ pub struct CmConfig {
     /// connection cannot predict the IDs of another (a forged REJ, DREQ
     /// or DREP needs them).
     pub id_key: u128,
+    /// On a shared address, the device's slot: the top byte of every
+    /// communication and SIDR request ID it picks, by which the kernel
+    /// steers the answers to this process (`driver/steering`).
+    pub id_slot: Option<u8>,
     /// The device's address: a REQ's path and CMA header must name it.
     /// `None` (a CM tested on its own) skips the address checks.
     pub local_addr: Option<IpAddr>,
@@ -72,6 +76,7 @@ impl Default for CmConfig {
             timewait_ns: 1_000_000_000,
             ca_guid: 0,
             id_key: 0x5eed_1234,
+            id_slot: None,
             local_addr: None,
         }
     }
@@ -357,7 +362,10 @@ impl Cm {
     /// A communication ID distinct from every live one and never 0.
     fn alloc_id(&mut self) -> u32 {
         loop {
-            let id = self.ids.next() as u32;
+            let mut id = self.ids.next() as u32;
+            if let Some(slot) = self.config.id_slot {
+                id = (id & 0x00FF_FFFF) | (u32::from(slot) << 24);
+            }
             if id != 0 && !self.conns.contains_key(&id) && !self.listener_ids.contains_key(&id) {
                 return id;
             }
@@ -366,6 +374,11 @@ impl Cm {
 
     fn alloc_tid(&mut self) -> u64 {
         self.ids.next()
+    }
+
+    /// Whether a listener takes REQs to `service_id`.
+    pub fn listens(&self, service_id: u64) -> bool {
+        self.listeners.contains_key(&service_id)
     }
 
     /// Listen for REQs and SIDR_REQs to `service_id`. EADDRINUSE if

@@ -34,7 +34,7 @@ pub(super) enum AddressClaim {
 
 /// Whether a wildcard socket holds port 4791 (the kernel's rxe does from
 /// `rdma link add`), read from `/proc/net/udp{,6}`.
-fn wildcard_4791_held(v6: bool) -> bool {
+pub(super) fn wildcard_4791_held(v6: bool) -> bool {
     let (file, wildcard) = if v6 {
         ("/proc/net/udp6", "00000000000000000000000000000000:12B7")
     } else {

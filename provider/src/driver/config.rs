@@ -163,6 +163,12 @@ pub struct DeviceConfig {
     /// GSO, callers receiving, ACK-clocked passes, coalescing (see
     /// [`PacingConfig`], each knob with its `ROXE_*` variable).
     pub pacing: PacingConfig,
+    /// Hold the address alone (`ROXE_SHARE=off`), as before addresses
+    /// were shared: a second process opening it fails with EADDRINUSE.
+    /// By default a configured address is shared with the user's other
+    /// processes (each its own slot of the QPN space, see `steering`); an
+    /// automatic address is always the process's own.
+    pub exclusive: bool,
 }
 
 /// An on/off switch from the environment: `1`, `on`, `true`, `yes` or `0`,
@@ -197,7 +203,7 @@ pub fn parse_micros(var: &'static str, value: &str, max: u32) -> Result<u32, Con
 
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
-    /// address if it lists several), `ROXE_ICRC=off|warn|strict|raw`,
+    /// address if it lists several), `ROXE_SHARE=on|off`, `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, and the pacing knobs
     /// ([`PacingConfig::from_env`]).
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -217,6 +223,9 @@ impl DeviceConfig {
             base.fault = Some(v.parse()?);
         }
         base.pacing = PacingConfig::from_env()?;
+        if let Some(v) = var("ROXE_SHARE") {
+            base.exclusive = !parse_switch("ROXE_SHARE", &v)?;
+        }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);
         };

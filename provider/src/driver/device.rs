@@ -38,7 +38,9 @@
 //! this file opens the device and carries those decisions out.
 
 use super::batch::{RxBatch, TxBatch, TX_SLOT};
-use super::bind::{bind_auto, bind_device, shared_mode_needs_raw, AddressClaim, SEND_SOCKETS};
+use super::bind::{
+    bind_auto, bind_device, shared_mode_needs_raw, wildcard_4791_held, AddressClaim, SEND_SOCKETS,
+};
 use super::channel::CompChannel;
 use super::config::{DeviceConfig, IcrcMode};
 use super::counters::{DeviceStats, DriverStats};
@@ -47,6 +49,7 @@ use super::guard::EngineGuard;
 use super::lid::{addr_of_lid, lid_of};
 use super::pacing::{Pacer, PacingConfig, Verb};
 use super::shared::{CmEventSink, Core, DeferredJob, EventSink, Shared};
+use super::steering::SharedAddress;
 use super::tap::Tap;
 use super::{raw, socket, SHARED_MODE_PORT};
 use crate::engine::{CqId, Engine, EngineConfig, IcrcPolicy, Nanos};
@@ -66,6 +69,25 @@ pub const ROCEV2_PORT: u16 = roxe_wire::ROCEV2_PORT;
 pub struct Device {
     pub(super) shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// On a shared address: the thread that probes the group again when
+    /// packets of other processes arrive here.
+    steering_thread: Option<JoinHandle<()>>,
+}
+
+/// Close `socket` now, though others hold its `Shared` (completion
+/// channels): a fresh unbound socket takes its descriptor, so that the
+/// address's reuseport group renumbers while the registry is locked.
+fn close_socket(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let Ok(blank) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) else {
+        return;
+    };
+    // SAFETY: both descriptors are open and owned by live objects;
+    // dup2 atomically makes `socket`'s descriptor refer to the blank
+    // socket (closing the bound one), and `blank` keeps its own.
+    unsafe {
+        libc::dup2(blank.as_raw_fd(), socket.as_raw_fd());
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -80,13 +102,24 @@ impl Device {
     /// Open a device: bind its socket, start its progress thread.
     pub fn open(config: &DeviceConfig) -> io::Result<Device> {
         crate::logging::init_from_env();
-        let (addr, socket, claim) = match config.addr {
+        let shareable = |a: IpAddr| {
+            !config.exclusive && config.icrc != IcrcMode::Raw && !wildcard_4791_held(a.is_ipv6())
+        };
+        let (addr, socket, claim, steering) = match config.addr {
+            Some(a) if shareable(a) => {
+                let (st, s, nudged) = SharedAddress::join(a, ROCEV2_PORT)?;
+                (a, s, AddressClaim::Port4791, Some((st, nudged)))
+            }
             Some(a) => {
                 let (s, claim) = bind_device(a)?;
-                (a, s, claim)
+                (a, s, claim, None)
             }
-            None => bind_auto()?,
+            None => {
+                let (a, s, claim) = bind_auto()?;
+                (a, s, claim, None)
+            }
         };
+        let (steering, nudged) = steering.unzip();
         let raw = match (config.icrc, addr, claim) {
             (_, IpAddr::V4(v4), AddressClaim::ClaimPort) => {
                 Some(raw::open(v4, ROCEV2_PORT).map_err(|e| shared_mode_needs_raw(addr, e))?)
@@ -110,8 +143,13 @@ impl Device {
             tracing::info!(%addr, port = SHARED_MODE_PORT, "port 4791 held by the kernel's rxe: sharing it");
         }
         let gso = config.pacing.gso;
-        let gro = gso && socket::enable_gro(&socket).is_ok();
+        // Beyond loopback, GRO would merge datagrams of one flow for
+        // several processes, which the kernel then steers as one.
+        let gro = gso
+            && (steering.is_none() || addr.is_loopback())
+            && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
+        ec.qpn_slot = steering.as_ref().map_or(0, |s| s.slot());
         ec.active_mtu = super::netdev::active_mtu(addr);
         ec.icrc_policy = match (config.icrc, raw.is_some()) {
             (IcrcMode::Off, _) => IcrcPolicy::Off,
@@ -185,6 +223,7 @@ impl Device {
             addr,
             routes: Mutex::new(Default::default()),
             socket,
+            steering,
             send,
             send_ports: ec.src_ports.clone(),
             raw,
@@ -236,10 +275,27 @@ impl Device {
         let thread = std::thread::Builder::new()
             .name(format!("roxe-progress {addr}"))
             .spawn(move || s.progress())?;
-        Ok(Device {
+        let mut device = Device {
             shared,
             thread: Some(thread),
-        })
+            steering_thread: None,
+        };
+        if let (Some(st), Some(nudged)) = (&device.shared.steering, nudged) {
+            // The progress thread answers this process's probe.
+            st.reconcile(&device.shared.socket)?;
+            let s = Arc::clone(&device.shared);
+            device.steering_thread = Some(
+                std::thread::Builder::new()
+                    .name(format!("roxe-steering {addr}"))
+                    .spawn(move || {
+                        if let Some(st) = &s.steering {
+                            st.serve(&s.socket, nudged, || s.stop.load(Ordering::Acquire));
+                        }
+                    })?,
+            );
+            tracing::info!(%addr, slot = st.slot(), "address shared with this user's other processes");
+        }
+        Ok(device)
     }
 
     /// Progress in the caller's thread, for a `poll_cq` that found nothing:
@@ -312,6 +368,32 @@ impl Device {
     /// the wall clock once, when the device opened.
     pub fn wallclock_ns(&self, at: Nanos) -> u64 {
         self.shared.epoch_wall_ns.saturating_add(at)
+    }
+
+    /// Before a CM listener takes `service_id`: on a shared address,
+    /// claim it for this process (EADDRINUSE if another process of the
+    /// address listens on it), so that its REQs are steered here.
+    pub fn claim_service(&self, service_id: u64) -> io::Result<()> {
+        match &self.shared.steering {
+            Some(st) => st.listen(&self.shared.socket, service_id),
+            None => Ok(()),
+        }
+    }
+
+    /// A listener on `service_id` is gone: the service is free for the
+    /// address's other processes.
+    pub fn release_service(&self, service_id: u64) {
+        if let Some(st) = &self.shared.steering {
+            if let Err(e) = st.unlisten(&self.shared.socket, service_id) {
+                tracing::warn!(error = %e, "releasing a CM service ID of the shared address");
+            }
+        }
+    }
+
+    /// This process's slot of a shared address's QPN space (0: the
+    /// address is the process's alone).
+    pub fn qpn_slot(&self) -> u8 {
+        self.shared.steering.as_ref().map_or(0, |s| s.slot())
     }
 
     /// The device's address.
@@ -503,6 +585,13 @@ impl Drop for Device {
         self.shared.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(st) = &self.shared.steering {
+            st.wake();
+            if let Some(t) = self.steering_thread.take() {
+                let _ = t.join();
+            }
+            st.leave(&self.shared.socket, || close_socket(&self.shared.socket));
         }
         if let Some(tap) = self.shared.core.lock().tap.as_mut() {
             tap.flush();

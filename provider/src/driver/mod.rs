@@ -24,6 +24,7 @@ mod receive;
 mod shared;
 mod socket;
 pub mod stat;
+mod steering;
 mod tap;
 
 pub use bind::{next_auto_addr, SHARED_MODE_PORT};

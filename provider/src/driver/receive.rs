@@ -95,6 +95,15 @@ impl Shared {
                 .enumerate()
             {
                 core.stats.rx_datagrams += 1;
+                if let Some(st) = &self.steering {
+                    let engine = &core.engine;
+                    let answer = |a: &[u8]| {
+                        let _ = self.socket.send_to(a, from);
+                    };
+                    if !st.admit(p, |sid| engine.cm_listens(sid), answer) {
+                        continue;
+                    }
+                }
                 packets += 1;
                 if let Some(t) = core.tap.as_mut() {
                     let ident = gro_ident(from, self.addr, p, i);

@@ -49,6 +49,9 @@ pub(super) struct Shared {
     /// Destinations the kernel routes to from `addr` ([`Device::check_route`]).
     pub(super) routes: Mutex<std::collections::HashSet<IpAddr>>,
     pub(super) socket: UdpSocket,
+    /// On a shared address, this process's slot and the steering of the
+    /// address's packets (`steering`).
+    pub(super) steering: Option<super::steering::SharedAddress>,
     /// The sockets packets leave from, one per UDP source port of
     /// `EngineConfig::src_ports` (same order): a pool bound to ephemeral
     /// ports, so QPs spread over source ports as on rxe and NICs; in

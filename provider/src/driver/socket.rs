@@ -14,6 +14,17 @@ const SOCKET_BUFFER: usize = 8 << 20;
 
 /// Bind a device socket to `addr`:`port` (non-blocking).
 pub fn bind(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    bind_with(addr, port, false)
+}
+
+/// [`bind`] with `SO_REUSEPORT`: beside the sockets of other processes of
+/// this user on the same address and port (a shared address, see
+/// `steering`).
+pub fn bind_reuseport(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    bind_with(addr, port, true)
+}
+
+fn bind_with(addr: IpAddr, port: u16, reuseport: bool) -> io::Result<UdpSocket> {
     let domain = match addr {
         IpAddr::V4(_) => Domain::IPV4,
         IpAddr::V6(_) => Domain::IPV6,
@@ -40,6 +51,9 @@ pub fn bind(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
     }
     if rustix::net::sockopt::set_socket_send_buffer_size_force(&s, SOCKET_BUFFER).is_err() {
         s.set_send_buffer_size(SOCKET_BUFFER)?;
+    }
+    if reuseport {
+        s.set_reuse_port(true)?;
     }
     s.bind(&SocketAddr::new(addr, port).into())?;
     s.set_nonblocking(true)?;

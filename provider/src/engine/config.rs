@@ -71,6 +71,11 @@ pub struct EngineConfig {
     /// their buffer is dropped whole. It bounds the device's QPs together
     /// as well as each (`Engine::loopback_unacked`).
     pub loopback_window: i32,
+    /// The device's slot of the QPN space on a shared address (QPN bits
+    /// 16..23; see `driver/steering`): its QPNs and CM communication IDs
+    /// carry it, so that the kernel steers their packets to this process.
+    /// 0: the address is not shared and QPNs start at 0x11 as on rxe.
+    pub qpn_slot: u8,
     /// Loopback peers known to receive through a UDP socket even where
     /// `wide_loopback_window` is off: roxe devices beside rxe, reached at
     /// their claim port (`Engine::set_udp_peer`).
@@ -108,6 +113,7 @@ impl EngineConfig {
             active_mtu: Mtu::Mtu4096,
             wide_loopback_window: true,
             loopback_window: MAX_LOOPBACK_WINDOW,
+            qpn_slot: 0,
             udp_peers: Vec::new(),
         }
     }

@@ -216,6 +216,23 @@ fn verb_error(verb: &'static str, errno: Errno, detail: impl Into<String>) -> Ve
     VerbsError::new(verb, errno, detail)
 }
 
+/// The first QPN of a device in QPN slot `slot`: 0x11 as on rxe (QPN 0
+/// and 1 are the special QPs, and rxe starts at 17), within the slot.
+fn first_qpn(slot: u8) -> u32 {
+    (u32::from(slot) << 16) | 0x11
+}
+
+/// The QPN after `qpn`, staying in slot `slot` (0: the whole QPN space).
+pub(crate) fn next_qpn(qpn: u32, slot: u8) -> u32 {
+    let next = qpn + 1;
+    match slot {
+        0 if next > 0xFF_FFFF => first_qpn(0),
+        0 => next,
+        s if next >> 16 != u32::from(s) => first_qpn(s),
+        _ => next,
+    }
+}
+
 /// 128 random bits from the OS (`getrandom`), for keys an observer must
 /// not guess; the clock and process id if it fails.
 fn random_key() -> u128 {
@@ -252,6 +269,7 @@ pub fn addr_of_gid(gid: [u8; 16]) -> IpAddr {
 impl Engine {
     /// An engine with no objects.
     pub fn new(config: EngineConfig) -> Engine {
+        let qpn_slot = config.qpn_slot;
         let gid = gid_of(config.addr);
         let addr = config.addr;
         Engine {
@@ -268,7 +286,7 @@ impl Engine {
             next_xrcd: 1,
             xrcds: BTreeSet::new(),
             // QPN 0 and 1 are the special QPs; rxe starts numbering at 17.
-            next_qpn: 0x11,
+            next_qpn: first_qpn(qpn_slot),
             qps: BTreeMap::new(),
             loopback_unacked: 0,
             tx_cursor: 0,
@@ -281,6 +299,7 @@ impl Engine {
                     gid[8], gid[9], gid[10], gid[11], gid[12], gid[13], gid[14], gid[15],
                 ]),
                 id_key: random_key(),
+                id_slot: (qpn_slot != 0).then_some(qpn_slot),
                 local_addr: Some(addr),
                 ..crate::cm::CmConfig::default()
             }),
@@ -292,6 +311,11 @@ impl Engine {
     /// The Communication Manager's counters.
     pub fn cm_stats(&self) -> crate::cm::CmStats {
         self.cm.stats()
+    }
+
+    /// Whether the Communication Manager listens on `service_id`.
+    pub fn cm_listens(&self, service_id: u64) -> bool {
+        self.cm.listens(service_id)
     }
 
     /// The Communication Manager (QP1): connect, listen, accept, events.

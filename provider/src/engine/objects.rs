@@ -428,11 +428,23 @@ impl Engine {
                 "capability beyond the device's limits",
             ));
         }
-        let qpn = self.next_qpn;
-        self.next_qpn += 1;
-        if self.next_qpn > 0xFF_FFFF {
-            self.next_qpn = 0x11;
+        // Past a wrap, skip the QPNs still in use.
+        let slot = self.config.qpn_slot;
+        let mut qpn = self.next_qpn;
+        for _ in 0..=0xFF_FFFF {
+            if !self.qps.contains_key(&qpn) {
+                break;
+            }
+            qpn = super::next_qpn(qpn, slot);
         }
+        if self.qps.contains_key(&qpn) {
+            return Err(verb_error(
+                VERB,
+                Errno::ENOMEM,
+                "every QPN of the device is in use",
+            ));
+        }
+        self.next_qpn = super::next_qpn(qpn, slot);
         let qp = Qp::new(qpn, init, self.config.active_mtu.bytes());
         self.qps.insert(qpn, qp);
         Ok(qpn)

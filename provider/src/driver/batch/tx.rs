@@ -26,6 +26,18 @@ pub(crate) struct TxPkt {
     pub ident: u16,
     /// Which of the sockets passed to [`TxBatch::flush`] sends it.
     pub sock: u8,
+    /// The destination QPN's slot (bits 16..23), by which a shared
+    /// address steers it to a process; `None` for QP0 and QP1, whose
+    /// packets (CM MADs) are steered by their contents. The kernel steers
+    /// a GSO send as one datagram: a run never crosses lanes, and QP1
+    /// packets leave one by one.
+    pub lane: Option<u8>,
+}
+
+/// The lane of a packet whose BTH starts `head`.
+fn lane_of(head: &[u8]) -> Option<u8> {
+    let qpn = u32::from_be_bytes(head.get(4..8)?.try_into().ok()?) & 0xFF_FFFF;
+    (qpn > 1).then_some((qpn >> 16) as u8)
 }
 
 impl TxPkt {
@@ -58,6 +70,8 @@ pub(crate) fn gso_run(pkts: &[TxPkt], max_segs: usize, max_bytes: usize) -> usiz
             || n >= max_segs
             || p.dst != first.dst
             || p.sock != first.sock
+            || p.lane != first.lane
+            || first.lane.is_none()
             || p.len > first.len
             || p.len == 0
             || bytes + p.len > max_bytes
@@ -257,6 +271,7 @@ impl TxBatch {
             dst,
             ident: 0,
             sock,
+            lane: lane_of(&self.arena[self.end..self.end + TX_SLOT.min(8)]),
         };
         let used = pkt.arena_len();
         assert!(used <= TX_SLOT && !self.is_full());
@@ -661,6 +676,7 @@ mod tests {
                     dst: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
                     ident: 0,
                     sock: 0,
+                    lane: Some(0),
                 };
                 off += len;
                 p
@@ -678,6 +694,25 @@ mod tests {
             i += n;
         }
         out
+    }
+
+    #[test]
+    fn gso_runs_never_cross_qpn_slots_and_leave_qp1_alone() {
+        let mut p = pkts(&[(4112, 1); 6]);
+        p[3].lane = Some(2);
+        p[4].lane = Some(2);
+        assert_eq!(runs(&p, 64, 1 << 20), [3, 2, 1]);
+        // CM MADs to QP1 of two processes on one address: one each.
+        let mut mads = pkts(&[(300, 1); 3]);
+        for m in &mut mads {
+            m.lane = None;
+        }
+        assert_eq!(runs(&mads, 64, 1 << 20), [1, 1, 1]);
+        let mut head = [0u8; 12];
+        head[4..8].copy_from_slice(&0x8003_0011u32.to_be_bytes());
+        assert_eq!(lane_of(&head), Some(3));
+        head[4..8].copy_from_slice(&1u32.to_be_bytes());
+        assert_eq!(lane_of(&head), None);
     }
 
     #[test]
