@@ -163,6 +163,16 @@ fn print_tables(devs: &[DeviceStat]) {
             field(f, "rx_dropped"),
             field(f, "drops"),
         );
+        if field(f, "slot") != "0" && field(f, "slot") != "-" {
+            println!(
+                "  shared address: slot {} (QPNs {}0000..{}ffff), misrouted packets dropped {}, probe rounds {}",
+                field(f, "slot"),
+                format_args!("{:#04x}", field(f, "slot").parse::<u8>().unwrap_or(0)),
+                format_args!("{:#04x}", field(f, "slot").parse::<u8>().unwrap_or(0)),
+                field(f, "rx_misrouted"),
+                field(f, "steering_probes"),
+            );
+        }
         if let Some(cm) = &d.cm {
             println!(
                 "  CM: rx {} tx {} retries {} malformed {} unmatched {} no listener {} backlog full {} refused {}",

@@ -135,7 +135,7 @@ impl super::shared::Shared {
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
              progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
-             tx_left_to_caller={} drops={}",
+             tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -163,6 +163,9 @@ impl super::shared::Shared {
             self.pacer.callers_coalesced(),
             d.tx_left_to_caller,
             drops_field(&e.drops),
+            self.steering.as_ref().map_or(0, |s| s.slot()),
+            self.steering.as_ref().map_or(0, |s| s.misrouted()),
+            self.steering.as_ref().map_or(0, |s| s.probe_rounds()),
         );
         for q in core.engine.qp_snapshots() {
             let (peer, dest_qpn) = match q.peer {

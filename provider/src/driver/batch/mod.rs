@@ -148,6 +148,9 @@ mod tests {
             let s = tx.slot();
             s[..len].fill(i as u8);
             s[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            // Where a BTH has its destination QPN: one QP's (a GSO run
+            // never crosses QPN slots).
+            s[4..8].copy_from_slice(&0x11u32.to_be_bytes());
             let k = sock_of(i);
             let payload = by_ref(i).then(|| {
                 let sge = crate::memory::Sge {
@@ -191,7 +194,7 @@ mod tests {
                     let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
                     assert_eq!(sender, Some(from[usize::from(sock_of(i))]), "packet {i}");
                     assert_eq!(d.len(), sizes[i], "packet {i}");
-                    assert!(d[4..].iter().all(|&x| x == i as u8));
+                    assert!(d[8..].iter().all(|&x| x == i as u8));
                     seen.push(i);
                 }
             }
@@ -224,6 +227,9 @@ mod tests {
             let s = tx.slot();
             s[..80].fill(i as u8);
             s[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            // Where a BTH has its destination QPN: one QP's (a GSO run
+            // never crosses QPN slots).
+            s[4..8].copy_from_slice(&0x11u32.to_be_bytes());
             tx.commit(80, dst, (i % 2) as u8, None);
         }
         tx.flush(&[&a, &a2]);
@@ -245,7 +251,7 @@ mod tests {
                 let (sender, d, _) = rx.get(k);
                 let i = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
                 assert_eq!(d.len(), 80);
-                assert!(d[4..].iter().all(|&x| x == i as u8), "packet {i}");
+                assert!(d[8..].iter().all(|&x| x == i as u8), "packet {i}");
                 let sock = from.iter().position(|f| Some(*f) == sender).unwrap();
                 assert_eq!(sock, i % 2, "packet {i}");
                 seen[sock].push(i);

@@ -61,9 +61,10 @@ pub(crate) struct SharedAddress {
     hold: SlotHold,
     /// Asks the reconciling thread for a round.
     nudge: SyncSender<()>,
-    /// Packets for other slots that reached this process.
-    pub(crate) misrouted: AtomicU64,
-    pub(crate) reconciles: AtomicU64,
+    /// Packets for other slots that reached this process (dropped).
+    misrouted: AtomicU64,
+    /// Probe rounds run.
+    reconciles: AtomicU64,
 }
 
 impl std::fmt::Debug for SharedAddress {
@@ -185,6 +186,16 @@ impl SharedAddress {
     /// This process's slot.
     pub(crate) fn slot(&self) -> u8 {
         self.hold.slot
+    }
+
+    /// Packets of other slots that reached this process and were dropped.
+    pub(crate) fn misrouted(&self) -> u64 {
+        self.misrouted.load(Ordering::Relaxed)
+    }
+
+    /// Probe rounds run by this process.
+    pub(crate) fn probe_rounds(&self) -> u64 {
+        self.reconciles.load(Ordering::Relaxed)
     }
 
     /// Whether the receive path should pass `p` (UDP payload) to the

@@ -2,8 +2,8 @@
 //! it, which socket index each one's socket has in the reuseport group,
 //! and which slot listens on each CM service ID.
 //!
-//! One text file per address in the user's own directory
-//! (`$XDG_RUNTIME_DIR/roxe`, else `/tmp/roxe-<uid>`, mode 0700 and owned
+//! One text file per address in the user's own directory (`stat_dir`:
+//! `$XDG_RUNTIME_DIR/roxe`, else `/tmp/roxe-<uid>`, mode 0700 and owned
 //! by the user: anything else is refused), read and rewritten under
 //! `flock(2)`. Each member also holds an exclusive `flock` on a file of
 //! its slot for as long as it lives: the kernel drops it when the process
@@ -15,7 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -125,33 +125,6 @@ pub(crate) struct Locked<'a> {
     pub state: State,
 }
 
-/// The directory only this user can enter.
-fn user_dir() -> io::Result<PathBuf> {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_dir() => Path::new(&d).join("roxe"),
-        _ => std::env::temp_dir().join(format!("roxe-{uid}")),
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let m = std::fs::symlink_metadata(&dir)?;
-    if !m.is_dir() || m.uid() != uid || m.permissions().mode() & 0o077 != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{}: the shared-address registry must be a directory of uid {uid} with mode \
-                 0700 (another user could otherwise read or rewrite it)",
-                dir.display()
-            ),
-        ));
-    }
-    Ok(dir)
-}
-
 fn lock(f: &File, nonblocking: bool) -> io::Result<()> {
     use rustix::fs::{flock, FlockOperation};
     let op = if nonblocking {
@@ -177,7 +150,7 @@ impl Registry {
     /// The registry of `addr` in the user's directory.
     pub(crate) fn open(addr: IpAddr) -> io::Result<Registry> {
         Ok(Registry {
-            dir: user_dir()?,
+            dir: crate::driver::stat::stat_dir()?,
             key: addr.to_string().replace(':', "_"),
         })
     }

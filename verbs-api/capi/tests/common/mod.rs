@@ -597,7 +597,7 @@ pub fn run_pair_within(server: &Side, client: &Side, port: u16, limit: Duration)
 
 /// Whether a roxe device is open at IPv4 `addr` (its UDP port 4791 is
 /// bound there).
-fn roce_bound(addr: &str) -> bool {
+pub fn roce_bound(addr: &str) -> bool {
     let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else {
         return false;
     };
