@@ -42,6 +42,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "Device addresses, one device each (default: the first free 127.0.0.N)",
     ),
     (
+        "ROXE_SHARE",
+        "roxe-share",
+        "on|off",
+        "Share a configured address with this user's other processes (default on; off: EADDRINUSE for a second process)",
+    ),
+    (
         "ROXE_ICRC",
         "roxe-icrc",
         "MODE",

@@ -51,7 +51,6 @@ impl DeviceInfo {
             .addr
             .or_else(|| {
                 open_devices()
-                    .lock()
                     .get(&self.name)
                     .and_then(Weak::upgrade)
                     .map(|d| d.addr())
@@ -72,7 +71,7 @@ impl DeviceInfo {
             tracing::debug!(device = %self.name, "hardware device opened through the system libibverbs");
             return Ok(Context::new(self.name.clone(), Backed::Hw(h)));
         }
-        let mut open = open_devices().lock();
+        let mut open = open_devices();
         // A device already open at the configured address is that device,
         // whatever it was opened as (rdma_cm opens devices by address).
         let at_addr = self.config.addr.and_then(|a| {
@@ -98,9 +97,17 @@ impl DeviceInfo {
 }
 
 /// Every soft device open in this process, by name.
-fn open_devices() -> &'static Mutex<HashMap<String, Weak<Device>>> {
-    static OPEN: OnceLock<Mutex<HashMap<String, Weak<Device>>>> = OnceLock::new();
-    OPEN.get_or_init(Default::default)
+fn open_devices() -> parking_lot::MappedMutexGuard<'static, HashMap<String, Weak<Device>>> {
+    /// The process the devices were opened in, and the devices.
+    type Open = (u32, HashMap<String, Weak<Device>>);
+    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
+    let mut open = OPEN.get_or_init(Default::default).lock();
+    // A child of fork(2) (Python's multiprocessing, say) inherits its
+    // parent's devices without their threads: it opens its own.
+    if open.0 != std::process::id() {
+        *open = (std::process::id(), HashMap::new());
+    }
+    parking_lot::MutexGuard::map(open, |o| &mut o.1)
 }
 
 /// The device at `addr`: the one open in this process, else the
@@ -114,7 +121,7 @@ pub fn open_at(addr: IpAddr) -> Result<Context> {
     }
     let listed = soft_devices()?.len();
     let (live, name) = {
-        let open = open_devices().lock();
+        let open = open_devices();
         let live = open.iter().find_map(|(name, d)| {
             d.upgrade()
                 .filter(|d| d.addr() == addr)

@@ -72,6 +72,8 @@ pub struct Device {
     /// On a shared address: the thread that probes the group again when
     /// packets of other processes arrive here.
     steering_thread: Option<JoinHandle<()>>,
+    /// The process that opened it.
+    pid: u32,
 }
 
 /// Close `socket` now, though others hold its `Shared` (completion
@@ -143,11 +145,7 @@ impl Device {
             tracing::info!(%addr, port = SHARED_MODE_PORT, "port 4791 held by the kernel's rxe: sharing it");
         }
         let gso = config.pacing.gso;
-        // Beyond loopback, GRO would merge datagrams of one flow for
-        // several processes, which the kernel then steers as one.
-        let gro = gso
-            && (steering.is_none() || addr.is_loopback())
-            && socket::enable_gro(&socket).is_ok();
+        let gro = gso && socket::enable_gro(&socket).is_ok();
         let mut ec = EngineConfig::new(addr);
         ec.qpn_slot = steering.as_ref().map_or(0, |s| s.slot());
         ec.active_mtu = super::netdev::active_mtu(addr);
@@ -279,6 +277,7 @@ impl Device {
             shared,
             thread: Some(thread),
             steering_thread: None,
+            pid: std::process::id(),
         };
         if let (Some(st), Some(nudged)) = (&device.shared.steering, nudged) {
             // The progress thread answers this process's probe.
@@ -384,10 +383,14 @@ impl Device {
     /// address's other processes.
     pub fn release_service(&self, service_id: u64) {
         if let Some(st) = &self.shared.steering {
-            if let Err(e) = st.unlisten(&self.shared.socket, service_id) {
-                tracing::warn!(error = %e, "releasing a CM service ID of the shared address");
-            }
+            st.unlisten(service_id);
         }
+    }
+
+    /// Packets for another process of a shared address that reached this
+    /// device and were dropped (always 0 on an address of its own).
+    pub fn misrouted_dropped(&self) -> u64 {
+        self.shared.steering.as_ref().map_or(0, |s| s.misrouted())
     }
 
     /// This process's slot of a shared address's QPN space (0: the
@@ -581,6 +584,14 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A child of fork(2) drops its parent's device: its threads
+            // are not in this process, and its socket, slot and registry
+            // entry are still the parent's.
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.steering_thread.take());
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake();
         if let Some(t) = self.thread.take() {

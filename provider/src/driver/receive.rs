@@ -97,8 +97,10 @@ impl Shared {
                 core.stats.rx_datagrams += 1;
                 if let Some(st) = &self.steering {
                     let engine = &core.engine;
+                    // From a sending socket: an answer is not RoCEv2 and
+                    // must not leave from port 4791.
                     let answer = |a: &[u8]| {
-                        let _ = self.socket.send_to(a, from);
+                        let _ = self.send[0].send_to(a, from);
                     };
                     if !st.admit(p, |sid| engine.cm_listens(sid), answer) {
                         continue;

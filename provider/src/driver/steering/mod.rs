@@ -23,10 +23,12 @@
 //!   such packet for a live slot makes that receiver probe again;
 //! - a process that receives nothing (stopped): probes for its index go
 //!   unanswered and the program leaves it out until it answers;
-//! - a GSO send carries packets for one slot only (the batch cuts runs at
-//!   slot changes), since the kernel steers a GSO datagram as one; UDP GRO
-//!   is off on shared addresses that are not loopback, for the same
-//!   reason on receive.
+//! - the kernel steers a GSO datagram as one: a roxe sender's GSO send
+//!   carries packets for one slot only (the batch cuts runs at slot
+//!   changes). A NIC's GRO may still merge datagrams of one flow (one
+//!   source port) for two processes into one, which reaches the first's
+//!   process: the packets of the other slot are dropped there (counted)
+//!   and resent by their sender. Loopback has no GRO.
 
 pub(crate) mod program;
 mod registry;
@@ -42,8 +44,9 @@ use std::time::{Duration, Instant};
 
 /// A probe's tag, after its index and nonce.
 const PROBE_MAGIC: &[u8; 4] = b"RXPB";
-/// A probe: BTH, index (2), nonce (8), magic (4).
-const PROBE_LEN: usize = PROBE_INDEX_AT + 2 + 8 + 4;
+/// A probe: BTH, DETH, then index (2), 2 reserved, nonce (8), magic (4),
+/// and the ICRC.
+const PROBE_LEN: usize = PROBE_INDEX_AT + 16 + roxe_wire::ICRC_LEN;
 /// The first byte of an answer to a probe.
 const ANSWER_OPCODE: u8 = 0xC1;
 /// An answer: opcode, slot, index (2), nonce (8), magic (4).
@@ -65,7 +68,21 @@ pub(crate) struct SharedAddress {
     misrouted: AtomicU64,
     /// Probe rounds run.
     reconciles: AtomicU64,
+    /// A misrouted packet asked for a probe round.
+    probe_wanted: std::sync::atomic::AtomicBool,
+    /// The CM service IDs this process holds in the registry.
+    claims: parking_lot::Mutex<std::collections::HashMap<u64, Claim>>,
 }
+
+/// A CM service ID held: by how many listeners, and since when by none.
+#[derive(Debug)]
+struct Claim {
+    listeners: u32,
+    idle_since: Option<Instant>,
+}
+
+/// How long a service ID nobody listens on stays this process's.
+const CLAIM_LINGER: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for SharedAddress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,24 +125,42 @@ fn nonce() -> u64 {
     u64::from_ne_bytes(b) ^ Instant::now().elapsed().as_nanos() as u64
 }
 
-fn probe(index: u16, nonce: u64) -> [u8; PROBE_LEN] {
-    let mut p = [0u8; PROBE_LEN];
+/// Probe `index`, sent from `from` to `to`: a well-formed RoCEv2 UD SEND
+/// to QP0 (so that captures of the address stay valid), ICRC included.
+fn probe(index: u16, nonce: u64, from: SocketAddr, to: SocketAddr) -> io::Result<Vec<u8>> {
+    let mut p = vec![0u8; PROBE_LEN];
     p[0] = PROBE_OPCODE;
-    p[PROBE_INDEX_AT..PROBE_INDEX_AT + 2].copy_from_slice(&index.to_be_bytes());
-    p[PROBE_INDEX_AT + 2..PROBE_INDEX_AT + 10].copy_from_slice(&nonce.to_be_bytes());
-    p[PROBE_INDEX_AT + 10..].copy_from_slice(PROBE_MAGIC);
-    p
+    p[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes()); // default P_Key
+    let at = PROBE_INDEX_AT;
+    p[at..at + 2].copy_from_slice(&index.to_be_bytes());
+    p[at + 4..at + 12].copy_from_slice(&nonce.to_be_bytes());
+    p[at + 12..at + 16].copy_from_slice(PROBE_MAGIC);
+    let body = &p[..PROBE_LEN - roxe_wire::ICRC_LEN];
+    let icrc = match (from, to) {
+        (SocketAddr::V4(f), SocketAddr::V4(t)) => {
+            roxe_wire::icrc::compute_linux_ipv4(*f.ip(), *t.ip(), f.port(), t.port(), body)
+        }
+        (SocketAddr::V6(f), SocketAddr::V6(t)) => {
+            roxe_wire::icrc::compute_ipv6(*f.ip(), *t.ip(), f.port(), t.port(), body)
+        }
+        _ => return Err(io::Error::other("a probe between address families")),
+    }
+    .map_err(|e| io::Error::other(format!("a probe's ICRC: {e}")))?;
+    p[PROBE_LEN - roxe_wire::ICRC_LEN..].copy_from_slice(&roxe_wire::icrc::to_wire(icrc));
+    Ok(p)
 }
 
 /// The answer to probe `p` from the process in `slot`, if `p` is a probe.
 pub(crate) fn answer(p: &[u8], slot: u8) -> Option<[u8; ANSWER_LEN]> {
-    if p.len() != PROBE_LEN || p[0] != PROBE_OPCODE || &p[PROBE_INDEX_AT + 10..] != PROBE_MAGIC {
+    let at = PROBE_INDEX_AT;
+    if p.len() != PROBE_LEN || p[0] != PROBE_OPCODE || &p[at + 12..at + 16] != PROBE_MAGIC {
         return None;
     }
     let mut a = [0u8; ANSWER_LEN];
     a[0] = ANSWER_OPCODE;
     a[1] = slot;
-    a[2..12].copy_from_slice(&p[PROBE_INDEX_AT..PROBE_INDEX_AT + 10]);
+    a[2..4].copy_from_slice(&p[at..at + 2]);
+    a[4..12].copy_from_slice(&p[at + 4..at + 12]);
     a[12..].copy_from_slice(PROBE_MAGIC);
     Some(a)
 }
@@ -179,6 +214,8 @@ impl SharedAddress {
             nudge,
             misrouted: AtomicU64::new(0),
             reconciles: AtomicU64::new(0),
+            probe_wanted: std::sync::atomic::AtomicBool::new(false),
+            claims: Default::default(),
         };
         Ok((shared, socket, nudged))
     }
@@ -220,6 +257,7 @@ impl SharedAddress {
             }
             Route::Slot(_) => {
                 self.misrouted.fetch_add(1, Ordering::Relaxed);
+                self.probe_wanted.store(true, Ordering::Release);
                 // Full: a round is already asked for.
                 let _: Result<(), TrySendError<()>> = self.nudge.try_send(());
                 false
@@ -233,14 +271,27 @@ impl SharedAddress {
         let mut locked = self.registry.lock()?;
         locked.prune(Some(self.hold.slot));
         let members = locked.state.members.len();
-        let asker = UdpSocket::bind(SocketAddr::new(self.addr, 0))?;
-        let tag = nonce();
+        // Alone: the group is this socket (index 0), unless a process
+        // just killed has not closed its socket yet, which a misrouted
+        // packet will tell.
         let mut found: Vec<Option<u8>> = vec![None; members];
+        if members == 1 {
+            found[0] = Some(self.hold.slot);
+        }
+        // Don't-fragment, as the device's sockets: IPv4 identification 0,
+        // which the probes' ICRCs are computed for.
+        let asker = super::socket::bind(self.addr, 0)?;
+        asker.set_nonblocking(false)?;
+        let from = asker.local_addr()?;
+        let tag = nonce();
         let to = SocketAddr::new(self.addr, roxe_wire::ROCEV2_PORT);
         let mut buf = [0u8; 64];
         for round in 0..PROBE_ROUNDS {
+            if found.iter().all(Option::is_some) {
+                break;
+            }
             for (k, _) in found.iter().enumerate().filter(|(_, f)| f.is_none()) {
-                asker.send_to(&probe(k as u16, tag), to)?;
+                asker.send_to(&probe(k as u16, tag, from, to)?, to)?;
             }
             let deadline = Instant::now() + PROBE_WAIT * (round + 1);
             while found.iter().any(Option::is_none) {
@@ -277,7 +328,14 @@ impl SharedAddress {
 
     /// Listen on `service_id`: EADDRINUSE if another live process of the
     /// address does; else recorded, and the program steers its REQs here.
+    /// A service this process listened on a moment ago is still its own
+    /// (see [`unlisten`](Self::unlisten)): no registry round trip.
     pub(crate) fn listen(&self, group: &UdpSocket, service_id: u64) -> io::Result<()> {
+        let mut claims = self.claims.lock();
+        if let Some(c) = claims.get_mut(&service_id) {
+            c.listeners += 1;
+            return Ok(());
+        }
         let mut locked = self.registry.lock()?;
         locked.prune(Some(self.hold.slot));
         match locked.state.services.get(&service_id) {
@@ -294,18 +352,54 @@ impl SharedAddress {
         }
         locked.state.services.insert(service_id, self.hold.slot);
         attach(group, &table_of(&locked.state).program())?;
-        locked.save()
+        locked.save()?;
+        claims.insert(
+            service_id,
+            Claim {
+                listeners: 1,
+                idle_since: None,
+            },
+        );
+        Ok(())
     }
 
-    /// Stop listening on `service_id`.
-    pub(crate) fn unlisten(&self, group: &UdpSocket, service_id: u64) -> io::Result<()> {
-        let mut locked = self.registry.lock()?;
-        if locked.state.services.get(&service_id) == Some(&self.hold.slot) {
-            locked.state.services.remove(&service_id);
-            attach(group, &table_of(&locked.state).program())?;
-            locked.save()?;
+    /// A listener on `service_id` is gone. The service stays this
+    /// process's for [`CLAIM_LINGER`] (programs such as perftest's close
+    /// a listener and listen again at once; a REQ between the two is
+    /// answered here, as the kernel's rdma_cm would answer it), then the
+    /// reconciling thread gives it back.
+    pub(crate) fn unlisten(&self, service_id: u64) {
+        let mut claims = self.claims.lock();
+        if let Some(c) = claims.get_mut(&service_id) {
+            c.listeners = c.listeners.saturating_sub(1);
+            if c.listeners == 0 {
+                c.idle_since = Some(Instant::now());
+            }
         }
-        Ok(())
+    }
+
+    /// Give back the services idle for [`CLAIM_LINGER`].
+    fn release_idle(&self, group: &UdpSocket) -> io::Result<()> {
+        let mut claims = self.claims.lock();
+        let idle: Vec<u64> = claims
+            .iter()
+            .filter(|(_, c)| {
+                c.listeners == 0 && c.idle_since.is_some_and(|t| t.elapsed() >= CLAIM_LINGER)
+            })
+            .map(|(&sid, _)| sid)
+            .collect();
+        if idle.is_empty() {
+            return Ok(());
+        }
+        let mut locked = self.registry.lock()?;
+        for sid in &idle {
+            claims.remove(sid);
+            if locked.state.services.get(sid) == Some(&self.hold.slot) {
+                locked.state.services.remove(sid);
+            }
+        }
+        attach(group, &table_of(&locked.state).program())?;
+        locked.save()
     }
 
     /// Leave the group: forget this slot and steer as the group will be
@@ -342,8 +436,8 @@ impl SharedAddress {
     pub(crate) fn serve(&self, group: &UdpSocket, nudged: Receiver<()>, stop: impl Fn() -> bool) {
         let mut last = Instant::now() - RECONCILE_EVERY;
         while !stop() {
-            match nudged.recv_timeout(Duration::from_millis(200)) {
-                Ok(()) => {
+            match nudged.recv_timeout(CLAIM_LINGER) {
+                Ok(()) if self.probe_wanted.swap(false, Ordering::AcqRel) => {
                     if stop() {
                         return;
                     }
@@ -360,8 +454,12 @@ impl SharedAddress {
                     // this same round.
                     while nudged.try_recv().is_ok() {}
                 }
+                Ok(()) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            if let Err(e) = self.release_idle(group) {
+                tracing::warn!(addr = %self.addr, error = %e, "giving back CM service IDs failed");
             }
         }
     }
@@ -388,8 +486,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_probe_is_answered_with_the_slot_and_its_nonce() {
-        let p = probe(3, 0x1122_3344_5566_7788);
+    fn a_probe_is_a_valid_rocev2_packet_answered_with_the_slot_and_its_nonce() {
+        let (from, to) = (
+            "127.0.0.9:40000".parse().unwrap(),
+            "127.0.0.9:4791".parse().unwrap(),
+        );
+        let p = probe(3, 0x1122_3344_5566_7788, from, to).unwrap();
+        let (SocketAddr::V4(f), SocketAddr::V4(t)) = (from, to) else {
+            unreachable!()
+        };
+        let body = &p[..PROBE_LEN - 4];
+        let icrc = roxe_wire::icrc::compute_linux_ipv4(*f.ip(), *t.ip(), f.port(), t.port(), body)
+            .unwrap();
+        assert_eq!(roxe_wire::icrc::from_wire(&p).unwrap(), icrc);
+        let parsed = roxe_wire::PacketRepr::parse_bytes(&p);
+        assert!(parsed.is_ok(), "{parsed:?}");
         let a = answer(&p, 42).unwrap();
         assert_eq!(parse_answer(&a, 0x1122_3344_5566_7788), Some((3, 42)));
         assert_eq!(
@@ -398,7 +509,7 @@ mod tests {
             "another round's nonce"
         );
         assert!(answer(&p[..PROBE_LEN - 1], 42).is_none());
-        let mut data = p;
+        let mut data = p.clone();
         data[0] = 0x0a;
         assert!(answer(&data, 42).is_none());
     }

@@ -7,9 +7,9 @@
 //! socket in the port's reuseport group; an index beyond the group falls
 //! back to the kernel's hash choice. Three kinds of packets:
 //!
-//! - a **probe** (opcode [`PROBE_OPCODE`], one of the manufacturer-specific
-//!   opcodes no peer sends to port 4791): the index it names, so that
-//!   the registry can ask the group who holds each index;
+//! - a **probe** (a UD SEND to QP0, which RoCE never uses: there is no
+//!   subnet management on Ethernet): the socket index its payload names,
+//!   so that a process can ask the group who holds each index;
 //! - a packet to a **QP** (destination QPN above 1): by the QPN's slot,
 //!   its bits 16..23 (each process owns one slot of the QPN space);
 //! - a **CM MAD** (QP1): a REQ or SIDR_REQ by its service ID (the
@@ -17,10 +17,11 @@
 //!   other by the slot in its remote communication ID (the comm ID this
 //!   host chose: its top byte is the process's slot).
 
-/// The BTH opcode of a probe (0xC0..0xFF are manufacturer-specific).
-pub(crate) const PROBE_OPCODE: u8 = 0xC0;
-/// Offset of a probe's 16-bit socket index (after the 12-byte BTH).
-pub(crate) const PROBE_INDEX_AT: usize = 12;
+/// The BTH opcode of a probe: UD SEND only.
+pub(crate) const PROBE_OPCODE: u8 = 0x64;
+/// Offset of a probe's 16-bit socket index: its payload, after the BTH
+/// and DETH.
+pub(crate) const PROBE_INDEX_AT: usize = 20;
 
 /// Where the MAD of a RoCEv2 packet to QP1 starts: BTH (12) + DETH (8).
 const MAD_AT: usize = 20;
@@ -88,17 +89,17 @@ impl Table {
 
     /// [`route`](Self::route) with the service IDs' slots from `service`.
     pub(crate) fn route_with(p: &[u8], service: impl Fn(u64) -> Option<u8>) -> Route {
-        let Some(&opcode) = p.first() else {
-            return Route::Any;
-        };
-        if opcode == PROBE_OPCODE {
-            return be16(p, PROBE_INDEX_AT).map_or(Route::Any, |i| Route::Index(i.into()));
-        }
         let Some(qpn) = be32(p, 4).map(|w| w & 0xFF_FFFF) else {
             return Route::Any;
         };
         if qpn > 1 {
             return Route::Slot(slot_of_qpn(qpn));
+        }
+        if qpn == 0 {
+            return match be16(p, PROBE_INDEX_AT) {
+                Some(i) if p[0] == PROBE_OPCODE => Route::Index(i.into()),
+                _ => Route::Any,
+            };
         }
         let byte = |at: usize| p.get(at).copied().map_or(Route::Any, Route::Slot);
         match be16(p, ATTR_AT) {
@@ -117,18 +118,20 @@ impl Table {
     /// The classic BPF program for this table.
     pub(crate) fn program(&self) -> Vec<libc::sock_filter> {
         let mut b = Builder::default();
-        // Probes: the index they carry.
-        b.op(LD | B | ABS, 0);
-        b.jump(JEQ, PROBE_OPCODE.into(), 0, 2);
-        b.op(LD | H | ABS, PROBE_INDEX_AT as u32);
-        b.op(RET | A, 0);
         // Data: the QPN's slot.
         b.op(LD | W | ABS, 4);
         b.op(ALU | AND | K, 0xFF_FFFF);
         b.jump(JGT, 1, 0, 2);
         b.op(ALU | RSH | K, 16);
         let to_table = b.ja();
-        // CM MADs by attribute.
+        // QP0: probes, to the index they carry.
+        b.jump(JEQ, 0, 0, 5);
+        b.op(LD | B | ABS, 0);
+        b.jump(JEQ, PROBE_OPCODE.into(), 0, 2);
+        b.op(LD | H | ABS, PROBE_INDEX_AT as u32);
+        b.op(RET | A, 0);
+        b.op(RET | K, NO_INDEX);
+        // QP1: CM MADs by attribute.
         b.op(LD | H | ABS, ATTR_AT as u32);
         b.jump(JEQ, ATTR_REQ.into(), 0, 1);
         let req1 = b.ja();
@@ -317,10 +320,14 @@ pub(crate) mod tests {
     fn probes_go_to_the_index_they_name() {
         let prog = table().program();
         let mut p = bth(PROBE_OPCODE, 0);
+        p.extend_from_slice(&[0; 8]);
         p.extend_from_slice(&[0, 2, 0, 0]);
         assert_eq!(run(&prog, &p), 2);
         p[PROBE_INDEX_AT + 1] = 40;
         assert_eq!(run(&prog, &p), 40);
+        // Anything else to QP0: nobody's.
+        p[0] = 0x04;
+        assert_eq!(run(&prog, &p), NO_INDEX);
     }
 
     #[test]
@@ -359,7 +366,10 @@ pub(crate) mod tests {
             // Bias towards the interesting cases.
             match next() % 4 {
                 0 if len > 8 => p[5..8].copy_from_slice(&[0, 0, 1]),
-                1 if len > 0 => p[0] = PROBE_OPCODE,
+                1 if len > 8 => {
+                    p[0] = PROBE_OPCODE;
+                    p[5..8].copy_from_slice(&[0, 0, 0]);
+                }
                 2 if len > 60 => {
                     p[5..8].copy_from_slice(&[0, 0, 1]);
                     p[ATTR_AT..ATTR_AT + 2].copy_from_slice(&ATTR_REQ.to_be_bytes());

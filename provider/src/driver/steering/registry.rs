@@ -2,9 +2,9 @@
 //! it, which socket index each one's socket has in the reuseport group,
 //! and which slot listens on each CM service ID.
 //!
-//! One text file per address in the user's own directory (`stat_dir`:
-//! `$XDG_RUNTIME_DIR/roxe`, else `/tmp/roxe-<uid>`, mode 0700 and owned
-//! by the user: anything else is refused), read and rewritten under
+//! One text file per address in `shared/` of the user's own directory
+//! (`stat_dir`: `$XDG_RUNTIME_DIR/roxe`, else `/tmp/roxe-<uid>`, mode 0700
+//! and owned by the user: anything else is refused), read and rewritten under
 //! `flock(2)`. Each member also holds an exclusive `flock` on a file of
 //! its slot for as long as it lives: the kernel drops it when the process
 //! ends, however it ends, so a member whose slot file can be locked by
@@ -149,8 +149,14 @@ fn open_rw(path: &Path) -> io::Result<File> {
 impl Registry {
     /// The registry of `addr` in the user's directory.
     pub(crate) fn open(addr: IpAddr) -> io::Result<Registry> {
+        let dir = crate::driver::stat::stat_dir()?.join("shared");
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
         Ok(Registry {
-            dir: crate::driver::stat::stat_dir()?,
+            dir,
             key: addr.to_string().replace(':', "_"),
         })
     }
