@@ -622,3 +622,66 @@ fn libfabric_verbs_msg_and_rdm() {
     }
     roce_check(&cap);
 }
+
+/// rdma-core's rdmacm tests (`tests/test_rdmacm.py`), which fork a
+/// passive and an active process onto the first address of the device's
+/// interface: roxe0 on 127.0.0.1, shared by both, in a network namespace
+/// of the test's own (so that the address is the test's alone).
+#[test]
+fn rdma_core_rdmacm_tests_on_one_address() {
+    const SUITE: &str = "/usr/share/doc/rdma-core/tests";
+    if !installed("rdmacm tests", "iproute2", &["ip", "unshare"]) {
+        return;
+    }
+    if !Path::new(SUITE).join("test_rdmacm.py").is_file() {
+        assert!(
+            !in_ci(),
+            "python3-pyverbs is not installed (required under CI)"
+        );
+        eprintln!("SKIPPED: rdma-core's tests need python3-pyverbs");
+        return;
+    }
+    dropin_built();
+    let dir = scratch("rdmacm-tests");
+    let suite = dir.join("tests");
+    let _ = std::fs::remove_dir_all(&suite);
+    let cp = Command::new("cp")
+        .args(["-r", SUITE])
+        .arg(&suite)
+        .status()
+        .unwrap();
+    assert!(cp.success(), "copying {SUITE}");
+    for e in std::fs::read_dir(&suite).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "gz") {
+            let st = Command::new("gunzip").arg("-f").arg(e.path()).status();
+            assert!(st.is_ok_and(|s| s.success()), "gunzip {:?}", e.path());
+        }
+    }
+    let script = format!(
+        "set -e; ip link set lo up; cd {suite}; \
+         ROXE_ADDR=127.0.0.1 timeout 300 {roxe} run -q -- /usr/bin/python3 run_tests.py \
+           --dev roxe0 --gid 0 -v test_rdmacm 2>&1",
+        roxe = ROXE,
+        suite = suite.display()
+    );
+    let root = rustix_is_root();
+    let o = Command::new("unshare")
+        .args(if root { &["-n"][..] } else { &["-rn"] })
+        .args(["sh", "-c", &script])
+        .env_remove("ROXE_ADDR")
+        .output()
+        .unwrap();
+    let out = text(&o);
+    if !o.status.success() && out.contains("Operation not permitted") && !in_ci() {
+        eprintln!("SKIPPED: no network namespace here:\n{out}");
+        return;
+    }
+    println!("{out}");
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("Ran 10 tests"), "{out}");
+    // Only multicast is out of reach (roxe has no multicast groups).
+    let skipped = out.matches("... skipped").count();
+    let multicast = out.matches("skipped 'Multicast is not supported").count();
+    assert_eq!(skipped, multicast, "{out}");
+    assert_eq!(out.matches(" ... ok").count(), 7, "{out}");
+}

@@ -155,9 +155,18 @@ impl Registry {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
+        // The same address in another network namespace is another
+        // port 4791, with a reuseport group of its own.
+        let netns = std::fs::read_link("/proc/self/ns/net")
+            .ok()
+            .and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("net:[")?.strip_suffix(']')?.to_string())
+            })
+            .unwrap_or_default();
         Ok(Registry {
             dir,
-            key: addr.to_string().replace(':', "_"),
+            key: format!("{}-{netns}", addr.to_string().replace(':', "_")),
         })
     }
 
