@@ -26,12 +26,23 @@ use std::path::{Path, PathBuf};
 /// missing. Refused when it exists but belongs to another user or others
 /// may enter it.
 pub fn stat_dir() -> io::Result<PathBuf> {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => Path::new(&d).join("roxe"),
-        None => PathBuf::from(format!("/tmp/roxe-{uid}")),
+        None => PathBuf::from(format!("/tmp/roxe-{}", uid())),
     };
+    private_dir(dir)
+}
+
+/// This process's user.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// `dir`, created (mode 0700) if missing; refused when it exists but
+/// belongs to another user or others may enter it.
+pub(crate) fn private_dir(dir: PathBuf) -> io::Result<PathBuf> {
+    let uid = uid();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

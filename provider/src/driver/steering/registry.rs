@@ -2,9 +2,9 @@
 //! it, which socket index each one's socket has in the reuseport group,
 //! and which slot listens on each CM service ID.
 //!
-//! One text file per address in `shared/` of the user's own directory
-//! (`stat_dir`: `$XDG_RUNTIME_DIR/roxe`, else `/tmp/roxe-<uid>`, mode 0700
-//! and owned by the user: anything else is refused), read and rewritten under
+//! One text file per address and network namespace in
+//! `/tmp/roxe-<uid>/shared` (mode 0700 and owned by the user: anything
+//! else is refused), read and rewritten under
 //! `flock(2)`. Each member also holds an exclusive `flock` on a file of
 //! its slot for as long as it lives: the kernel drops it when the process
 //! ends, however it ends, so a member whose slot file can be locked by
@@ -149,12 +149,12 @@ fn open_rw(path: &Path) -> io::Result<File> {
 impl Registry {
     /// The registry of `addr` in the user's directory.
     pub(crate) fn open(addr: IpAddr) -> io::Result<Registry> {
-        let dir = crate::driver::stat::stat_dir()?.join("shared");
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
+        use crate::driver::stat::{private_dir, uid};
+        // Where every process of the user looks, whatever its
+        // XDG_RUNTIME_DIR or TMPDIR: the kernel lets the sockets of one
+        // user share a port, and they must share one registry.
+        let dir = private_dir(PathBuf::from(format!("/tmp/roxe-{}", uid())))?;
+        let dir = private_dir(dir.join("shared"))?;
         // The same address in another network namespace is another
         // port 4791, with a reuseport group of its own.
         let netns = std::fs::read_link("/proc/self/ns/net")

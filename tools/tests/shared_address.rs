@@ -1,0 +1,167 @@
+//! Processes come and go on a shared address: a process killed in the
+//! middle of a stream leaves its QPNs to nobody (their packets reach
+//! another process of the address, which drops and counts them), the
+//! others' streams go on, and the next process takes another slot of the
+//! QPN space. Each test leases its addresses and ports and uses its own
+//! `XDG_RUNTIME_DIR` for `roxe stat`.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROXE: &str = env!("CARGO_BIN_EXE_roxe");
+
+fn roxe(xdg: &Path, addr: &str) -> Command {
+    let mut c = Command::new(ROXE);
+    c.env("XDG_RUNTIME_DIR", xdg)
+        .env("ROXE_ADDR", addr)
+        .env_remove("ROXE_FAULT")
+        .env_remove("ROXE_PCAP")
+        .stdin(Stdio::null());
+    c
+}
+
+fn perf(xdg: &Path, addr: &str, port: u16, secs: u32, server: Option<&str>) -> Child {
+    let mut c = roxe(xdg, addr);
+    c.args(["perf", "write", "-s", "65536", "-D"])
+        .arg(secs.to_string())
+        .arg("-p")
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match server {
+        Some(s) => c.args(["client", s]),
+        None => c.arg("server"),
+    };
+    c.spawn().expect("spawn roxe perf")
+}
+
+/// (pid, slot, misrouted) of every device open at `addr`.
+fn devices_at(xdg: &Path, addr: &str) -> Vec<(u64, u64, u64)> {
+    let o = roxe(xdg, addr).args(["stat", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roxe stat --json");
+    v["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["addr"] == addr)
+        .map(|d| {
+            let n = |k: &str| d[k].as_u64().unwrap_or(0);
+            (n("pid"), n("slot"), n("rx_misrouted"))
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < end, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn finish(mut c: Child, limit: Duration) -> std::process::Output {
+    let end = Instant::now() + limit;
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_killed_process_leaves_its_qpns_to_nobody() {
+    let xdg = std::env::temp_dir().join(format!("roxe-shared-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&xdg);
+    std::fs::create_dir_all(&xdg).unwrap();
+    let [x, y] = roxe_testnet::addrs().map(|a| a.to_string());
+    let [p1, p2] = [roxe_testnet::port(), roxe_testnet::port()];
+    // Two servers on x, their clients on y (a server opens its device
+    // once its client connects).
+    let victim = perf(&xdg, &x, p2, 30, None);
+    let survivor = perf(&xdg, &x, p1, 6, None);
+    std::thread::sleep(Duration::from_millis(500));
+    let victim_client = perf(&xdg, &y, p2, 30, Some(&x));
+    let survivor_client = perf(&xdg, &y, p1, 6, Some(&x));
+    wait_for("two devices on x", Duration::from_secs(20), || {
+        devices_at(&xdg, &x).len() == 2
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    let on_x = devices_at(&xdg, &x);
+    let victim_slot = on_x
+        .iter()
+        .find(|d| d.0 == u64::from(victim.id()))
+        .map(|d| d.1)
+        .expect("the victim's device");
+    let survivor_pid = u64::from(survivor.id());
+    assert!(
+        on_x.iter().all(|d| d.1 != 0),
+        "shared devices have slots: {on_x:?}"
+    );
+    // SAFETY: kill(2) on a child this test started and has not reaped.
+    unsafe { libc::kill(victim.id() as i32, libc::SIGKILL) };
+    let victim = finish(victim, Duration::from_secs(5));
+    assert!(!victim.status.success());
+    // The victim's client resends to the victim's QPN until it gives up:
+    // those packets reach the survivor, which drops them.
+    wait_for(
+        "misrouted packets dropped by the survivor",
+        Duration::from_secs(10),
+        || {
+            devices_at(&xdg, &x)
+                .iter()
+                .any(|d| d.0 == survivor_pid && d.2 > 0)
+        },
+    );
+    let s = finish(survivor, Duration::from_secs(30));
+    let c = finish(survivor_client, Duration::from_secs(30));
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}\n{}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(
+        s.status.success() && c.status.success(),
+        "the survivor's stream:\n{}\n{}",
+        text(&s),
+        text(&c)
+    );
+    assert!(text(&c).contains("BW average"), "{}", text(&c));
+    let _ = finish(victim_client, Duration::from_secs(20));
+    // The next process on x takes a slot the victim did not have.
+    let p3 = roxe_testnet::port();
+    let next = perf(&xdg, &x, p3, 3, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let next_client = perf(&xdg, &y, p3, 3, Some(&x));
+    wait_for("the next device on x", Duration::from_secs(20), || {
+        devices_at(&xdg, &x)
+            .iter()
+            .any(|d| d.0 == u64::from(next.id()))
+    });
+    let next_slot = devices_at(&xdg, &x)
+        .iter()
+        .find(|d| d.0 == u64::from(next.id()))
+        .map(|d| d.1)
+        .unwrap();
+    assert_ne!(
+        next_slot, victim_slot,
+        "a killed process's slot was taken at once"
+    );
+    let (n, nc) = (
+        finish(next, Duration::from_secs(20)),
+        finish(next_client, Duration::from_secs(20)),
+    );
+    assert!(
+        n.status.success() && nc.status.success(),
+        "{}\n{}",
+        text(&n),
+        text(&nc)
+    );
+    let _ = std::fs::remove_dir_all(&xdg);
+}
