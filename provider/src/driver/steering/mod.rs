@@ -268,15 +268,45 @@ impl SharedAddress {
     /// Ask the group which process holds each socket index, and attach
     /// the program that steers by the answers.
     pub(crate) fn reconcile(&self, group: &UdpSocket) -> io::Result<()> {
+        // The registry is not held while the group answers (a member
+        // may be slow, or stopped): members read, probes, then the
+        // answers written for the members probed.
+        let probed: Vec<u8> = {
+            let mut locked = self.registry.lock()?;
+            if !locked.prune(Some(self.hold.slot)).is_empty() {
+                locked.save()?;
+            }
+            locked.state.members.keys().copied().collect()
+        };
+        let found = self.probe(probed.len())?;
         let mut locked = self.registry.lock()?;
         locked.prune(Some(self.hold.slot));
-        let members = locked.state.members.len();
+        for (slot, m) in locked.state.members.iter_mut() {
+            // A member that joined meanwhile probes for itself.
+            if probed.contains(slot) {
+                m.index = found
+                    .iter()
+                    .position(|f| *f == Some(*slot))
+                    .map(|i| i as u32);
+            }
+        }
+        attach(group, &table_of(&locked.state).program())?;
+        locked.save()?;
+        self.reconciles.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(addr = %self.addr, slot = self.hold.slot, ?found, "shared address probed");
+        Ok(())
+    }
+
+    /// Which slot holds each of the group's first `members` socket
+    /// indexes, as far as the group answers within the probe rounds.
+    fn probe(&self, members: usize) -> io::Result<Vec<Option<u8>>> {
         // Alone: the group is this socket (index 0), unless a process
         // just killed has not closed its socket yet, which a misrouted
         // packet will tell.
         let mut found: Vec<Option<u8>> = vec![None; members];
         if members == 1 {
             found[0] = Some(self.hold.slot);
+            return Ok(found);
         }
         // Don't-fragment, as the device's sockets: IPv4 identification 0,
         // which the probes' ICRCs are computed for.
@@ -287,9 +317,6 @@ impl SharedAddress {
         let to = SocketAddr::new(self.addr, roxe_wire::ROCEV2_PORT);
         let mut buf = [0u8; 64];
         for round in 0..PROBE_ROUNDS {
-            if found.iter().all(Option::is_some) {
-                break;
-            }
             for (k, _) in found.iter().enumerate().filter(|(_, f)| f.is_none()) {
                 asker.send_to(&probe(k as u16, tag, from, to)?, to)?;
             }
@@ -313,17 +340,7 @@ impl SharedAddress {
                 break;
             }
         }
-        for (slot, m) in locked.state.members.iter_mut() {
-            m.index = found
-                .iter()
-                .position(|f| *f == Some(*slot))
-                .map(|i| i as u32);
-        }
-        attach(group, &table_of(&locked.state).program())?;
-        locked.save()?;
-        self.reconciles.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(addr = %self.addr, slot = self.hold.slot, ?found, "shared address probed");
-        Ok(())
+        Ok(found)
     }
 
     /// Listen on `service_id`: EADDRINUSE if another live process of the

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -121,7 +121,8 @@ pub(crate) struct Registry {
 #[derive(Debug)]
 pub(crate) struct Locked<'a> {
     registry: &'a Registry,
-    file: File,
+    /// Holds the `flock` (on `<key>.lock`, which is never replaced).
+    _lock: File,
     pub state: State,
 }
 
@@ -183,19 +184,45 @@ impl Registry {
         self.dir.join(format!("{}.slot{slot}", self.key))
     }
 
-    /// Take the lock (waiting for it) and read the state.
+    /// Take the lock and read the state. The lock is waited for at most
+    /// [`LOCK_WAIT`]: a process stopped (SIGSTOP, a debugger) while it
+    /// held it must not stop every other. Past that the state is read and
+    /// written without it: an update may be lost (the next probe round
+    /// repairs the indexes), the file is never torn (it is replaced
+    /// whole, by rename).
     pub(crate) fn lock(&self) -> io::Result<Locked<'_>> {
-        let mut file = open_rw(&self.dir.join(format!("{}.registry", self.key)))?;
-        lock(&file, false)?;
-        let mut text = String::new();
-        file.read_to_string(&mut text)?;
+        let file = open_rw(&self.dir.join(format!("{}.lock", self.key)))?;
+        let end = std::time::Instant::now() + LOCK_WAIT;
+        while lock(&file, true).is_err() {
+            if std::time::Instant::now() >= end {
+                tracing::warn!(
+                    registry = %self.data_path().display(),
+                    "the shared address's registry stayed locked for {LOCK_WAIT:?} (a process \
+                     stopped while it held it?): going on without the lock"
+                );
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let text = match std::fs::read_to_string(self.data_path()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
         Ok(Locked {
             registry: self,
-            file,
+            _lock: file,
             state: State::parse(&text),
         })
     }
+
+    fn data_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.registry", self.key))
+    }
 }
+
+/// How long [`Registry::lock`] waits for another process.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A slot held: its file stays locked until this drops (or the process
 /// ends).
@@ -253,12 +280,14 @@ impl Locked<'_> {
         }
     }
 
-    /// Write the state back.
+    /// Write the state back: a new file renamed over the old one.
     pub(crate) fn save(&mut self) -> io::Result<()> {
-        let text = self.state.render();
-        self.file.set_len(0)?;
-        self.file.rewind()?;
-        self.file.write_all(text.as_bytes())
+        let path = self.registry.data_path();
+        let tmp = path.with_extension(format!("registry.{}", std::process::id()));
+        let mut f = open_rw(&tmp)?;
+        f.set_len(0)?;
+        f.write_all(self.state.render().as_bytes())?;
+        std::fs::rename(&tmp, &path)
     }
 }
 
