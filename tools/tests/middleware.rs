@@ -552,6 +552,47 @@ fn open_mpi_over_ucx() {
     }
 }
 
+/// Open MPI over UCX with 4 ranks on one address, as ranks on one host
+/// share its address: each rank its own slot of the QPN space.
+#[test]
+fn open_mpi_ranks_share_one_address() {
+    if !installed("mpi", "openmpi-bin libopenmpi-dev", &["mpirun", "mpicc"]) {
+        return;
+    }
+    let exe = compile("mpi_check", "mpicc", &[]);
+    let addr = roxe_testnet::addr().to_string();
+    let mut c = Command::new(ROXE);
+    dropin_built();
+    c.args(["run", "-q", "--", "mpirun", "-np", "4"])
+        .args(if rustix_is_root() {
+            &["--allow-run-as-root"][..]
+        } else {
+            &[]
+        })
+        .args([
+            "--oversubscribe",
+            "--mca",
+            "pml",
+            "ucx",
+            "--mca",
+            "btl",
+            "^openib,uct",
+        ])
+        .arg(&exe)
+        .args(["65536", "10"])
+        .env("ROXE_ADDR", &addr)
+        .env_remove("ROXE_PCAP")
+        .env("UCX_TLS", "rc,self")
+        .env("UCX_NET_DEVICES", "roxe0:1");
+    let o = finish(piped(c), "mpirun");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("pingpong ok") && out.contains("allreduce ok"),
+        "mpirun -np 4 on {addr}:\n{}",
+        text(&o)
+    );
+}
+
 /// libfabric's verbs provider (MSG endpoints and RDM over ofi_rxm) between
 /// two processes on two addresses of a veth pair, in a network namespace
 /// of the test's own.
@@ -657,9 +698,11 @@ fn rdma_core_rdmacm_tests_on_one_address() {
             assert!(st.is_ok_and(|s| s.success()), "gunzip {:?}", e.path());
         }
     }
+    // The first address of `lo`, in a network namespace of this test's own.
+    let own_lo = "127.0.0.1"; // testnet: allow (the test's own network namespace)
     let script = format!(
         "set -e; ip link set lo up; cd {suite}; \
-         ROXE_ADDR=127.0.0.1 timeout 300 {roxe} run -q -- /usr/bin/python3 run_tests.py \
+         ROXE_ADDR={own_lo} timeout 300 {roxe} run -q -- /usr/bin/python3 run_tests.py \
            --dev roxe0 --gid 0 -v test_rdmacm 2>&1",
         roxe = ROXE,
         suite = suite.display()

@@ -36,6 +36,20 @@ fn perf(xdg: &Path, addr: &str, port: u16, secs: u32, server: Option<&str>) -> C
     c.spawn().expect("spawn roxe perf")
 }
 
+/// The QPNs of the process `pid`'s devices at `addr`.
+fn qpns_of(xdg: &Path, addr: &str, pid: u64) -> Vec<u32> {
+    let o = roxe(xdg, addr).args(["stat", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roxe stat --json");
+    v["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["addr"] == addr && d["pid"].as_u64() == Some(pid))
+        .flat_map(|d| d["qps"].as_array().cloned().unwrap_or_default())
+        .filter_map(|q| q["qpn"].as_u64().map(|n| n as u32))
+        .collect()
+}
+
 /// (pid, slot, misrouted) of every device open at `addr`.
 fn devices_at(xdg: &Path, addr: &str) -> Vec<(u64, u64, u64)> {
     let o = roxe(xdg, addr).args(["stat", "--json"]).output().unwrap();
@@ -101,20 +115,37 @@ fn a_killed_process_leaves_its_qpns_to_nobody() {
         on_x.iter().all(|d| d.1 != 0),
         "shared devices have slots: {on_x:?}"
     );
+    let victim_qpns = qpns_of(&xdg, &x, u64::from(victim.id()));
+    assert!(!victim_qpns.is_empty(), "the victim's QPs");
     // SAFETY: kill(2) on a child this test started and has not reaped.
     unsafe { libc::kill(victim.id() as i32, libc::SIGKILL) };
     let victim = finish(victim, Duration::from_secs(5));
     assert!(!victim.status.success());
-    // The victim's client resends to the victim's QPN until it gives up:
-    // those packets reach the survivor, which drops them.
+    // A peer still sending to the victim's QPNs (as its client may, until
+    // it gives up): RC SENDs from another address. They reach the
+    // survivor, the only process left on x, which drops them.
+    let peer = std::net::UdpSocket::bind((roxe_testnet::addr(), 0)).unwrap();
+    let misrouted = || {
+        devices_at(&xdg, &x)
+            .iter()
+            .find(|d| d.0 == survivor_pid)
+            .map_or(0, |d| d.2)
+    };
+    let before = misrouted();
+    let sent = 20 * victim_qpns.len() as u64;
+    for &qpn in &victim_qpns {
+        let mut p = [0u8; 12 + 64 + 4];
+        p[0] = 0x04; // RC SEND only
+        p[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
+        p[4..8].copy_from_slice(&qpn.to_be_bytes());
+        for _ in 0..20 {
+            peer.send_to(&p, (x.as_str(), 4791)).unwrap();
+        }
+    }
     wait_for(
-        "misrouted packets dropped by the survivor",
+        "packets to the victim's QPNs dropped by the survivor",
         Duration::from_secs(10),
-        || {
-            devices_at(&xdg, &x)
-                .iter()
-                .any(|d| d.0 == survivor_pid && d.2 > 0)
-        },
+        || misrouted() >= before + sent,
     );
     let s = finish(survivor, Duration::from_secs(30));
     let c = finish(survivor_client, Duration::from_secs(30));
