@@ -247,6 +247,7 @@ impl Qp {
         comp.retry_left -= 1;
         comp.retry_started = true;
         self.req.rewind_to(&self.sq, r);
+        self.rtt.went_back();
         tracing::debug!(
             qpn = format_args!("{:#x}", self.qpn),
             psn = %r,
@@ -282,8 +283,23 @@ impl Qp {
         if self.comp.awaits_response(&self.sq, self.req.next_psn()) {
             let timeout = self.ack_timeout();
             self.timers.arm_after(Timer::Retransmit, now, timeout);
+            self.arm_probe(now);
         } else {
             self.timers.stop(Timer::Retransmit);
+            self.timers.stop(Timer::Probe);
+        }
+    }
+
+    /// Arm the tail-loss probe `rtt.probe_after()` from `now`, if one is
+    /// due before the retransmission timer (else that timer will do).
+    pub(super) fn arm_probe(&mut self, now: Nanos) {
+        let at = self.rtt.probe_after().map(|d| now + d);
+        match (at, self.timers.deadline(Timer::Retransmit)) {
+            (Some(at), Some(rto)) if at < rto => self.timers.arm_at(Timer::Probe, at),
+            (Some(at), None) if self.ack_timeout().nanos().is_none() => {
+                self.timers.arm_at(Timer::Probe, at)
+            }
+            _ => self.timers.stop(Timer::Probe),
         }
     }
 
@@ -335,6 +351,7 @@ impl Qp {
             // Forward progress refills the retry counter and restarts the
             // retransmission timer.
             self.comp.catch_up_una(&self.sq, self.req.next_psn());
+            self.rtt.acked_before(self.comp.una, now);
             self.refill_retries();
             self.rearm_retransmit(now);
         }
@@ -368,6 +385,8 @@ impl Qp {
                 let wait = now + u64::from(t.micros()) * 1000;
                 self.timers.arm_at(Timer::RnrWait, wait);
                 self.timers.stop(Timer::Retransmit);
+                self.timers.stop(Timer::Probe);
+                self.rtt.went_back();
                 self.retire_finished(cx);
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
@@ -506,7 +525,26 @@ impl Qp {
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
                 if !self.go_back_n(una, RetryCause::Timeout) {
                     self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
+                    return;
                 }
+                self.arm_probe(now);
+            }
+            Timer::Probe => {
+                if !self.comp.awaits_response(&self.sq, self.req.next_psn()) {
+                    return;
+                }
+                cx.stats.probes += 1;
+                self.counters.probes += 1;
+                let una = self.comp.una;
+                tracing::debug!(
+                    qpn = format_args!("{:#x}", self.qpn),
+                    una = %una,
+                    srtt_ns = self.rtt.srtt().unwrap_or(0),
+                    "tail-loss probe"
+                );
+                self.rtt.probed();
+                self.req.rewind_to(&self.sq, una);
+                self.arm_probe(now);
             }
         }
     }

@@ -141,6 +141,8 @@ pub(crate) struct Qp {
     pub comp: Completer,
     /// The retransmission and RNR timers, which both of them arm.
     pub timers: Timers,
+    /// The round trip, and the tail-loss probe it times (reliable QPs).
+    pub rtt: super::rtt::RttEstimator,
     /// The responder (`resp/`).
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
@@ -175,6 +177,9 @@ pub struct QpCounters {
     pub naks_sent: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
+    /// Tail-loss probes: resends after a few round trips of silence
+    /// (`rtt.rs`).
+    pub probes: u64,
 }
 
 impl Qp {
@@ -193,6 +198,7 @@ impl Qp {
             req: Requester::new(),
             comp: Completer::new(),
             timers: Timers::default(),
+            rtt: Default::default(),
             resp: Responder::new(),
             rq: VecDeque::new(),
             xrc: None,
@@ -618,6 +624,7 @@ impl Qp {
             rnr_retry_left,
             drops: self.drops,
             counters: self.counters,
+            srtt_ns: self.rtt.srtt(),
         }
     }
 

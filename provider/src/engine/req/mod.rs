@@ -550,14 +550,19 @@ impl Qp {
     /// runs; an unreliable message completes with its last packet.
     #[inline(always)]
     fn packet_sent(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &NextPacket, limits: &SendLimits) {
-        if self.req.advance(pkt) {
+        let again = self.req.advance(pkt);
+        if again {
             cx.stats.tx_retransmits += 1;
             self.counters.tx_retransmits += 1;
         }
         if limits.reliable {
+            self.rtt.sent(pkt.psn, now, again);
             if !self.timers.is_armed(Timer::Retransmit) {
                 let timeout = self.ack_timeout();
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
+            }
+            if !self.timers.is_armed(Timer::Probe) {
+                self.arm_probe(now);
             }
         } else if pkt.last {
             // Unreliable: complete as soon as the last packet is handed over.
