@@ -236,7 +236,8 @@ impl Qp {
 
     /// Go-back-N from `r`, spending one retry; false when none is left.
     /// A NAK-triggered retry while another is under way is ignored.
-    fn go_back_n(&mut self, r: Psn, cause: RetryCause) -> bool {
+    fn go_back_n(&mut self, cx: &QpCtx, r: Psn, cause: RetryCause) -> bool {
+        let path = self.path_window(cx);
         let comp = &mut self.comp;
         if comp.retry_started && cause == RetryCause::Nak {
             return true;
@@ -248,6 +249,7 @@ impl Qp {
         comp.retry_started = true;
         self.req.rewind_to(&self.sq, r);
         self.rtt.went_back();
+        self.loss_window.lost(path);
         tracing::debug!(
             qpn = format_args!("{:#x}", self.qpn),
             psn = %r,
@@ -264,7 +266,7 @@ impl Qp {
     /// Go-back-N from `r` after a NAK or an implied one, or fail with
     /// RETRY_EXC_ERR when no retry is left.
     fn go_back_n_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
-        if !self.go_back_n(r, RetryCause::Nak) {
+        if !self.go_back_n(cx, r, RetryCause::Nak) {
             self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
         }
     }
@@ -316,6 +318,7 @@ impl Qp {
             return;
         }
         self.comp.progressed = false;
+        let una_before = self.comp.una;
         let implied = match pkt.opcode().operation() {
             Operation::Acknowledge => match pkt.aeth().map(|a| a.syndrome) {
                 Some(AethSyndrome::Ack { .. }) => self.comp.ack_upto(&mut self.sq, p),
@@ -352,6 +355,9 @@ impl Qp {
             // retransmission timer.
             self.comp.catch_up_una(&self.sq, self.req.next_psn());
             self.rtt.acked_before(self.comp.una, now);
+            let path = self.path_window(cx);
+            self.loss_window
+                .acked(una_before.distance(self.comp.una).max(0), path);
             self.refill_retries();
             self.rearm_retransmit(now);
         }
@@ -523,7 +529,7 @@ impl Qp {
                     "retransmission timeout"
                 );
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
-                if !self.go_back_n(una, RetryCause::Timeout) {
+                if !self.go_back_n(cx, una, RetryCause::Timeout) {
                     self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
                     return;
                 }
@@ -544,6 +550,8 @@ impl Qp {
                 );
                 self.rtt.probed();
                 self.req.rewind_to(&self.sq, una);
+                let path = self.path_window(cx);
+                self.loss_window.lost(path);
                 self.arm_probe(now);
             }
         }

@@ -143,6 +143,8 @@ pub(crate) struct Qp {
     pub timers: Timers,
     /// The round trip, and the tail-loss probe it times (reliable QPs).
     pub rtt: super::rtt::RttEstimator,
+    /// The window after losses (`rtt.rs`).
+    pub loss_window: super::rtt::LossWindow,
     /// The responder (`resp/`).
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
@@ -199,6 +201,7 @@ impl Qp {
             comp: Completer::new(),
             timers: Timers::default(),
             rtt: Default::default(),
+            loss_window: Default::default(),
             resp: Responder::new(),
             rq: VecDeque::new(),
             xrc: None,

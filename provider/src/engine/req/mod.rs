@@ -418,17 +418,25 @@ impl Qp {
         (!self.timers.is_armed(Timer::RnrWait)).then_some(mode)
     }
 
-    /// The limits this QP sends under now.
+    /// The window the path allows, losses aside: rxe's 128 PSNs, or the
+    /// loopback window towards a peer on this host.
     #[inline(always)]
-    fn send_limits(&self, cx: &QpCtx) -> SendLimits {
-        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
-        let window = if loopback {
+    pub(super) fn path_window(&self, cx: &QpCtx) -> i32 {
+        if self.peer.is_some_and(|p| cx.config.uses_loopback_window(p)) {
             cx.config
                 .loopback_window
                 .clamp(1, super::config::MAX_LOOPBACK_WINDOW)
         } else {
             MAX_UNACKED_PSNS
-        };
+        }
+    }
+
+    /// The limits this QP sends under now.
+    #[inline(always)]
+    fn send_limits(&self, cx: &QpCtx) -> SendLimits {
+        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
+        let path_window = self.path_window(cx);
+        let window = self.loss_window.limit(path_window);
         SendLimits {
             qp_type: self.init.qp_type,
             reliable: self.sends_reliably(),
