@@ -196,3 +196,65 @@ fn a_killed_process_leaves_its_qpns_to_nobody() {
     );
     let _ = std::fs::remove_dir_all(&xdg);
 }
+
+/// Another user's process cannot join an address this user's processes
+/// share: the kernel keeps a reuseport group to one user, and the registry
+/// is per user. It fails as a second process did before addresses were
+/// shared, with EADDRINUSE and a line that says why.
+#[test]
+fn another_user_cannot_join_a_shared_address() {
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    let setpriv = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("setpriv").is_file());
+    if !root || !setpriv {
+        eprintln!("not root or no setpriv: this test runs as nobody from root");
+        return;
+    }
+    let as_nobody = |addr: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                ROXE,
+                "devinfo",
+            ])
+            .env("ROXE_ADDR", addr)
+            .env("XDG_RUNTIME_DIR", "")
+            .env("HOME", "/tmp")
+            .output()
+            .unwrap()
+    };
+    let probe = as_nobody(&roxe_testnet::addr().to_string());
+    if !probe.status.success() {
+        eprintln!(
+            "nobody cannot open a device here (a private directory on the binary's path?): skipped\n{}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        return;
+    }
+    let xdg = std::env::temp_dir().join(format!("roxe-shared-user-{}", std::process::id()));
+    std::fs::create_dir_all(&xdg).unwrap();
+    let [x, y] = roxe_testnet::addrs().map(|a| a.to_string());
+    let p = roxe_testnet::port();
+    let server = perf(&xdg, &x, p, 4, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let client = perf(&xdg, &y, p, 4, Some(&x));
+    wait_for("the device on x", Duration::from_secs(20), || {
+        !devices_at(&xdg, &x).is_empty()
+    });
+    let o = as_nobody(&x);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "nobody joined root's address:\n{err}");
+    assert!(
+        err.contains("Address already in use") && err.contains("another user"),
+        "{err}"
+    );
+    let (s, c) = (
+        finish(server, Duration::from_secs(30)),
+        finish(client, Duration::from_secs(30)),
+    );
+    assert!(s.status.success() && c.status.success());
+    let _ = std::fs::remove_dir_all(&xdg);
+}

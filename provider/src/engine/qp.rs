@@ -628,6 +628,7 @@ impl Qp {
             drops: self.drops,
             counters: self.counters,
             srtt_ns: self.rtt.srtt(),
+            loss_window: self.loss_window.binding(),
         }
     }
 

@@ -174,6 +174,11 @@ impl LossWindow {
         }
     }
 
+    /// The PSNs it allows, while it binds (`roxe stat`).
+    pub fn binding(&self) -> Option<i32> {
+        (self.psns != 0).then_some(self.psns)
+    }
+
     /// A loss, with the window at `max` before it.
     pub fn lost(&mut self, max: i32) {
         self.psns = (self.limit(max) / 2).max(MIN_LOSS_WINDOW.min(max));

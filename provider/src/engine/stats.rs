@@ -91,6 +91,8 @@ pub struct QpSnapshot {
     pub counters: QpCounters,
     /// The measured round trip (ns), once a response timed one.
     pub srtt_ns: Option<u64>,
+    /// The window (PSNs) after losses, while it is below the path's.
+    pub loss_window: Option<i32>,
 }
 
 /// One CQ as `roxe stat` shows it.

@@ -190,8 +190,8 @@ impl SharedAddress {
                 io::Error::new(
                     e.kind(),
                     format!(
-                        "binding {}: held by a program that does not share it (another user's \
-                         process, or a device opened with ROXE_SHARE=off)",
+                        "binding {}: {e}: held by a program that does not share it (another \
+                         user's process, or a device opened with ROXE_SHARE=off)",
                         SocketAddr::new(addr, port)
                     ),
                 )
