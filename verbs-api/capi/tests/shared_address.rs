@@ -153,12 +153,28 @@ fn a_port_listened_on_by_another_process_is_in_use() {
     };
     std::thread::scope(|scope| {
         // Holds the port (waiting for a client that never comes).
-        let holder = scope.spawn(|| run_one(&listen("6")));
-        let bound = std::time::Instant::now() + Duration::from_secs(5);
-        while !common::roce_bound(&addr) && std::time::Instant::now() < bound {
+        let holder = scope.spawn(|| run_one(&listen("8")));
+        // Until the holder listens: its service ID is in the address's
+        // registry (`/tmp/roxe-<uid>/shared`, docs/ARCHITECTURE.md).
+        let listening = || {
+            // SAFETY: getuid has no preconditions.
+            let dir = format!("/tmp/roxe-{}/shared", unsafe { libc::getuid() });
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(&format!("{addr}-"))
+                        && name.ends_with(".registry")
+                        && std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("\nservice "))
+                })
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !listening() && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(500));
+        assert!(listening(), "the first listener never listened");
         let taken = run_one(&listen("4"));
         assert!(
             taken
