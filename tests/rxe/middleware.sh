@@ -14,7 +14,8 @@
 # Settings: ROXE (default target/release/roxe, built with the drop-in and
 # the view shim if missing), RXE_PEER (default ../shared/rxe-peer),
 # RXEPEER_NETNS (default roxemiddleware), OUT (logs; default a new
-# /tmp/roxe-rxe-middleware.XXXXXX, kept), WAIT (seconds per run, 240).
+# /tmp/roxe-rxe-middleware.XXXXXX, kept), WAIT (seconds per run, 240),
+# RANKS (MPI ranks per host, default 1).
 #
 # UCX 1.13's ud_verbs on rxe compares the wrong bytes of an IPv4 packet's
 # GRH area and drops it (rxe reports wc.sl 0; UCX expects mlx5's packet
@@ -32,6 +33,9 @@ RXE_PEER=${RXE_PEER:-$repo/../shared/rxe-peer}
 export RXEPEER_NETNS=${RXEPEER_NETNS:-roxemiddleware}
 export RXEPEER_EXTRA_PKGS="openmpi-bin ucx-utils libfabric-bin"
 WAIT=${WAIT:-240}
+# MPI ranks on each host: with 2, this host's two ranks share its one
+# address (roxe's shared addresses), as the guest's share rxe0.
+RANKS=${RANKS:-1}
 OUT=${OUT:-$(mktemp -d /tmp/roxe-rxe-middleware.XXXXXX)}
 ROXE=${ROXE:-$repo/target/release/roxe}
 [ "$(id -u)" = 0 ] || die "needs root (the harness boots qemu in a network namespace)"
@@ -75,7 +79,7 @@ mpi_run() { # name guest-launch-agent VAR=value (exported to both ranks)
   local name=$1 agent=$2 var=$3
   local log="$OUT/$name.log"
   NS env UCX_TLS=rc,self ROXE_ADDR="$host" "$var" timeout "$WAIT" "$ROXE" run -q -- \
-    mpirun --allow-run-as-root -np 2 --host "$host,$guest" \
+    mpirun --allow-run-as-root -np $((2 * RANKS)) --host "$host:$RANKS,$guest:$RANKS" \
       --mca plm_rsh_agent "$ssh_agent" --mca orte_launch_agent "$agent" \
       -x UCX_TLS -x "${var%%=*}" \
       --mca pml ucx --mca btl ^openib,uct /tmp/mpi/mpi_check 65536 10 >"$log" 2>&1

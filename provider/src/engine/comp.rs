@@ -317,6 +317,11 @@ impl Qp {
             self.drop_packet(cx, DropReason::PsnOutOfWindow);
             return;
         }
+        // A response in the window: the path is not silent (READ
+        // responses stream without moving `una` until a READ ends).
+        if self.timers.is_armed(Timer::Probe) {
+            self.arm_probe(now);
+        }
         self.comp.progressed = false;
         let una_before = self.comp.una;
         let implied = match pkt.opcode().operation() {
@@ -539,8 +544,6 @@ impl Qp {
                 if !self.comp.awaits_response(&self.sq, self.req.next_psn()) {
                     return;
                 }
-                cx.stats.probes += 1;
-                self.counters.probes += 1;
                 let una = self.comp.una;
                 tracing::debug!(
                     qpn = format_args!("{:#x}", self.qpn),
@@ -549,9 +552,18 @@ impl Qp {
                     "tail-loss probe"
                 );
                 self.rtt.probed();
-                self.req.rewind_to(&self.sq, una);
-                let path = self.path_window(cx);
-                self.loss_window.lost(path);
+                // One packet, the last sent (TCP's tail-loss probe): the
+                // responder answers a duplicate with an ACK of all it
+                // has, a PSN beyond a gap with a sequence NAK, and a
+                // missing last packet by executing it; each repairs in a
+                // round trip what a resent window would, without a burst
+                // (a READ's request resumes at its first response
+                // missing). No evidence of loss yet: the window stays.
+                if let Some(last) = self.req.probe_psn(&self.sq) {
+                    cx.stats.probes += 1;
+                    self.counters.probes += 1;
+                    self.req.rewind_to(&self.sq, last);
+                }
                 self.arm_probe(now);
             }
         }
