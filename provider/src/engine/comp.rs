@@ -552,18 +552,18 @@ impl Qp {
                     "tail-loss probe"
                 );
                 self.rtt.probed();
-                // One packet, the last sent (TCP's tail-loss probe): the
-                // responder answers a duplicate with an ACK of all it
-                // has, a PSN beyond a gap with a sequence NAK, and a
-                // missing last packet by executing it; each repairs in a
-                // round trip what a resent window would, without a burst
-                // (a READ's request resumes at its first response
-                // missing). No evidence of loss yet: the window stays.
-                if let Some(last) = self.req.probe_psn(&self.sq) {
-                    cx.stats.probes += 1;
-                    self.counters.probes += 1;
-                    self.req.rewind_to(&self.sq, last);
-                }
+                // Go back to the oldest unacknowledged PSN, as a timeout
+                // would, without spending a retry: the responder executes
+                // what it lacks and re-ACKs what it has (a lone last
+                // packet would not do: a responder that NAKed a gap once
+                // stays silent on later packets, and that NAK may be the
+                // packet lost). Under the halved window the resend is
+                // small.
+                cx.stats.probes += 1;
+                self.counters.probes += 1;
+                self.req.rewind_to(&self.sq, una);
+                let path = self.path_window(cx);
+                self.loss_window.lost(path);
                 self.arm_probe(now);
             }
         }

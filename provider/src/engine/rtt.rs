@@ -6,9 +6,9 @@
 //! and the requester waits out the QP's Local ACK Timeout, which rdma_cm
 //! sets to about 2 s. So the requester measures the round trip (one
 //! sample in flight at a time, none across a retransmission: Karn's rule,
-//! as TCP) and, [`RttEstimator::probe_after`] without a response while
-//! PSNs are outstanding, resends the last packet it sent: a *probe*
-//! (TCP's tail-loss probe). A probe is what a retransmission is on the wire (the responder
+//! as TCP) and, [`RttEstimator::probe_after`] without any response while
+//! PSNs are outstanding, goes back to the oldest unacknowledged one: a
+//! *probe*. A probe is what a retransmission is on the wire (the responder
 //! answers a duplicate with an ACK, a missing PSN by executing it), so any
 //! peer (rxe, a NIC) handles it; it does not spend the QP's `retry_cnt`,
 //! and the Local ACK Timeout keeps running untouched, so a dead peer still
@@ -21,7 +21,7 @@ use roxe_wire::Psn;
 /// The shortest wait before a probe: above the ACK delays of a busy host
 /// (a responder's progress thread asleep, its ACK coalesced), so that a
 /// probe is almost never spurious.
-pub(crate) const PROBE_FLOOR: Nanos = 4_000_000;
+pub(crate) const PROBE_FLOOR: Nanos = 1_000_000;
 
 /// Probes per silence (reset by a response that moves the window).
 pub(crate) const MAX_PROBES: u8 = 3;
@@ -150,8 +150,8 @@ pub(crate) const MIN_LOSS_WINDOW: i32 = 16;
 
 /// A reliable QP's window after losses: go-back-N resends everything
 /// from the lost PSN on, so a loss under a full window (1,024 PSNs, 4 MiB
-/// towards loopback peers) costs 4 MiB. Each loss (a go-back-N, by NAK or
-/// timeout) halves the window, down to [`MIN_LOSS_WINDOW`]; each
+/// towards loopback peers) costs 4 MiB. Each loss (a go-back-N, by NAK,
+/// timeout or probe) halves the window, down to [`MIN_LOSS_WINDOW`]; each
 /// PSN acknowledged grows it by one (doubling it per round trip) until it
 /// no longer binds. (Growing by one per window acknowledged, as TCP's
 /// congestion avoidance, measured slower at 1% random loss: the window,

@@ -84,31 +84,6 @@ impl Requester {
         self.next_psn
     }
 
-    /// For the completer's tail-loss probe: the last PSN sent, if every
-    /// packet sent so far has gone out since the last go-back (nothing is
-    /// being resent or is waiting mid-message below it), so that resending
-    /// it skips nothing. `None` while the cursor is still behind it.
-    pub fn probe_psn(&self, sq: &SendQueue) -> Option<Psn> {
-        let last = self.first_unsent_psn - 1;
-        if let Some(w) = sq
-            .get(self.wqe_index)
-            .filter(|w| w.started && w.done.is_none())
-        {
-            let at = w.first_psn
-                + if w.wr.opcode == SendOpcode::RdmaRead {
-                    w.read_pkts
-                } else {
-                    self.pkt_index
-                };
-            // The cursor at or below the last PSN sent: a resend is
-            // under way (beyond it: a message waits for the window).
-            if !last.is_before(at) {
-                return None;
-            }
-        }
-        Some(last)
-    }
-
     /// For the completer: go back to PSN `r` (go-back-N). The next packet
     /// sent is the one carrying it.
     pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
