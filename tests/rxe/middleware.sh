@@ -34,7 +34,11 @@ export RXEPEER_NETNS=${RXEPEER_NETNS:-roxemiddleware}
 export RXEPEER_EXTRA_PKGS="openmpi-bin ucx-utils libfabric-bin"
 WAIT=${WAIT:-240}
 # MPI ranks on each host: with 2, this host's two ranks share its one
-# address (roxe's shared addresses), as the guest's share rxe0.
+# address (roxe's shared addresses), as the guest's share rxe0. (In the
+# roxe-on-both-sides runs the guest's rdma_rxe module still holds
+# 0.0.0.0:4791 after its link is removed, so roxe there shares the port
+# with rxe through a raw socket, where an address is not shared: 2 ranks
+# in the guest fail there, by design; docs/ARCHITECTURE.md.)
 RANKS=${RANKS:-1}
 OUT=${OUT:-$(mktemp -d /tmp/roxe-rxe-middleware.XXXXXX)}
 ROXE=${ROXE:-$repo/target/release/roxe}
