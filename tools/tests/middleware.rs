@@ -490,13 +490,38 @@ fn ucp_connects_by_ip_address_through_rdma_cm() {
 
 /// Open MPI over UCX on one host: a ping-pong whose bytes are checked and
 /// an MPI_Allreduce over 4 ranks, every rank on roxe.
+/// `roxe run -q -- mpirun -np NP ... EXE ARGS` over UCX's `rc` on roxe0.
+fn mpirun(np: &str, exe: &Path, args: &[&str]) -> Command {
+    dropin_built();
+    let mut c = Command::new(ROXE);
+    c.args(["run", "-q", "--", "mpirun", "-np", np])
+        .args(if rustix_is_root() {
+            &["--allow-run-as-root"][..]
+        } else {
+            &[]
+        })
+        .args([
+            "--oversubscribe",
+            "--mca",
+            "pml",
+            "ucx",
+            "--mca",
+            "btl",
+            "^openib,uct",
+        ])
+        .arg(exe)
+        .args(args)
+        .env("UCX_TLS", "rc,self")
+        .env("UCX_NET_DEVICES", "roxe0:1");
+    c
+}
+
 #[test]
 fn open_mpi_over_ucx() {
     if !installed("mpi", "openmpi-bin libopenmpi-dev", &["mpirun", "mpicc"]) {
         return;
     }
     let exe = compile("mpi_check", "mpicc", &[]);
-    let exe = exe.to_str().unwrap();
     let dir = scratch("mpi");
     let cap = dir.join("mpi-%p.pcap");
     // Each rank takes the first free 127.0.0.N (ROXE_ADDR unset).
@@ -504,28 +529,8 @@ fn open_mpi_over_ucx() {
         ("2", &["1048576", "30"][..], Some(&cap)),
         ("4", &["65536", "10"], None),
     ] {
-        let mut c = Command::new(ROXE);
-        dropin_built();
-        c.args(["run", "-q", "--", "mpirun", "-np", np])
-            .args(if rustix_is_root() {
-                &["--allow-run-as-root"][..]
-            } else {
-                &[]
-            })
-            .args([
-                "--oversubscribe",
-                "--mca",
-                "pml",
-                "ucx",
-                "--mca",
-                "btl",
-                "^openib,uct",
-            ])
-            .arg(exe)
-            .args(args)
-            .env_remove("ROXE_ADDR")
-            .env("UCX_TLS", "rc,self")
-            .env("UCX_NET_DEVICES", "roxe0:1");
+        let mut c = mpirun(np, &exe, args);
+        c.env_remove("ROXE_ADDR");
         match pcap {
             Some(p) => c.env("ROXE_PCAP", p),
             None => c.env_remove("ROXE_PCAP"),
@@ -561,29 +566,8 @@ fn open_mpi_ranks_share_one_address() {
     }
     let exe = compile("mpi_check", "mpicc", &[]);
     let addr = roxe_testnet::addr().to_string();
-    let mut c = Command::new(ROXE);
-    dropin_built();
-    c.args(["run", "-q", "--", "mpirun", "-np", "4"])
-        .args(if rustix_is_root() {
-            &["--allow-run-as-root"][..]
-        } else {
-            &[]
-        })
-        .args([
-            "--oversubscribe",
-            "--mca",
-            "pml",
-            "ucx",
-            "--mca",
-            "btl",
-            "^openib,uct",
-        ])
-        .arg(&exe)
-        .args(["65536", "10"])
-        .env("ROXE_ADDR", &addr)
-        .env_remove("ROXE_PCAP")
-        .env("UCX_TLS", "rc,self")
-        .env("UCX_NET_DEVICES", "roxe0:1");
+    let mut c = mpirun("4", &exe, &["65536", "10"]);
+    c.env("ROXE_ADDR", &addr).env_remove("ROXE_PCAP");
     let o = finish(piped(c), "mpirun");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(

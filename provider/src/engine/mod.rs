@@ -235,7 +235,7 @@ pub(crate) fn next_qpn(qpn: u32, slot: u8) -> u32 {
 
 /// 128 random bits from the OS (`getrandom`), for keys an observer must
 /// not guess; the clock and process id if it fails.
-fn random_key() -> u128 {
+pub(crate) fn random_key() -> u128 {
     let mut b = [0u8; 16];
     match rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()) {
         Ok(16) => u128::from_ne_bytes(b),

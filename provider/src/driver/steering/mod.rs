@@ -119,12 +119,6 @@ fn attach(socket: &UdpSocket, prog: &[libc::sock_filter]) -> io::Result<()> {
     }
 }
 
-fn nonce() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    u64::from_ne_bytes(b) ^ Instant::now().elapsed().as_nanos() as u64
-}
-
 /// Probe `index`, sent from `from` to `to`: a well-formed RoCEv2 UD SEND
 /// to QP0 (so that captures of the address stay valid), ICRC included.
 fn probe(index: u16, nonce: u64, from: SocketAddr, to: SocketAddr) -> io::Result<Vec<u8>> {
@@ -313,7 +307,8 @@ impl SharedAddress {
         let asker = super::socket::bind(self.addr, 0)?;
         asker.set_nonblocking(false)?;
         let from = asker.local_addr()?;
-        let tag = nonce();
+        // The engine's source of keys: the OS's randomness.
+        let tag = crate::engine::random_key() as u64;
         let to = SocketAddr::new(self.addr, roxe_wire::ROCEV2_PORT);
         let mut buf = [0u8; 64];
         for round in 0..PROBE_ROUNDS {
