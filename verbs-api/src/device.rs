@@ -71,29 +71,41 @@ impl DeviceInfo {
             tracing::debug!(device = %self.name, "hardware device opened through the system libibverbs");
             return Ok(Context::new(self.name.clone(), Backed::Hw(h)));
         }
-        let mut open = open_devices();
-        // A device already open at the configured address is that device,
-        // whatever it was opened as (rdma_cm opens devices by address).
-        let at_addr = self.config.addr.and_then(|a| {
-            open.values()
-                .filter_map(Weak::upgrade)
-                .find(|d| d.addr() == a)
-        });
-        let device = match open
-            .get(&self.name)
-            .and_then(Weak::upgrade)
-            .filter(|d| self.config.addr.is_none_or(|a| d.addr() == a))
-            .or(at_addr)
-        {
-            Some(d) => d,
-            None => {
-                let d = Arc::new(Device::open(&self.config).map_err(io("ibv_open_device"))?);
-                open.insert(self.name.clone(), Arc::downgrade(&d));
-                d
-            }
-        };
+        let device = open_soft(&mut open_devices(), &self.name, &self.config)?;
         Ok(Context::new(self.name.clone(), Backed::Soft(device)))
     }
+}
+
+/// The soft device `name` with `config`: the one open in this process
+/// (by name, or at the configured address), else a new one, recorded in
+/// `open`. The caller holds `open` from choosing the name to here, so two
+/// threads never open two devices at one address or under one name.
+fn open_soft(
+    open: &mut HashMap<String, Weak<Device>>,
+    name: &str,
+    config: &DeviceConfig,
+) -> Result<Arc<Device>> {
+    // A device already open at the configured address is that device,
+    // whatever it was opened as (rdma_cm opens devices by address).
+    let at_addr = config.addr.and_then(|a| {
+        open.values()
+            .filter_map(Weak::upgrade)
+            .find(|d| d.addr() == a)
+    });
+    let device = match open
+        .get(name)
+        .and_then(Weak::upgrade)
+        .filter(|d| config.addr.is_none_or(|a| d.addr() == a))
+        .or(at_addr)
+    {
+        Some(d) => d,
+        None => {
+            let d = Arc::new(Device::open(config).map_err(io("ibv_open_device"))?);
+            open.insert(name.to_owned(), Arc::downgrade(&d));
+            d
+        }
+    };
+    Ok(device)
 }
 
 /// Every soft device open in this process, by name.
@@ -120,26 +132,30 @@ pub fn open_at(addr: IpAddr) -> Result<Context> {
         return info.open();
     }
     let listed = soft_devices()?.len();
-    let (live, name) = {
-        let open = open_devices();
-        let live = open.iter().find_map(|(name, d)| {
-            d.upgrade()
-                .filter(|d| d.addr() == addr)
-                .map(|_| name.clone())
-        });
-        // Named as the listed ones are, after them: roxe<N>, a name a
-        // sysfs entry and a shell word can hold (not the address).
-        let free = (listed..)
-            .map(|n| format!("roxe{n}"))
-            .find(|n| open.get(n).is_none_or(|d| d.upgrade().is_none()))
-            .unwrap_or_default();
-        (live, free)
-    };
     let config = DeviceConfig {
         addr: Some(addr),
         ..DeviceConfig::from_env()?
     };
-    device_with(live.unwrap_or(name), config).open()
+    // One lock from choosing the name to recording the device: another
+    // thread opening another address must not take the same free name
+    // (its entry would hide this device, and the next open here would
+    // start a second device at the address).
+    let mut open = open_devices();
+    let live = open.iter().find_map(|(name, d)| {
+        d.upgrade()
+            .filter(|d| d.addr() == addr)
+            .map(|_| name.clone())
+    });
+    // Named as the listed ones are, after them: roxe<N>, a name a sysfs
+    // entry and a shell word can hold (not the address).
+    let name = live.unwrap_or_else(|| {
+        (listed..)
+            .map(|n| format!("roxe{n}"))
+            .find(|n| open.get(n).is_none_or(|d| d.upgrade().is_none()))
+            .unwrap_or_default()
+    });
+    let device = open_soft(&mut open, &name, &config)?;
+    Ok(Context::new(name, Backed::Soft(device)))
 }
 
 /// A GUID from an address: the low 48 bits of its IPv6 (or mapped) form,
