@@ -423,10 +423,14 @@ fn ucp_runs_over_rc_and_ud_verbs() {
     }
 }
 
-/// A C program of tests/c, compiled here with `cc` and `flags`.
+/// A C program of tests/c, compiled here with `cc` and `flags`, into a
+/// directory of this call (two tests compiling one program at once must
+/// not remove each other's executable).
 fn compile(name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/c/{name}.c"));
-    let dir = scratch(&format!("cc-{name}"));
+    let dir = scratch(&format!("cc-{name}-{call}"));
     let exe = dir.join(name);
     let o = Command::new(compiler)
         .args(["-O2", "-Wall", "-o"])
