@@ -88,11 +88,9 @@ impl Requester {
     }
 
     /// For the completer: go back to PSN `r` (go-back-N). The next packet
-    /// sent is the one carrying it. False (nothing moved) when no
-    /// unfinished WQE holds `r`.
-    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
-        let found = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none());
-        if let Some(i) = found {
+    /// sent is the one carrying it.
+    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
+        if let Some(i) = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none()) {
             self.wqe_index = i;
             let w = &sq[i];
             self.pkt_index = if w.wr.opcode == SendOpcode::RdmaRead {
@@ -101,7 +99,6 @@ impl Requester {
                 r.distance(w.first_psn).unsigned_abs()
             };
         }
-        found.is_some()
     }
 
     /// For the completer's first tail-loss probe: the cursor goes back to
@@ -121,9 +118,11 @@ impl Requester {
             }
             _ => true,
         };
-        if !at_frontier || !self.rewind_to(sq, self.first_unsent_psn - 1) {
+        let last = self.first_unsent_psn - 1;
+        if !at_frontier || !sq.iter().any(|w| w.holds_psn(last) && w.done.is_none()) {
             return false;
         }
+        self.rewind_to(sq, last);
         self.ack_req_next = true;
         true
     }
