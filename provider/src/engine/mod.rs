@@ -35,7 +35,6 @@ mod objects;
 mod qp;
 mod req;
 mod resp;
-mod rtt;
 mod rx;
 mod sq;
 mod stats;
