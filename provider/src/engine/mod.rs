@@ -35,6 +35,7 @@ mod objects;
 mod qp;
 mod req;
 mod resp;
+mod rtt;
 mod rx;
 mod sq;
 mod stats;

@@ -141,6 +141,10 @@ pub(crate) struct Qp {
     pub comp: Completer,
     /// The retransmission and RNR timers, which both of them arm.
     pub timers: Timers,
+    /// The round trip, and the tail-loss probe it times (reliable QPs).
+    pub rtt: super::rtt::RttEstimator,
+    /// The window after losses (`rtt.rs`).
+    pub loss_window: super::rtt::LossWindow,
     /// The responder (`resp/`).
     pub resp: Responder,
     pub rq: VecDeque<RecvWqe>,
@@ -175,6 +179,9 @@ pub struct QpCounters {
     pub naks_sent: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
+    /// Tail-loss probes: resends after a few round trips of silence
+    /// (`rtt.rs`).
+    pub probes: u64,
 }
 
 impl Qp {
@@ -193,6 +200,8 @@ impl Qp {
             req: Requester::new(),
             comp: Completer::new(),
             timers: Timers::default(),
+            rtt: Default::default(),
+            loss_window: Default::default(),
             resp: Responder::new(),
             rq: VecDeque::new(),
             xrc: None,
@@ -618,6 +627,8 @@ impl Qp {
             rnr_retry_left,
             drops: self.drops,
             counters: self.counters,
+            srtt_ns: self.rtt.srtt(),
+            loss_window: self.loss_window.binding(),
         }
     }
 

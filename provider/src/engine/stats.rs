@@ -25,6 +25,9 @@ pub struct Stats {
     pub tx_retransmits: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Tail-loss probes sent (resends after a few round trips of silence,
+    /// which spend no retry).
+    pub probes: u64,
     /// NAKs sent (all kinds).
     pub naks_sent: u64,
     /// RNR NAKs received.
@@ -86,6 +89,10 @@ pub struct QpSnapshot {
     pub drops: DropCounts,
     /// What it sent and received.
     pub counters: QpCounters,
+    /// The measured round trip (ns), once a response timed one.
+    pub srtt_ns: Option<u64>,
+    /// The window (PSNs) after losses, while it is below the path's.
+    pub loss_window: Option<i32>,
 }
 
 /// One CQ as `roxe stat` shows it.

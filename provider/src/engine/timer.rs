@@ -23,13 +23,16 @@ pub(crate) enum Timer {
     /// No response came in time for the oldest unacknowledged PSN: go
     /// back to it, spending a retry (or fail with RETRY_EXC_ERR).
     Retransmit,
+    /// No response for a few round trips: resend from the oldest
+    /// unacknowledged PSN without spending a retry (`rtt.rs`).
+    Probe,
 }
 
 impl Timer {
     /// Every timer, in the order a QP fires those due at once: an RNR wait
     /// that ends restarts the retransmission timer, which is then no
-    /// longer due.
-    pub const ALL: [Timer; 2] = [Timer::RnrWait, Timer::Retransmit];
+    /// longer due; a retransmission re-arms the probe.
+    pub const ALL: [Timer; 3] = [Timer::RnrWait, Timer::Retransmit, Timer::Probe];
 }
 
 /// The deadlines of one QP's timers, `None` where stopped.

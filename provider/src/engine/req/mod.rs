@@ -418,17 +418,25 @@ impl Qp {
         (!self.timers.is_armed(Timer::RnrWait)).then_some(mode)
     }
 
-    /// The limits this QP sends under now.
+    /// The window the path allows, losses aside: rxe's 128 PSNs, or the
+    /// loopback window towards a peer on this host.
     #[inline(always)]
-    fn send_limits(&self, cx: &QpCtx) -> SendLimits {
-        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
-        let window = if loopback {
+    pub(super) fn path_window(&self, cx: &QpCtx) -> i32 {
+        if self.peer.is_some_and(|p| cx.config.uses_loopback_window(p)) {
             cx.config
                 .loopback_window
                 .clamp(1, super::config::MAX_LOOPBACK_WINDOW)
         } else {
             MAX_UNACKED_PSNS
-        };
+        }
+    }
+
+    /// The limits this QP sends under now.
+    #[inline(always)]
+    fn send_limits(&self, cx: &QpCtx) -> SendLimits {
+        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
+        let path_window = self.path_window(cx);
+        let window = self.loss_window.limit(path_window);
         SendLimits {
             qp_type: self.init.qp_type,
             reliable: self.sends_reliably(),
@@ -550,14 +558,19 @@ impl Qp {
     /// runs; an unreliable message completes with its last packet.
     #[inline(always)]
     fn packet_sent(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &NextPacket, limits: &SendLimits) {
-        if self.req.advance(pkt) {
+        let again = self.req.advance(pkt);
+        if again {
             cx.stats.tx_retransmits += 1;
             self.counters.tx_retransmits += 1;
         }
         if limits.reliable {
+            self.rtt.sent(pkt.psn, now, again);
             if !self.timers.is_armed(Timer::Retransmit) {
                 let timeout = self.ack_timeout();
                 self.timers.arm_after(Timer::Retransmit, now, timeout);
+            }
+            if !self.timers.is_armed(Timer::Probe) {
+                self.arm_probe(now);
             }
         } else if pkt.last {
             // Unreliable: complete as soon as the last packet is handed over.
