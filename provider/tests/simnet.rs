@@ -4437,6 +4437,71 @@ fn a_lost_tail_is_probed_in_milliseconds() {
     }
 }
 
+/// A late (here: lost) ACK of a multi-packet message costs one packet:
+/// the first probe resends only the highest PSN sent, asking for an ACK,
+/// and the responder, which has everything, re-ACKs it all. Going back to
+/// the oldest unacknowledged PSN would resend the whole message.
+#[test]
+fn a_probe_after_a_lost_ack_resends_one_packet() {
+    let (mut net, a, b) = pair_with_a_measured_round_trip(43);
+    let data = pattern(43, 8192);
+    fill(&mut net, a, 0, &data);
+    let mut dropped = false;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        let hit = !dropped && s.opcode == Some(Opcode::RcAcknowledge);
+        dropped |= hit;
+        hit
+    }));
+    let before = net.engines[a.e].stats().tx_retransmits;
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 8192, b, 1024),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 1024, 8192), data);
+    let st = net.engines[a.e].stats();
+    assert_eq!((st.timeouts, st.probes), (0, 1));
+    assert_eq!(st.tx_retransmits - before, 1, "one packet of 8 resent");
+}
+
+/// A lost packet whose sequence NAK is lost too: the responder stays
+/// silent on the later packets and on the first probe (it NAKed the gap
+/// once), so the second probe goes back to the oldest unacknowledged PSN,
+/// tens of milliseconds later rather than after the 2.1 s timeout, and
+/// spends no retry.
+#[test]
+fn a_lost_packet_and_its_lost_nak_are_repaired_by_the_go_back_probe() {
+    let (mut net, a, b) = pair_with_a_measured_round_trip(44);
+    let data = pattern(44, 8192);
+    fill(&mut net, a, 0, &data);
+    let (mut middles, mut nak_dropped) = (0, false);
+    net.drop_if = Some(Box::new(move |s: &Seen| match s.opcode {
+        Some(Opcode::RcWriteMiddle) => {
+            middles += 1;
+            middles == 3
+        }
+        Some(Opcode::RcAcknowledge) if middles >= 3 && !nak_dropped => {
+            nak_dropped = true;
+            true
+        }
+        _ => false,
+    }));
+    let start = net.now;
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 8192, b, 1024),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    let took = net.now - start;
+    assert_eq!(read(&net, b, 1024, 8192), data);
+    let st = net.engines[a.e].stats();
+    assert_eq!((st.timeouts, st.probes), (0, 2));
+    assert!(took < 50_000_000, "took {took} ns");
+    assert_eq!(retries_left(&net, a), 7, "probes spend no retry");
+}
+
 /// A peer that stops answering still fails the QP with RETRY_EXC_ERR
 /// after `retry_cnt` retransmission timeouts: probes come first and spend
 /// nothing, and the timeout is not postponed by them.

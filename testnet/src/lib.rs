@@ -1,4 +1,6 @@
-//! Loopback addresses and ports for the workspace's tests, never shared.
+//! Loopback addresses and ports for the workspace's tests, never shared
+//! (and, in [`roce_check`], how the tests pass their captures through the
+//! independent checker).
 //!
 //! Tests open soft devices (each one IP address with UDP port 4791) and run
 //! programs that listen on TCP ports. Cargo runs the tests of one binary on
@@ -34,6 +36,8 @@
 //!
 //! `tests/no_fixed_addresses.rs` fails when a test of the workspace names a
 //! loopback address or a port of its own instead.
+
+pub mod roce_check;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -36,17 +36,14 @@ fn in_namespace(script: &str) -> Output {
         .expect("run unshare")
 }
 
-/// `../shared/tools/roce-check --strict` must pass `pcap` (when present).
+/// `../shared/tools/roce-check --strict` must pass `pcap` (when present;
+/// see `roxe_testnet::roce_check`).
 fn roce_check_strict(pcap: &Path) {
     let roce_check = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
     if roce_check.is_file() {
-        let rc = Command::new("python3")
-            .arg(&roce_check)
-            .args(["--strict", "-q"])
-            .arg(pcap)
-            .output()
-            .unwrap();
-        assert!(rc.status.success(), "{}", text(&rc));
+        if let Err(report) = roxe_testnet::roce_check::strict(&roce_check, pcap) {
+            panic!("{report}");
+        }
     }
 }
 

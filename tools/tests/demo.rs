@@ -68,18 +68,13 @@ fn demo_passes_and_its_capture_is_clean() {
     assert!(summary.contains(" 0 bad"), "{summary}");
 
     if let Some(rc) = roce_check() {
-        let out = Command::new("python3")
-            .arg(rc)
-            .arg("--strict")
-            .arg(&pcap)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        println!(
-            "{}",
-            text.lines().rev().take(6).collect::<Vec<_>>().join("\n")
-        );
-        assert!(out.status.success(), "roce-check --strict failed:\n{text}");
+        match roxe_testnet::roce_check::strict(&rc, &pcap) {
+            Ok(text) => println!(
+                "{}",
+                text.lines().rev().take(6).collect::<Vec<_>>().join("\n")
+            ),
+            Err(text) => panic!("roce-check --strict failed:\n{text}"),
+        }
     }
     let _ = std::fs::remove_file(&pcap);
 }

@@ -158,18 +158,9 @@ fn roce_check(pcap: &Path) {
         eprintln!("roce-check not found: {} not checked", pcap.display());
         return;
     }
-    let o = Command::new("python3")
-        .arg(&tool)
-        .args(["--strict", "-q"])
-        .arg(pcap)
-        .output()
-        .expect("run roce-check");
-    assert!(
-        o.status.success(),
-        "roce-check --strict {}:\n{}",
-        pcap.display(),
-        text(&o)
-    );
+    if let Err(report) = roxe_testnet::roce_check::strict(&tool, pcap) {
+        panic!("roce-check --strict {}:\n{report}", pcap.display());
+    }
     eprintln!("roce-check --strict {}: PASS", pcap.display());
 }
 

@@ -28,6 +28,7 @@ pub mod bth;
 pub mod cm;
 pub mod ext;
 pub mod frame;
+pub mod frontier;
 pub mod icrc;
 pub mod ip;
 pub mod lint;

@@ -551,19 +551,24 @@ impl Qp {
                     srtt_ns = self.rtt.srtt().unwrap_or(0),
                     "tail-loss probe"
                 );
+                let first = self.rtt.probes_sent() == 0;
                 self.rtt.probed();
-                // Go back to the oldest unacknowledged PSN, as a timeout
-                // would, without spending a retry: the responder executes
-                // what it lacks and re-ACKs what it has (a lone last
-                // packet would not do: a responder that NAKed a gap once
-                // stays silent on later packets, and that NAK may be the
-                // packet lost). Under the halved window the resend is
-                // small.
                 cx.stats.probes += 1;
                 self.counters.probes += 1;
-                self.req.rewind_to(&self.sq, una);
-                let path = self.path_window(cx);
-                self.loss_window.lost(path);
+                // The first probe of a silence resends only the highest
+                // PSN sent, asking for an ACK: a responder that has
+                // everything re-ACKs it all (a late ACK costs one packet,
+                // not a window), one that lacks a PSN NAKs the gap. If it
+                // NAKed the gap already it stays silent (that NAK may be
+                // the packet lost), so the next probe goes back to the
+                // oldest unacknowledged PSN, as a timeout would, without
+                // spending a retry; under the halved window the resend is
+                // small.
+                if !(first && self.req.resend_last(&self.sq)) {
+                    self.req.rewind_to(&self.sq, una);
+                    let path = self.path_window(cx);
+                    self.loss_window.lost(path);
+                }
                 self.arm_probe(now);
             }
         }

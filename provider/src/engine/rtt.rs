@@ -7,13 +7,18 @@
 //! sets to about 2 s. So the requester measures the round trip (one
 //! sample in flight at a time, none across a retransmission: Karn's rule,
 //! as TCP) and, [`RttEstimator::probe_after`] without any response while
-//! PSNs are outstanding, goes back to the oldest unacknowledged one: a
-//! *probe*. A probe is what a retransmission is on the wire (the responder
-//! answers a duplicate with an ACK, a missing PSN by executing it), so any
-//! peer (rxe, a NIC) handles it; it does not spend the QP's `retry_cnt`,
-//! and the Local ACK Timeout keeps running untouched, so a dead peer still
-//! fails the QP with RETRY_EXC_ERR after `retry_cnt` real timeouts. At
-//! most [`MAX_PROBES`] probes per silence, each after twice the last wait.
+//! PSNs are outstanding, sends a *probe*: first the highest PSN sent
+//! again, asking for an ACK (a responder that has everything re-ACKs it
+//! all, one that lacks a PSN NAKs the gap: one packet, where a late ACK
+//! on a loaded host would otherwise cost a window resent); then, if that
+//! too goes unanswered (the responder NAKed the gap before and that NAK
+//! was lost), go-back-N from the oldest unacknowledged PSN. A probe is
+//! what a retransmission is on the wire, so any peer (rxe, a NIC) handles
+//! it; it does not spend the QP's `retry_cnt`, and the Local ACK Timeout
+//! keeps running untouched, so a dead peer still fails the QP with
+//! RETRY_EXC_ERR after `retry_cnt` real timeouts. At most [`MAX_PROBES`]
+//! probes per silence, each after twice the last wait, a go-back after
+//! at least [`GO_BACK_PROBE_FLOOR`].
 
 use super::Nanos;
 use roxe_wire::Psn;
@@ -22,6 +27,11 @@ use roxe_wire::Psn;
 /// (a responder's progress thread asleep, its ACK coalesced), so that a
 /// probe is almost never spurious.
 pub(crate) const PROBE_FLOOR: Nanos = 1_000_000;
+
+/// The shortest wait before a probe that goes back to the oldest
+/// unacknowledged PSN (the second and later of a silence): a spurious one
+/// resends a window, so it waits out longer stalls of a loaded host.
+pub(crate) const GO_BACK_PROBE_FLOOR: Nanos = 2_000_000;
 
 /// Probes per silence (reset by a response that moves the window).
 pub(crate) const MAX_PROBES: u8 = 3;
@@ -84,7 +94,15 @@ impl RttEstimator {
             return None;
         }
         let base = (2 * self.srtt + 4 * self.rttvar).max(PROBE_FLOOR);
-        Some(base << self.probes)
+        Some(match self.probes {
+            0 => base,
+            n => (base << n).max(GO_BACK_PROBE_FLOOR << (n - 1)),
+        })
+    }
+
+    /// Probes sent since the window last moved.
+    pub fn probes_sent(&self) -> u8 {
+        self.probes
     }
 
     /// A probe went out.
@@ -130,8 +148,9 @@ mod tests {
         r.acked_before(Psn::new(2), 30_000);
         assert_eq!(r.probe_after(), Some(PROBE_FLOOR));
         r.probed();
-        assert_eq!(r.probe_after(), Some(2 * PROBE_FLOOR));
+        assert_eq!(r.probe_after(), Some(GO_BACK_PROBE_FLOOR));
         r.probed();
+        assert_eq!(r.probe_after(), Some(2 * GO_BACK_PROBE_FLOOR));
         r.probed();
         assert_eq!(r.probe_after(), None, "at most MAX_PROBES per silence");
         // The window moves: probing may start again.

@@ -52,6 +52,8 @@ pub(crate) struct Requester {
     /// Packets sent since the last one that asked for an ACK (rxe's
     /// `noack_pkts`).
     pkts_since_ack_req: u32,
+    /// The next packet asks for an ACK whatever its place (a probe's).
+    ack_req_next: bool,
 }
 
 impl Requester {
@@ -62,6 +64,7 @@ impl Requester {
             next_psn: Psn::new(0),
             first_unsent_psn: Psn::new(0),
             pkts_since_ack_req: 0,
+            ack_req_next: false,
         }
     }
 
@@ -96,6 +99,32 @@ impl Requester {
                 r.distance(w.first_psn).unsigned_abs()
             };
         }
+    }
+
+    /// For the completer's first tail-loss probe: the cursor goes back to
+    /// the highest PSN sent, which leaves again asking for an ACK, and the
+    /// cursor then goes on where it was. False (nothing moved) unless the
+    /// cursor is at the frontier of what was ever sent (not inside a
+    /// go-back) and a WQE still holds that PSN.
+    pub fn resend_last(&mut self, sq: &SendQueue) -> bool {
+        let at_frontier = match sq.get(self.wqe_index) {
+            Some(w) if w.started && w.done.is_none() => {
+                let index = if w.wr.opcode == SendOpcode::RdmaRead {
+                    w.read_pkts
+                } else {
+                    self.pkt_index
+                };
+                !(w.first_psn + index).is_before(self.first_unsent_psn)
+            }
+            _ => true,
+        };
+        let last = self.first_unsent_psn - 1;
+        if !at_frontier || !sq.iter().any(|w| w.holds_psn(last) && w.done.is_none()) {
+            return false;
+        }
+        self.rewind_to(sq, last);
+        self.ack_req_next = true;
+        true
     }
 
     /// For the completer: the send queue's oldest WQE was retired, and
@@ -150,7 +179,8 @@ impl Requester {
     #[inline]
     fn asks_for_ack(&mut self, reliable: bool, last: bool) -> bool {
         self.pkts_since_ack_req += 1;
-        let ack_req = reliable && (last || self.pkts_since_ack_req >= ACK_REQ_EVERY);
+        let forced = std::mem::take(&mut self.ack_req_next);
+        let ack_req = reliable && (last || forced || self.pkts_since_ack_req >= ACK_REQ_EVERY);
         if ack_req {
             self.pkts_since_ack_req = 0;
         }
