@@ -12,9 +12,8 @@
 //! unknown it may consume up to one per 256 bytes, so its frontier is its
 //! PSN plus that many.
 
-use crate::frame::Datagram;
 use crate::opcode::{Operation, Transport};
-use crate::pcap::{self, CaptureReader, PcapError, L3};
+use crate::pcap::{self, PcapError};
 use crate::{PacketRepr, Psn};
 use std::collections::HashMap;
 use std::io::Read;
@@ -104,19 +103,9 @@ impl Frontier {
 pub fn skipped_psns<R: Read>(capture: R) -> Result<Vec<SkippedPsns>, PcapError> {
     let mut frontier = Frontier::default();
     let mut found = Vec::new();
-    for rec in CaptureReader::new(capture)? {
-        let rec = rec?;
-        let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = pcap::link_payload(rec.link, &rec.data) else {
-            continue;
-        };
-        let Ok(dg) = Datagram::parse(ip) else {
-            continue;
-        };
-        let Ok(p) = PacketRepr::parse_bytes(dg.payload) else {
-            continue;
-        };
-        found.extend(frontier.see(rec.frame, dg.src, dg.dst, &p));
-    }
+    pcap::for_each_roce_packet(capture, |frame, dg, p| {
+        found.extend(frontier.see(frame, dg.src, dg.dst, p));
+    })?;
     Ok(found)
 }
 

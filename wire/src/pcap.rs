@@ -832,6 +832,27 @@ pub fn link_payload(link: LinkType, data: &[u8]) -> Option<L3<'_>> {
     }
 }
 
+/// Call `f` with the frame number, UDP datagram and parsed RoCEv2 packet of
+/// every record of `capture` that holds one (other records are skipped).
+pub fn for_each_roce_packet<R: Read>(
+    capture: R,
+    mut f: impl FnMut(u64, &crate::frame::Datagram<'_>, &crate::PacketRepr<'_>),
+) -> Result<(), PcapError> {
+    for rec in CaptureReader::new(capture)? {
+        let rec = rec?;
+        let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = link_payload(rec.link, &rec.data) else {
+            continue;
+        };
+        let Ok(dg) = crate::frame::Datagram::parse(ip) else {
+            continue;
+        };
+        if let Ok(p) = crate::PacketRepr::parse_bytes(dg.payload) {
+            f(rec.frame, &dg, &p);
+        }
+    }
+    Ok(())
+}
+
 /// Writes a classic pcap file (nanosecond-resolution magic 0xa1b23c4d,
 /// little-endian, version 2.4, snaplen [`WRITER_SNAPLEN`]) with Ethernet
 /// framing, so Wireshark, tshark and other tools read it.

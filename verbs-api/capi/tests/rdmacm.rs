@@ -69,27 +69,13 @@ struct CmView {
 
 fn cm_view(path: &Path) -> CmView {
     use roxe_wire::cm::{CmMad, CmMessage, GSI_QPN};
-    use roxe_wire::frame::Datagram;
-    use roxe_wire::pcap::{self, L3};
-    use roxe_wire::PacketRepr;
     let mut v = CmView {
         mads: Vec::new(),
         offers: Vec::new(),
         first_requests: Vec::new(),
     };
     let file = std::fs::File::open(path).expect("open the capture");
-    let reader = pcap::CaptureReader::new(std::io::BufReader::new(file)).expect("a pcap file");
-    for rec in reader {
-        let rec = rec.expect("a pcap record");
-        let Some(L3::Ipv4(ip) | L3::Ipv6(ip)) = pcap::link_payload(rec.link, &rec.data) else {
-            continue;
-        };
-        let Ok(dg) = Datagram::parse(ip) else {
-            continue;
-        };
-        let Ok(p) = PacketRepr::parse_bytes(dg.payload) else {
-            continue;
-        };
+    roxe_wire::pcap::for_each_roce_packet(std::io::BufReader::new(file), |_, dg, p| {
         if p.bth.dest_qp == GSI_QPN {
             let mad = CmMad::parse(p.payload).expect("a CM MAD on QP1");
             v.mads.push(mad.message.name());
@@ -108,7 +94,8 @@ fn cm_view(path: &Path) -> CmView {
             v.first_requests
                 .push((dg.src, p.bth.dest_qp, p.bth.psn.value()));
         }
-    }
+    })
+    .expect("a pcap file");
     v
 }
 

@@ -88,9 +88,11 @@ impl Requester {
     }
 
     /// For the completer: go back to PSN `r` (go-back-N). The next packet
-    /// sent is the one carrying it.
-    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) {
-        if let Some(i) = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none()) {
+    /// sent is the one carrying it. False (nothing moved) when no
+    /// unfinished WQE holds `r`.
+    pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
+        let found = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none());
+        if let Some(i) = found {
             self.wqe_index = i;
             let w = &sq[i];
             self.pkt_index = if w.wr.opcode == SendOpcode::RdmaRead {
@@ -99,6 +101,7 @@ impl Requester {
                 r.distance(w.first_psn).unsigned_abs()
             };
         }
+        found.is_some()
     }
 
     /// For the completer's first tail-loss probe: the cursor goes back to
@@ -118,11 +121,9 @@ impl Requester {
             }
             _ => true,
         };
-        let last = self.first_unsent_psn - 1;
-        if !at_frontier || !sq.iter().any(|w| w.holds_psn(last) && w.done.is_none()) {
+        if !at_frontier || !self.rewind_to(sq, self.first_unsent_psn - 1) {
             return false;
         }
-        self.rewind_to(sq, last);
         self.ack_req_next = true;
         true
     }
