@@ -106,7 +106,9 @@ if [ $MODE = c ]; then
   fi
   LIBDIR=$(cd "$LIBDIR" 2>/dev/null && pwd) || die "--libdir: no such directory"
   [ -f "$LIBDIR/libibverbs.so.1" ] || die "no libibverbs.so.1 in $LIBDIR"
-elif [ ! -x "$ROXE" ]; then
+fi
+# Both modes: `roxe decode` checks the captures' PSN order.
+if [ ! -x "$ROXE" ]; then
   say "building roxe (cargo build --release -p roxe-tools)"
   (cd "$repo" && cargo build --release -p roxe-tools) >"$OUT/build.log" 2>&1 ||
     die "cargo build failed, see $OUT/build.log"
@@ -167,15 +169,25 @@ mbit_line() { grep -m1 -E '^[0-9]+ bytes in .* Mbit/sec$' "$1"; }
 # itself reported drops (a capture artefact on a loaded host: then only a
 # warning).
 check_capture() { # pcap size iters tcpdump-drops -> prints a summary, returns 0/1
-  python3 - "$ROCE_CHECK" "$1" "$2" "$3" "$4" "$PMTU" "$HOST_IP" "$GUEST_IP" <<'EOF'
+  python3 - "$ROCE_CHECK" "$1" "$2" "$3" "$4" "$PMTU" "$HOST_IP" "$GUEST_IP" "$ROXE" <<'EOF'
 import json, subprocess, sys
-chk, pcap, size, iters, drops, pmtu, host, guest = sys.argv[1:]
+chk, pcap, size, iters, drops, pmtu, host, guest, roxe = sys.argv[1:]
 size, iters, drops, pmtu = int(size), int(iters), int(drops), int(pmtu)
 r = subprocess.run([sys.executable, chk, "--json", pcap], capture_output=True, text=True)
 try:
     f = json.loads(r.stdout)["files"][0]
 except Exception:
     print(f"roce-check failed (exit {r.returncode}): {r.stderr.strip()[:300]}")
+    sys.exit(1)
+# roce-check calls any forward PSN jump after a retransmission a gap; a
+# requester whose go-back is overtaken by the ACK jumps legally. PSNs only
+# count as missing if some requester sent a PSN first before an older one
+# it never sent (roxe decode's psn-skipped).
+d = subprocess.run([roxe, "decode", "--json", pcap], capture_output=True, text=True)
+try:
+    skipped = json.loads(d.stdout)["files"][0]["warnings_by_kind"].get("psn-skipped", 0)
+except Exception:
+    print(f"roxe decode failed (exit {d.returncode}): {d.stderr.strip()[:300]}")
     sys.exit(1)
 ok = r.returncode == 0 and f.get("result") == "PASS"
 per_msg = max(1, -(-size // pmtu))
@@ -187,10 +199,12 @@ for src, dst in ((host, guest), (guest, host)):
         dirs.append(f"{src}>{dst}: {len(fl)} request flows"); ok = False; continue
     x = fl[0]
     span = ((x["last_psn"] - x["first_psn"]) & 0xFFFFFF) + 1
-    good = span == want and x["gaps"] == 0
+    good = span == want and (x["gaps"] == 0 or skipped == 0)
     ok &= good or drops > 0
     name = "roxe->rxe" if src == host else "rxe->roxe"
     short = "" if good else f" (want {want}, {x['missing_psns']} not captured)"
+    if good and x["gaps"]:
+        short = f" (go-back overtaken by an ACK {x['gaps']}x, no PSN skipped)"
     dirs.append(f"{name} {span} PSNs{short} retrans {x['retransmitted']}")
 naks = sum(f["naks"].values()) if isinstance(f["naks"], dict) else f["naks"]
 ic = f["icrc"]
@@ -219,13 +233,15 @@ run_case() { # mode(client|server) size iters
   local common=(-s "$size" -n "$iters" -m "$PMTU" -p "$port")
   local rcmd=(env ROXE_ADDR="$HOST_IP" ROXE_PCAP="$OUT/$tag.roxe-tap.pcap"
     timeout $((WAIT + 30)) "$RXE_PEER/ns" "$ROXE" pingpong -g 0 "${common[@]}" --timeout "$WAIT" --stats)
-  local gcmd="timeout $WAIT ibv_rc_pingpong -d rxe0 -g $GUEST_GIDX ${common[*]}"
+  # the rxe side outlives a stalled roxe side, for rxe_qp_state
+  local gcmd="timeout $((WAIT + 20)) ibv_rc_pingpong -d rxe0 -g $GUEST_GIDX ${common[*]}"
   local rrc grc
   if [ "$mode" = client ]; then
     # rxe server first; roxe's client retries a refused connect until it listens.
     timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd" >"$glog" 2>&1 &
     local gp=$!; bg_pids+=("$gp")
     "${rcmd[@]}" "$GUEST_IP" >"$rlog" 2>&1; rrc=$?
+    [ $rrc = 0 ] || rxe_qp_state "$tag"
     wait "$gp"; grc=$?
   else
     "${rcmd[@]}" >"$rlog" 2>&1 &
@@ -233,8 +249,11 @@ run_case() { # mode(client|server) size iters
     if ! wait_for 15 sh -c "'$RXE_PEER/ns' ss -Hltn 'sport = :$port' | grep -q ."; then
       say "WARNING: roxe server not listening on $port after 15 s"
     fi
-    timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd $HOST_IP" >"$glog" 2>&1; grc=$?
+    timeout $((WAIT + 30)) "$RXE_PEER/exec" 1 "$gcmd $HOST_IP" >"$glog" 2>&1 &
+    local gp=$!; bg_pids+=("$gp")
     wait "$rp"; rrc=$?
+    [ $rrc = 0 ] || rxe_qp_state "$tag"
+    wait "$gp"; grc=$?
   fi
   sleep 1     # let the last ACK reach the capture before tcpdump stops
   stop_pid "$td"
@@ -261,10 +280,12 @@ run_case() { # mode(client|server) size iters
     echo "--- ibv_rc_pingpong output ($glog):"; cat "$glog"
     echo "--- rxe hw_counters:"
     timeout 30 "$RXE_PEER/exec" 1 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep . *' 2>&1 | tr '\n' ' '; echo
+    [ -f "$OUT/$tag.rxe-qp-state.txt" ] && { echo "--- rxe QPs while the rxe side still ran:"; cat "$OUT/$tag.rxe-qp-state.txt"; }
     echo "--- roce-check:"; python3 "$ROCE_CHECK" "$pcap" 2>&1 | tail -25
   fi
   case $csum in *WARNING*) warnings=$((warnings + 1)) ;; esac
   results+=("$verdict:$mode:$size:$iters")
+  last_verdict=$verdict last_pcap=$pcap last_qpstate=$OUT/$tag.rxe-qp-state.txt
 }
 
 # --- --c-programs: rdma-core / perftest programs over roxe's libibverbs -------
@@ -275,15 +296,25 @@ run_case() { # mode(client|server) size iters
 # when tcpdump reported drops). Prints a one-line summary incl. per-direction
 # retransmissions (the roxe->rxe ones are roxe's tx retransmits).
 check_capture_c() { # pcap span tcpdump-drops
-  python3 - "$ROCE_CHECK" "$1" "$2" "$3" "$HOST_IP" "$GUEST_IP" <<'PY'
+  python3 - "$ROCE_CHECK" "$1" "$2" "$3" "$HOST_IP" "$GUEST_IP" "$ROXE" <<'PY'
 import json, subprocess, sys
-chk, pcap, span, drops, host, guest = sys.argv[1:]
+chk, pcap, span, drops, host, guest, roxe = sys.argv[1:]
 span, drops = int(span), int(drops)
 r = subprocess.run([sys.executable, chk, "--json", pcap], capture_output=True, text=True)
 try:
     f = json.loads(r.stdout)["files"][0]
 except Exception:
     print(f"roce-check failed (exit {r.returncode}): {r.stderr.strip()[:300]}")
+    sys.exit(1)
+# roce-check calls any forward PSN jump after a retransmission a gap; a
+# requester whose go-back is overtaken by the ACK jumps legally. PSNs only
+# count as missing if some requester sent a PSN first before an older one
+# it never sent (roxe decode's psn-skipped).
+d = subprocess.run([roxe, "decode", "--json", pcap], capture_output=True, text=True)
+try:
+    skipped = json.loads(d.stdout)["files"][0]["warnings_by_kind"].get("psn-skipped", 0)
+except Exception:
+    print(f"roxe decode failed (exit {d.returncode}): {d.stderr.strip()[:300]}")
     sys.exit(1)
 ic = f["icrc"]
 ok = r.returncode == 0 and f.get("result") == "PASS" and ic["unchecked"] == 0 and ic["bad"] == 0
@@ -298,9 +329,11 @@ for src, dst, name in ((host, guest, "roxe->rxe"), (guest, host, "rxe->roxe")):
     if span:
         x = req[0]
         got = ((x["last_psn"] - x["first_psn"]) & 0xFFFFFF) + 1
-        good = len(req) == 1 and got == span and x["gaps"] == 0
+        good = len(req) == 1 and got == span and (x["gaps"] == 0 or skipped == 0)
         ok &= good or drops > 0
         s += f", {got} PSNs" + ("" if good else f" (want {span}, {x['missing_psns']} not captured)")
+        if good and x["gaps"]:
+            s += f" (go-back overtaken by an ACK {x['gaps']}x, no PSN skipped)"
     dirs.append(s)
 naks = sum(f["naks"].values()) if isinstance(f["naks"], dict) else f["naks"]
 ops = f["opcodes"]; ud = sum(v for k, v in ops.items() if k.startswith("UD_"))
@@ -578,12 +611,30 @@ if [ $MODE = c ]; then
   exit
 fi
 
+# A run that ends in rxe's retry stall (see rxe_retry_stall) is repeated,
+# at most 3 times per script run, each logged; any other failure counts.
+run_case_retrying() { # mode size iters
+  local attempt
+  for attempt in 1 2 3 4; do
+    run_case "$@"
+    if [ "$last_verdict" = FAIL ] && [ $attempt -lt 4 ] && [ "$rxe_stalls" -lt 3 ] &&
+      rxe_retry_stall "$last_pcap" "$last_qpstate"; then
+      rxe_stalls=$((rxe_stalls + 1))
+      say "roxe $1, size $2: rxe's requester stalled in a spurious resend of an acknowledged message (rxe 6.1 retry stall); again"
+      echo "   (the run above is repeated: rxe's retry stall, see tests/rxe/README.md)" >>"$OUT/summary.txt"
+      failures=$((failures - 1)); unset 'results[-1]'
+      continue
+    fi
+    return
+  done
+}
+
 for c in $CASES; do
-  run_case client "${c%%:*}" "${c##*:}"
-  run_case server "${c%%:*}" "${c##*:}"
+  run_case_retrying client "${c%%:*}" "${c##*:}"
+  run_case_retrying server "${c%%:*}" "${c##*:}"
 done
 
 n=${#results[@]}
-summary="roxe<->rxe interop: $([ $failures = 0 ] && echo PASS || echo FAIL) $((n - failures))/$n runs (roxe client+server x size:iters ${CASES// /,}, pmtu $PMTU), tcpdump captures roce-checked$([ $warnings = 0 ] || echo " ($warnings incomplete)"); logs in $OUT"
+summary="roxe<->rxe interop: $([ $failures = 0 ] && echo PASS || echo FAIL) $((n - failures))/$n runs (roxe client+server x size:iters ${CASES// /,}, pmtu $PMTU), tcpdump captures roce-checked$([ $warnings = 0 ] || echo " ($warnings incomplete)")$([ $rxe_stalls = 0 ] || echo "; $rxe_stalls run(s) repeated after rxe's retry stall"); logs in $OUT"
 echo "$summary" | tee -a "$OUT/summary.txt"
 [ $failures = 0 ]

@@ -4,6 +4,7 @@
 use clap::Args as ClapArgs;
 use roxe_wire::cm::{self, rdma_cm, CmMad, CmMessage};
 use roxe_wire::frame::Datagram;
+use roxe_wire::frontier::Frontier;
 use roxe_wire::ip::UdpChecksum;
 use roxe_wire::lint::{lint, Severity};
 use roxe_wire::pcap::{self, CaptureRecord, L3};
@@ -68,6 +69,8 @@ pub(crate) struct Summary {
     naks: BTreeMap<String, u64>,
     cnps: u64,
     udp_checksum: BTreeMap<&'static str, u64>,
+    /// Each requester's highest PSN sent, to find PSNs it never sent.
+    frontier: Frontier,
 }
 
 impl Summary {
@@ -349,6 +352,22 @@ pub(crate) fn decode_frame(ports: &[u16], rec: &CaptureRecord, s: &mut Summary) 
                 Ok(r) => {
                     describe_headers(&r, &mut d);
                     describe_cm(&r, &mut d);
+                    // A requester may go back and, overtaken by an ACK,
+                    // jump ahead again; it may never send a PSN first
+                    // before an older one it never sent.
+                    if let Some(skip) = s.frontier.see(rec.frame, dg.src, dg.dst, &r) {
+                        d.findings.push(Finding {
+                            severity: Severity::Warning,
+                            kind: "psn-skipped",
+                            text: format!(
+                                "requester sent PSN {} first, {} PSNs after the highest it had sent ({}); \
+                                 they were never sent (or the capture lost them)",
+                                skip.got.value(),
+                                skip.expected.distance(skip.got),
+                                (skip.expected - 1).value()
+                            ),
+                        });
+                    }
                 }
                 Err(e) => err(&mut d, error_kind(&e), e.to_string()),
             }

@@ -9,6 +9,7 @@ mod demo;
 mod info;
 mod perf;
 mod pingpong;
+mod plot;
 mod run;
 mod stat;
 
@@ -198,6 +199,12 @@ enum Command {
     /// with its ICRC verified over the real IP header; a summary at the
     /// end. Exit status as decode's. Needs CAP_NET_RAW.
     Capture(capture::Args),
+    /// Draw PSN against time per QP from a capture, as an SVG a browser
+    /// opens: first sends, retransmissions, duplicates, out-of-order
+    /// arrivals, ACKs, sequence and RNR NAKs marked. Exit status 2 when a
+    /// file cannot be read or written, 3 when the capture holds no RC, UC
+    /// or XRC request.
+    Plot(plot::Args),
     /// perftest-style bandwidth and latency between two processes.
     Perf(perf::Args),
     /// Ping-pong SENDs over an RC QP, as rdma-core's ibv_rc_pingpong.
@@ -233,6 +240,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Decode(args) => decode::run(&args),
         Command::Capture(a) => capture::run(&a),
+        Command::Plot(a) => plot::run(&a),
         Command::Perf(a) => perf::run(&a),
         Command::Pingpong(a) => pingpong::run(&a),
         Command::Stat(a) => stat::run(&a),

@@ -394,3 +394,51 @@ fn verdicts_agree_with_roce_check_on_every_golden_capture() {
         files.len()
     );
 }
+
+/// Requests of one RC flow with these PSNs, in this order, as a capture.
+fn write_requests(path: &Path, psns: &[u32]) {
+    let mut w = PcapWriter::new(Vec::new()).unwrap();
+    let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+    let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
+    let payload = [0u8; 256]; // a MIDDLE packet carries a whole PMTU
+    let mut buf = [0u8; 512];
+    for &psn in psns {
+        let pkt = PacketRepr {
+            bth: BthRepr::new(Opcode::RcSendMiddle, 0x11, Psn::new(psn)),
+            ext: ExtHeaders::NONE,
+            payload: &payload,
+        };
+        let n = build_datagram(&mut buf, a, b, 0xc000, 4791, IpFields::default(), &pkt).unwrap();
+        w.write_ip(1, &buf[..n]).unwrap();
+    }
+    std::fs::write(path, w.into_inner().unwrap()).unwrap();
+}
+
+#[test]
+fn a_requester_that_skips_psns_is_warned_about_but_a_go_back_is_not() {
+    // 100..=109 sent, a go-back to 103 overtaken by an ACK at 105, then
+    // on with 110: every PSN was sent once in order.
+    let legal = tmp("go-back.pcap");
+    let mut psns: Vec<u32> = (100..110).chain(103..106).chain(110..112).collect();
+    write_requests(&legal, &psns);
+    let out = roxe(&["decode", "--json", legal.to_str().unwrap()]);
+    let f = json_of(&out)["files"][0].clone();
+    assert_eq!(out.status.code(), Some(0), "{f}");
+    assert_eq!(f["warnings_by_kind"].get("psn-skipped"), None, "{f}");
+    // 112..=113 never sent.
+    let skipping = tmp("skip.pcap");
+    psns.push(114);
+    write_requests(&skipping, &psns);
+    let out = roxe(&["decode", "-v", skipping.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a warning, not a failure: {text}"
+    );
+    assert!(
+        text.contains("warning [psn-skipped]: requester sent PSN 114 first, 2 PSNs after the highest it had sent (111)"),
+        "{text}"
+    );
+    assert!(text.contains("warnings: psn-skipped x1"), "{text}");
+}
