@@ -248,7 +248,7 @@ impl Qp {
         comp.retry_left -= 1;
         comp.retry_started = true;
         self.req.rewind_to(&self.sq, r);
-        self.rtt.went_back();
+        self.rtt.went_back(r);
         self.loss_window.lost(path);
         tracing::debug!(
             qpn = format_args!("{:#x}", self.qpn),
@@ -397,7 +397,7 @@ impl Qp {
                 self.timers.arm_at(Timer::RnrWait, wait);
                 self.timers.stop(Timer::Retransmit);
                 self.timers.stop(Timer::Probe);
-                self.rtt.went_back();
+                self.rtt.went_back(p);
                 self.retire_finished(cx);
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
@@ -564,10 +564,14 @@ impl Qp {
                 // oldest unacknowledged PSN, as a timeout would, without
                 // spending a retry; under the halved window the resend is
                 // small.
-                if !(first && self.req.resend_last(&self.sq)) {
-                    self.req.rewind_to(&self.sq, una);
-                    let path = self.path_window(cx);
-                    self.loss_window.lost(path);
+                match first.then(|| self.req.resend_last(&self.sq)).flatten() {
+                    Some(last) => self.rtt.went_back(last),
+                    None => {
+                        self.req.rewind_to(&self.sq, una);
+                        self.rtt.went_back(una);
+                        let path = self.path_window(cx);
+                        self.loss_window.lost(path);
+                    }
                 }
                 self.arm_probe(now);
             }

@@ -80,10 +80,13 @@ impl RttEstimator {
         }
     }
 
-    /// Packets are sent again from an older PSN (go-back-N, a probe): no
-    /// sample may time a retransmitted PSN.
-    pub fn went_back(&mut self) {
-        self.sample = None;
+    /// Packets are sent again from PSN `from` on (go-back-N, a probe): a
+    /// sample of a PSN that will be sent again no longer times one send
+    /// (Karn); one of an older PSN still does.
+    pub fn went_back(&mut self, from: Psn) {
+        if self.sample.is_some_and(|(psn, _)| !psn.is_before(from)) {
+            self.sample = None;
+        }
     }
 
     /// How long after the last response (or send) to probe, if a probe
@@ -108,7 +111,6 @@ impl RttEstimator {
     /// A probe went out.
     pub fn probed(&mut self) {
         self.probes += 1;
-        self.sample = None;
     }
 
     /// The smoothed round trip, once measured.
@@ -139,6 +141,22 @@ mod tests {
         assert_eq!(r.srtt(), Some(50_000));
         r.acked_before(Psn::new(21), 1_070_000);
         assert_eq!(r.srtt(), Some((7 * 50_000 + 70_000) / 8));
+    }
+
+    #[test]
+    fn a_go_back_past_the_timed_psn_keeps_its_sample() {
+        let mut r = RttEstimator::default();
+        r.sent(Psn::new(10), 0, false);
+        // PSN 14 is lost and resent: 10 was sent once, its ACK still
+        // times one round trip.
+        r.went_back(Psn::new(14));
+        r.acked_before(Psn::new(12), 40_000);
+        assert_eq!(r.srtt(), Some(40_000));
+        // Going back to or before the timed PSN drops the sample.
+        r.sent(Psn::new(20), 100_000, false);
+        r.went_back(Psn::new(20));
+        r.acked_before(Psn::new(21), 900_000);
+        assert_eq!(r.srtt(), Some(40_000));
     }
 
     #[test]

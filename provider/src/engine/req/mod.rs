@@ -106,10 +106,10 @@ impl Requester {
 
     /// For the completer's first tail-loss probe: the cursor goes back to
     /// the highest PSN sent, which leaves again asking for an ACK, and the
-    /// cursor then goes on where it was. False (nothing moved) unless the
-    /// cursor is at the frontier of what was ever sent (not inside a
-    /// go-back) and a WQE still holds that PSN.
-    pub fn resend_last(&mut self, sq: &SendQueue) -> bool {
+    /// cursor then goes on where it was; that PSN. None (nothing moved)
+    /// unless the cursor is at the frontier of what was ever sent (not
+    /// inside a go-back) and a WQE still holds that PSN.
+    pub fn resend_last(&mut self, sq: &SendQueue) -> Option<Psn> {
         let at_frontier = match sq.get(self.wqe_index) {
             Some(w) if w.started && w.done.is_none() => {
                 let index = if w.wr.opcode == SendOpcode::RdmaRead {
@@ -121,11 +121,12 @@ impl Requester {
             }
             _ => true,
         };
-        if !at_frontier || !self.rewind_to(sq, self.first_unsent_psn - 1) {
-            return false;
+        let last = self.first_unsent_psn - 1;
+        if !at_frontier || !self.rewind_to(sq, last) {
+            return None;
         }
         self.ack_req_next = true;
-        true
+        Some(last)
     }
 
     /// For the completer: the send queue's oldest WQE was retired, and
