@@ -2647,6 +2647,51 @@ mod cm_tests {
         assert_eq!(next_event(&mut net, 1), CmEvent::TimewaitExit { conn: cb });
     }
 
+    /// A DREQ for a connection the peer no longer has (its DREP was lost
+    /// and the connection destroyed, as cmtime's server does) is answered
+    /// with a DREP, as the kernel's cm_dreq_handler does: the
+    /// disconnecting side is done after one resend, not after all 15.
+    #[test]
+    fn a_dreq_for_a_connection_gone_is_answered() {
+        let mut net = Net::new(2, 1, Faults::default());
+        net.engines[1].cm().listen(sid()).unwrap();
+        let ca = connect(&mut net, 0, 1, b"");
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { conn, .. } => conn,
+            e => panic!("{e:?}"),
+        };
+        let now = net.now;
+        net.engines[1]
+            .cm()
+            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
+            .unwrap();
+        assert!(matches!(
+            next_event(&mut net, 0),
+            CmEvent::ConnectResponse { .. }
+        ));
+        net.engines[0].cm().establish(ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
+        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        let start = net.now;
+        net.engines[0].cm().disconnect(start, ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 1), CmEvent::Disconnected { conn: cb });
+        // The owed DREP leaves with the destroy, and is lost.
+        net.engines[1].cm().destroy(cb);
+        let (_, lost) = net.engines[1].cm().poll_transmit().expect("the DREP");
+        assert!(
+            matches!(lost.message, roxe_provider::wire::cm::CmMessage::Drep(_)),
+            "{lost:?}"
+        );
+        assert_eq!(next_event(&mut net, 0), CmEvent::Disconnected { conn: ca });
+        let interval = cm::CmConfig::timeout_ns(cm::CmConfig::default().response_timeout);
+        assert!(
+            net.now - start < 2 * interval,
+            "disconnected after {} ms",
+            (net.now - start) / 1_000_000
+        );
+        assert_eq!(net.engines[0].cm().stats().tx_retries, 1);
+    }
+
     /// A REQ that arrives again after its connection was closed (delayed
     /// or duplicated on the way) is a stale duplicate: never a new
     /// ConnectRequest, which a server would accept into a connection whose

@@ -1145,7 +1145,23 @@ impl Cm {
     fn on_dreq(&mut self, from: IpAddr, tid: u64, dreq: &DreqRepr) -> bool {
         let local = dreq.remote_comm_id;
         let Some(c) = self.matching(from, local, Some(dreq.local_comm_id)) else {
-            return false;
+            // A DREQ for no connection of ours: its DREP was lost and the
+            // connection is gone (destroyed, or out of TimeWait). Answer
+            // it as the kernel does (cm_issue_drep), or the peer resends
+            // until its retries run out (15 x 4.3 s under rdma_cm).
+            self.stats.rx_unmatched += 1;
+            self.send(
+                from,
+                CmMad {
+                    header: MadHeaderRepr::cm(attr::DREP, tid),
+                    message: CmMessage::Drep(DrepRepr {
+                        local_comm_id: dreq.remote_comm_id,
+                        remote_comm_id: dreq.local_comm_id,
+                        private_data: [0; cm::DREP_PRIVATE_DATA],
+                    }),
+                },
+            );
+            return true;
         };
         match c.state {
             // Both sides disconnecting at once (DreqSent) is handled as the

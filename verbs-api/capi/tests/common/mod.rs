@@ -250,6 +250,9 @@ pub struct Side {
     pub args: Vec<String>,
     pub addr: String,
     pub env: Vec<(String, OsString)>,
+    /// A server that runs until killed (cmtime's): [`run_pair_cm`] stops
+    /// it once the client has exited 0.
+    pub stops_with_client: bool,
 }
 
 impl Side {
@@ -259,7 +262,14 @@ impl Side {
             args: args.iter().map(|s| s.to_string()).collect(),
             addr: addr.to_string(),
             env: Vec::new(),
+            stops_with_client: false,
         }
+    }
+
+    /// See [`Side::stops_with_client`].
+    pub fn stops_with_client(mut self) -> Side {
+        self.stops_with_client = true;
+        self
     }
 
     pub fn arg(mut self, a: impl Into<String>) -> Side {
@@ -572,6 +582,9 @@ pub fn run_pair_within(server: &Side, client: &Side, port: u16, limit: Duration)
             if c_st.is_some_and(|x: ExitStatus| !x.success()) {
                 end_s = end_s.min(now + GRACE);
             }
+            if c_st.is_some_and(|x| x.success()) && server.stops_with_client {
+                end_s = now;
+            }
         }
         let s_done = s_st.is_some() || now >= end_s;
         let c_done = c_st.is_some() || now >= end_c;
@@ -670,6 +683,9 @@ pub fn run_pair_cm(server: &Side, client: &Side, limit: Duration, attempts: u32)
                     continue;
                 }
                 end_s = end_s.min(now + GRACE);
+            }
+            if c_st.is_some_and(|x| x.success()) && server.stops_with_client {
+                end_s = now;
             }
         }
         let s_done = s_st.is_some() || now >= end_s;
