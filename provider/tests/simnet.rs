@@ -4482,6 +4482,43 @@ fn a_lost_tail_is_probed_in_milliseconds() {
     }
 }
 
+/// A packet lost inside a message shows the responder a gap at the next
+/// one: its sequence NAK starts go-back-N a round trip after the loss,
+/// without a timer or a probe, and the QP counts it as a fast
+/// retransmission (`roxe stat`'s fastrx).
+#[test]
+fn a_lost_middle_packet_is_a_fast_retransmission() {
+    let (mut net, a, b) = pair_with_a_measured_round_trip(47);
+    let data = pattern(47, 8192);
+    fill(&mut net, a, 0, &data);
+    let mut dropped = false;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        let hit = !dropped && s.opcode == Some(Opcode::RcWriteMiddle);
+        dropped |= hit;
+        hit
+    }));
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 8192, b, 1024),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 1024, 8192), data);
+    let q = net.engines[a.e]
+        .qp_snapshots()
+        .into_iter()
+        .find(|q| q.qpn == a.qpn)
+        .unwrap();
+    assert_eq!(
+        (
+            q.counters.fast_retransmits,
+            q.counters.timeouts,
+            q.counters.probes
+        ),
+        (1, 0, 0)
+    );
+}
+
 /// A late (here: lost) ACK of a multi-packet message costs one packet:
 /// the first probe resends only the highest PSN sent, asking for an ACK,
 /// and the responder, which has everything, re-ACKs it all. Going back to

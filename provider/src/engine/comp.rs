@@ -247,6 +247,9 @@ impl Qp {
         }
         comp.retry_left -= 1;
         comp.retry_started = true;
+        if cause == RetryCause::Nak {
+            self.counters.fast_retransmits += 1;
+        }
         self.req.rewind_to(&self.sq, r);
         self.rtt.went_back(r);
         self.loss_window.lost(path);

@@ -182,6 +182,9 @@ pub struct QpCounters {
     /// Tail-loss probes: resends after a few round trips of silence
     /// (`rtt.rs`).
     pub probes: u64,
+    /// Go-back-N started by a sequence NAK: a loss repaired a round trip
+    /// after it, without a timer.
+    pub fast_retransmits: u64,
 }
 
 impl Qp {
