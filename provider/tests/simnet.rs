@@ -4420,6 +4420,51 @@ fn reads_of_several_qps_share_the_loopback_window() {
     assert_eq!(read(&net, a, 0, data.len()), data);
 }
 
+/// Under a small loopback window (small socket buffers: the window is
+/// below its maximum) WRITEs of several QPs share it too, or each QP's
+/// window of data lands in the peer's one socket at once. Four QPs with 8
+/// WRITEs of 4 PSNs each, window 20: each QP's first WRITE starts, then
+/// one more (20 PSNs), and the rest wait for ACKs; with the window at its
+/// maximum each QP keeps its own (all 32 start). All complete, with the
+/// data.
+#[test]
+fn writes_of_several_qps_share_a_small_loopback_window() {
+    for (window, first_burst) in [
+        (20, 5 * 4),
+        (roxe_provider::engine::MAX_LOOPBACK_WINDOW, 32 * 4),
+    ] {
+        let mut net = Net::new(2, 70, Faults::default());
+        for e in 0..2 {
+            let mut cfg = EngineConfig::new(net.engines[e].addr());
+            cfg.loopback_window = window;
+            net.engines[e] = Engine::new(cfg);
+        }
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let mut qps = vec![(a, b)];
+        for _ in 0..3 {
+            let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
+            link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+            qps.push((a2, b2));
+        }
+        let data: Vec<u8> = (0..32 * 4096).map(|i| (i * 5 + i / 4096) as u8).collect();
+        fill(&mut net, a, 0, &data);
+        for (k, &(a, b)) in qps.iter().enumerate() {
+            for i in 0..8u64 {
+                let at = (k as u64 * 8 + i) * 4096;
+                post(
+                    &mut net,
+                    a,
+                    rdma_wr(a, at, SendOpcode::RdmaWrite, at, 4096, b, at),
+                );
+            }
+        }
+        assert_eq!(burst(&mut net), first_burst, "window {window}");
+        let wcs = wait_wcs(&mut net, a, 32);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        assert_eq!(read(&net, b, 0, data.len()), data, "window {window}");
+    }
+}
+
 /// A QP pair with rdma_cm's Local ACK Timeout (exponent 19: about 2.1 s)
 /// and 7 retries, and one WRITE answered (the requester has timed a round
 /// trip).

@@ -96,6 +96,15 @@ impl EngineConfig {
         peer.is_loopback() && (self.wide_loopback_window || self.udp_peers.contains(&peer))
     }
 
+    /// Whether the loopback window also bounds the QPs' data-carrying
+    /// requests together: where the socket buffers are small (the window
+    /// sized below its maximum, e.g. a distribution's default `rmem_max`
+    /// without CAP_NET_ADMIN), many QPs each sending a window overflow the
+    /// peer's socket; with large buffers each QP keeps its own window.
+    pub(crate) fn shares_window_for_data(&self) -> bool {
+        self.loopback_window < MAX_LOOPBACK_WINDOW
+    }
+
     /// Defaults for a device at `addr`.
     pub fn new(addr: IpAddr) -> Self {
         EngineConfig {

@@ -351,7 +351,7 @@ impl Qp {
     /// that window.
     pub(super) fn loopback_unacked(&self, config: &super::config::EngineConfig) -> i32 {
         let sending = matches!(self.state(), QpState::Rts | QpState::Sqd)
-            && self.sq.reads_atomics_started() > 0;
+            && (self.sq.reads_atomics_started() > 0 || config.shares_window_for_data());
         match self.peer {
             Some(p) if sending && self.sends_reliably() && config.uses_loopback_window(p) => {
                 self.unacked_psns()
@@ -537,7 +537,7 @@ impl Qp {
         // 2.7 -> 1.9 GB/s, an ACK per message).
         if limits.reliable
             && limits.loopback
-            && read_or_atomic
+            && (read_or_atomic || cx.config.shares_window_for_data())
             && una != next_psn
             && cx.loopback_unacked >= limits.window
         {
