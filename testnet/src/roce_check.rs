@@ -6,7 +6,8 @@
 //! overtakes ends where the ACK says, and the requester goes on with the
 //! first PSN it never sent; roce-check expects the packet after a
 //! retransmission to be the next PSN and reports a `psn-gap` (and, inside
-//! a WRITE, a `write-length`). So a capture passes when roce-check passes
+//! a WRITE, a `write-length`); it also counts a resent WRITE MIDDLE (a
+//! probe's) into the message's length again (`write-length`). So a capture passes when roce-check passes
 //! it strictly, or when its only warnings are those two kinds, it passes
 //! without `--strict`, and [`roxe_wire::frontier`] finds that no
 //! requester ever sent a PSN before all earlier ones.
@@ -49,8 +50,18 @@ pub fn strict(tool: &Path, capture: &Path) -> Result<String, String> {
         .find_map(|l| l.trim().strip_prefix("warnings by kind: "))
         .map(|l| l.split(", ").filter_map(|k| k.split('=').next()).collect())
         .unwrap_or_default();
+    // Both kinds come of a retransmission: a go-back overtaken by an ACK
+    // (psn-gap), or a resent packet counted again into its WRITE's length
+    // (write-length; a probe resends the highest PSN, which may be a
+    // MIDDLE). Without any retransmission they are real.
+    let retransmitted = report
+        .lines()
+        .find_map(|l| l.split("retransmitted packets: ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
     if kinds.is_empty()
-        || !kinds.contains(&"psn-gap")
+        || retransmitted == 0
         || kinds.iter().any(|k| !OVERTAKEN_GO_BACK.contains(k))
     {
         return Err(report);
@@ -63,7 +74,7 @@ pub fn strict(tool: &Path, capture: &Path) -> Result<String, String> {
         .map_err(|e| format!("{report}\nopen {}: {e}", capture.display()))?;
     match roxe_wire::frontier::skipped_psns(std::io::BufReader::new(file)) {
         Ok(skips) if skips.is_empty() => Ok(format!(
-            "{report}\n(the {kinds:?} warnings are go-backs overtaken by ACKs: \
+            "{report}\n(the {kinds:?} warnings come of retransmissions: \
              no requester sent a PSN before every earlier one)"
         )),
         Ok(skips) => Err(format!(
@@ -75,5 +86,81 @@ pub fn strict(tool: &Path, capture: &Path) -> Result<String, String> {
                 .join("\n")
         )),
         Err(e) => Err(format!("{report}\nreading {}: {e}", capture.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roxe_wire::frame::{build_datagram, IpFields};
+    use roxe_wire::pcap::PcapWriter;
+    use roxe_wire::{BthRepr, ExtHeaders, Opcode, PacketRepr, Psn, RethRepr};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// A WRITE of 4 packets of 256 bytes (RETH length `len`), its packets
+    /// sent in the order of `psns` (offsets from PSN 100).
+    fn write_capture(name: &str, len: u32, psns: &[u32]) -> std::path::PathBuf {
+        let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+        let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
+        let payload = [7u8; 256];
+        let mut w = PcapWriter::new(Vec::new()).unwrap();
+        let mut buf = [0u8; 1024];
+        for &i in psns {
+            let op = match i {
+                0 => Opcode::RcWriteFirst,
+                3 => Opcode::RcWriteLast,
+                _ => Opcode::RcWriteMiddle,
+            };
+            let pkt = PacketRepr {
+                bth: BthRepr::new(op, 0x11, Psn::new(100 + i)),
+                ext: ExtHeaders {
+                    reth: (i == 0).then_some(RethRepr {
+                        va: 0x1000,
+                        rkey: 7,
+                        dma_len: len,
+                    }),
+                    ..ExtHeaders::NONE
+                },
+                payload: &payload,
+            };
+            let n =
+                build_datagram(&mut buf, a, b, 0xc000, 4791, IpFields::default(), &pkt).unwrap();
+            w.write_ip(1, &buf[..n]).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("roxe-roce-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
+        path
+    }
+
+    fn tool() -> Option<std::path::PathBuf> {
+        let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
+        let python = Command::new("python3").arg("--version").output().is_ok();
+        if !t.is_file() || !python {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "CI must have roce-check and python3"
+            );
+            eprintln!("SKIP: no roce-check");
+            return None;
+        }
+        Some(t)
+    }
+
+    /// A probe resends a MIDDLE of a WRITE: roce-check counts it into the
+    /// length again (write-length); accepted. A wrong length with nothing
+    /// resent is not.
+    #[test]
+    fn a_resent_middle_passes_but_a_wrong_length_does_not() {
+        let Some(t) = tool() else { return };
+        let resent = write_capture("resent.pcap", 1024, &[0, 1, 2, 2, 3]);
+        let ok = strict(&t, &resent);
+        assert!(ok.is_ok(), "{ok:?}");
+        assert!(ok.unwrap().contains("write-length"));
+        let wrong = write_capture("wrong.pcap", 2048, &[0, 1, 2, 3]);
+        assert!(strict(&t, &wrong).is_err());
+        let clean = write_capture("clean.pcap", 1024, &[0, 1, 2, 3]);
+        assert!(strict(&t, &clean).is_ok());
     }
 }
