@@ -2563,13 +2563,9 @@ mod cm_tests {
         net.engines[a].cm().connect(now, peer, req)
     }
 
-    /// Both sides call rdma_disconnect before either DREQ arrives (perftest
-    /// -R's server and client do): as the kernel's cm_dreq_handler, each
-    /// DREQ stops the other's retransmission and raises Disconnected once;
-    /// each side's second disconnect sends the owed DREP; both reach
-    /// TimeWait and nothing is resent afterwards.
-    #[test]
-    fn both_sides_disconnect_at_once() {
+    /// Both sides of one connection established (engine 0 active,
+    /// engine 1 listening): the net and the two connection IDs.
+    fn established() -> (Net, u32, u32) {
         let mut net = Net::new(2, 1, Faults::default());
         net.engines[1].cm().listen(sid()).unwrap();
         let ca = connect(&mut net, 0, 1, b"");
@@ -2589,6 +2585,17 @@ mod cm_tests {
         net.engines[0].cm().establish(ca, &[]).unwrap();
         assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
         assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        (net, ca, cb)
+    }
+
+    /// Both sides call rdma_disconnect before either DREQ arrives (perftest
+    /// -R's server and client do): as the kernel's cm_dreq_handler, each
+    /// DREQ stops the other's retransmission and raises Disconnected once;
+    /// each side's second disconnect sends the owed DREP; both reach
+    /// TimeWait and nothing is resent afterwards.
+    #[test]
+    fn both_sides_disconnect_at_once() {
+        let (mut net, ca, cb) = established();
         let now = net.now;
         net.engines[0].cm().disconnect(now, ca, &[]).unwrap();
         net.engines[1].cm().disconnect(now, cb, &[]).unwrap();
@@ -2620,25 +2627,7 @@ mod cm_tests {
     /// destroy sends the owed DREP.
     #[test]
     fn destroy_tells_the_peer() {
-        let mut net = Net::new(2, 1, Faults::default());
-        net.engines[1].cm().listen(sid()).unwrap();
-        let ca = connect(&mut net, 0, 1, b"");
-        let cb = match next_event(&mut net, 1) {
-            CmEvent::ConnectRequest { conn, .. } => conn,
-            e => panic!("{e:?}"),
-        };
-        let now = net.now;
-        net.engines[1]
-            .cm()
-            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
-            .unwrap();
-        assert!(matches!(
-            next_event(&mut net, 0),
-            CmEvent::ConnectResponse { .. }
-        ));
-        net.engines[0].cm().establish(ca, &[]).unwrap();
-        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
-        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        let (mut net, ca, cb) = established();
         net.engines[0].cm().destroy(ca);
         assert_eq!(next_event(&mut net, 1), CmEvent::Disconnected { conn: cb });
         // The peer's DREP finds no connection: dropped, counted, harmless.
@@ -2653,25 +2642,7 @@ mod cm_tests {
     /// disconnecting side is done after one resend, not after all 15.
     #[test]
     fn a_dreq_for_a_connection_gone_is_answered() {
-        let mut net = Net::new(2, 1, Faults::default());
-        net.engines[1].cm().listen(sid()).unwrap();
-        let ca = connect(&mut net, 0, 1, b"");
-        let cb = match next_event(&mut net, 1) {
-            CmEvent::ConnectRequest { conn, .. } => conn,
-            e => panic!("{e:?}"),
-        };
-        let now = net.now;
-        net.engines[1]
-            .cm()
-            .accept(now, cb, cm::rep_for(&params(0x22, b"")).unwrap())
-            .unwrap();
-        assert!(matches!(
-            next_event(&mut net, 0),
-            CmEvent::ConnectResponse { .. }
-        ));
-        net.engines[0].cm().establish(ca, &[]).unwrap();
-        assert_eq!(next_event(&mut net, 0), CmEvent::Established { conn: ca });
-        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        let (mut net, ca, cb) = established();
         let start = net.now;
         net.engines[0].cm().disconnect(start, ca, &[]).unwrap();
         assert_eq!(next_event(&mut net, 1), CmEvent::Disconnected { conn: cb });

@@ -12,8 +12,27 @@
 //! without `--strict`, and [`roxe_wire::frontier`] finds that no
 //! requester ever sent a PSN before all earlier ones.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The checker beside the project (`../shared/tools/roce-check`), if it
+/// and python3 are there; under CI (`CI=true`) they must be.
+pub fn tool() -> Option<PathBuf> {
+    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
+    let python = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !t.is_file() || !python {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI must have roce-check and python3"
+        );
+        eprintln!("SKIP: roce-check oracle not available");
+        return None;
+    }
+    Some(t)
+}
 
 /// Warnings an overtaken go-back causes in roce-check.
 const OVERTAKEN_GO_BACK: [&str; 2] = ["psn-gap", "write-length"];
@@ -132,20 +151,6 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, w.into_inner().unwrap()).unwrap();
         path
-    }
-
-    fn tool() -> Option<std::path::PathBuf> {
-        let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
-        let python = Command::new("python3").arg("--version").output().is_ok();
-        if !t.is_file() || !python {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "CI must have roce-check and python3"
-            );
-            eprintln!("SKIP: no roce-check");
-            return None;
-        }
-        Some(t)
     }
 
     /// A probe resends a MIDDLE of a WRITE: roce-check counts it into the

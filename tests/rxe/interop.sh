@@ -558,6 +558,18 @@ run_c_case() { # roxe-role(server|client) "PROGRAM ARGS"
   last_qpstate=$OUT/$tag.rxe-qp-state.txt
 }
 
+# After a failed run (last_*): whether it ended in rxe's retry stall and
+# may be repeated (at most 3 per script run); if so it is logged and taken
+# out of the results.
+repeat_after_rxe_stall() { # what
+  [ "$last_verdict" = FAIL ] && [ "$rxe_stalls" -lt 3 ] &&
+    rxe_retry_stall "$last_pcap" "$last_qpstate" || return 1
+  rxe_stalls=$((rxe_stalls + 1))
+  say "$1: rxe's requester stalled in a spurious resend of an acknowledged message (rxe 6.1 retry stall); again"
+  echo "   (the run above is repeated: rxe's retry stall, see tests/rxe/README.md)" >>"$OUT/summary.txt"
+  failures=$((failures - 1)); unset 'results[-1]'
+}
+
 # perftest 4.5-0.17's -R client connects its test QP right after the
 # control exchange; a REQ that beats the server's rdma_listen is rejected
 # (reason 8, by the kernel's CM as by roxe's) and that perftest's retry then
@@ -577,12 +589,7 @@ run_c_case_retrying() { # role spec
       failures=$((failures - 1)); unset 'results[-1]'
       continue
     fi
-    if [ "$last_verdict" = FAIL ] && [ $attempt -lt 5 ] && [ "$rxe_stalls" -lt 3 ] &&
-      rxe_retry_stall "$last_pcap" "$last_qpstate"; then
-      rxe_stalls=$((rxe_stalls + 1))
-      say "$2 ($1): rxe's requester stalled in a spurious resend of an acknowledged message (rxe 6.1 retry stall); again"
-      echo "   (the run above is repeated: rxe's retry stall, see tests/rxe/README.md)" >>"$OUT/summary.txt"
-      failures=$((failures - 1)); unset 'results[-1]'
+    if [ $attempt -lt 5 ] && repeat_after_rxe_stall "$2 ($1)"; then
       continue
     fi
     return
@@ -622,12 +629,7 @@ run_case_retrying() { # mode size iters
   local attempt
   for attempt in 1 2 3 4; do
     run_case "$@"
-    if [ "$last_verdict" = FAIL ] && [ $attempt -lt 4 ] && [ "$rxe_stalls" -lt 3 ] &&
-      rxe_retry_stall "$last_pcap" "$last_qpstate"; then
-      rxe_stalls=$((rxe_stalls + 1))
-      say "roxe $1, size $2: rxe's requester stalled in a spurious resend of an acknowledged message (rxe 6.1 retry stall); again"
-      echo "   (the run above is repeated: rxe's retry stall, see tests/rxe/README.md)" >>"$OUT/summary.txt"
-      failures=$((failures - 1)); unset 'results[-1]'
+    if [ $attempt -lt 4 ] && repeat_after_rxe_stall "roxe $1, size $2"; then
       continue
     fi
     return

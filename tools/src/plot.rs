@@ -259,10 +259,12 @@ impl Flow {
 pub(crate) struct Timeline {
     pub flows: Vec<Flow>,
     index: HashMap<(IpAddr, IpAddr, u32), usize>,
+    /// The flows from each requester to each responder, for responses.
+    between: HashMap<(IpAddr, IpAddr), Vec<usize>>,
     /// Responses no request flow of the capture answers.
     pub unmatched_responses: u64,
-    pub first_ts: Option<u64>,
-    pub last_ts: u64,
+    /// The earliest capture time (captures need not be in time order).
+    pub start_ts: Option<u64>,
 }
 
 /// A response's distance in PSNs beyond which it answers another flow.
@@ -285,8 +287,7 @@ impl Timeline {
         ) {
             return;
         }
-        self.first_ts.get_or_insert(ts_ns);
-        self.last_ts = self.last_ts.max(ts_ns);
+        self.start_ts = Some(self.start_ts.map_or(ts_ns, |t| t.min(ts_ns)));
         let psn = p.bth.psn;
         if !op.is_response() {
             let slack = match (op.operation(), p.ext.reth) {
@@ -298,7 +299,9 @@ impl Timeline {
             let key = (src, dst, p.bth.dest_qp);
             let i = *self.index.entry(key).or_insert_with(|| {
                 self.flows.push(Flow::new(src, dst, p.bth.dest_qp, psn));
-                self.flows.len() - 1
+                let i = self.flows.len() - 1;
+                self.between.entry((src, dst)).or_default().push(i);
+                i
             });
             self.flows[i].request(ts_ns, frame, psn, slack);
             return;
@@ -315,12 +318,15 @@ impl Timeline {
             },
         };
         // The request flow in the other direction nearest in PSN.
-        let best = self
-            .flows
+        let candidates = self.between.get(&(dst, src)).map_or(&[][..], |v| &v[..]);
+        let best = candidates
             .iter()
-            .enumerate()
-            .filter(|(_, f)| f.src == dst && f.dst == src)
-            .map(|(i, f)| (i, (f.offset(psn) - f.frontier).abs()))
+            .map(|&i| {
+                (
+                    i,
+                    (self.flows[i].offset(psn) - self.flows[i].frontier).abs(),
+                )
+            })
             .filter(|&(_, d)| d < RESPONSE_REACH)
             .min_by_key(|&(_, d)| d);
         match best {
@@ -471,7 +477,7 @@ pub(crate) fn render(t: &Timeline, title: &str) -> String {
             m.label()
         );
     }
-    let t0 = t.first_ts.unwrap_or(0);
+    let t0 = t.start_ts.unwrap_or(0);
     for (i, f) in t.flows.iter().enumerate() {
         panel(&mut s, f, t0, LEGEND + PANEL * i as f64);
     }

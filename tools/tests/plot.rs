@@ -80,23 +80,6 @@ fn count(marks: &std::collections::HashMap<String, usize>, class: &str) -> usize
     marks.get(class).copied().unwrap_or(0)
 }
 
-fn roce_check() -> Option<PathBuf> {
-    let tool = root().join("../shared/tools/roce-check");
-    let python = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !tool.is_file() || !python {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "CI must have roce-check and python3"
-        );
-        eprintln!("SKIP: roce-check oracle not available");
-        return None;
-    }
-    Some(tool)
-}
-
 /// roce-check's retransmitted request packets (duplicates included).
 fn retransmitted_requests(tool: &Path, capture: &Path) -> u64 {
     let out = Command::new("python3")
@@ -258,7 +241,7 @@ fn a_faulted_transfer_shows_every_retransmission_and_nak() {
         naks,
         "every NAK drawn"
     );
-    if let Some(tool) = roce_check() {
+    if let Some(tool) = roxe_testnet::roce_check::tool() {
         assert_eq!(
             resent as u64,
             retransmitted_requests(&tool, &pcap),
