@@ -974,6 +974,37 @@ fn rnr_with_finite_retries_then_recovery() {
 }
 
 #[test]
+fn a_second_rnr_nak_for_one_try_spends_no_retry() {
+    // Every packet arrives twice, so each try draws two RNR NAKs (a probe's
+    // copy or a duplicate does the same on a real wire). With rnr_retry 2
+    // the requester still tries three times, as rxe does.
+    let mut net = Net::new(
+        2,
+        7,
+        Faults {
+            dup: 1.0,
+            ..Faults::default()
+        },
+    );
+    let a = setup_side(&mut net, 0, QpType::Rc, 64);
+    let b = setup_side(&mut net, 1, QpType::Rc, 64);
+    connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 8, 7, 2);
+    connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 8, 7, 2);
+    net.trace = Some(Vec::new());
+    net.engines[a.e]
+        .post_send(a.qpn, SendWr::new(1, SendOpcode::Send, vec![sge(a, 0, 10)]))
+        .unwrap();
+    let tx = wait_wcs(&mut net, a, 1);
+    assert_eq!(tx[0].status, WcStatus::RnrRetryExcErr);
+    let tries = net
+        .seen()
+        .iter()
+        .filter(|s| s.sent && s.from == 0 && s.opcode == Some(Opcode::RcSendOnly))
+        .count();
+    assert_eq!(tries, 3, "first try + 2 retries");
+}
+
+#[test]
 fn peer_that_stops_answering_gives_retry_exceeded_in_bounded_time() {
     let mut net = Net::new(2, 7, Faults::default());
     let a = setup_side(&mut net, 0, QpType::Rc, 64);

@@ -387,6 +387,14 @@ impl Qp {
                     wait_us = t.micros(),
                     "RNR NAK received"
                 );
+                if self.timers.is_armed(Timer::RnrWait) {
+                    // Nothing is sent during the wait, so this answers a
+                    // packet sent before it began (a probe's copy, a
+                    // duplicate): the wait under way answers it already,
+                    // and it must not spend another of `rnr_retry`.
+                    self.drop_packet(cx, DropReason::PsnOutOfWindow);
+                    return;
+                }
                 if self.comp.rnr_left == 0 {
                     self.fail_oldest_wqe(cx, WcStatus::RnrRetryExcErr);
                     return;
