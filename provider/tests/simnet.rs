@@ -1922,6 +1922,23 @@ fn post_time_errnos() {
     assert_eq!(errno(recv_sges(&mut net, 15, 1)), Errno::EINVAL);
 }
 
+/// `ibv_destroy_qp` takes the QP's completions not yet polled with it, as
+/// libmlx5 does (libfabric's ofi_rxm acted on a receive completion of a
+/// connection it had closed, and crashed).
+#[test]
+fn a_destroyed_qp_leaves_no_completions() {
+    let mut net = Net::new(2, 17, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    recv(&mut net, b, 1, 0, 64);
+    recv(&mut net, b, 2, 0, 64);
+    post(&mut net, a, local_wr(a, 3, SendOpcode::Send, 0, 8));
+    post(&mut net, a, local_wr(a, 4, SendOpcode::Send, 0, 8));
+    assert_eq!(wait_wcs(&mut net, a, 2).len(), 2);
+    assert_eq!(net.engines[b.e].cq_mut(b.cq).unwrap().len(), 2);
+    net.engines[b.e].destroy_qp(b.qpn).unwrap();
+    assert!(poll(&mut net, b).is_empty());
+}
+
 /// `ibv_req_notify_cq`: one event for the next completion, then none until
 /// re-armed; solicited-only arming ignores unsolicited receives and
 /// successful send completions, and fires for a receive whose last packet

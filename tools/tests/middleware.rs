@@ -617,7 +617,12 @@ fn libfabric_verbs_msg_and_rdm() {
         eprintln!("SKIPPED: no network namespace with a veth pair here:\n{err}");
         return;
     }
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    // Lossy: a crash report may hold bytes that are not UTF-8.
+    let read = |f: &str| {
+        std::fs::read(dir.join(f))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|e| format!("({f}: {e})"))
+    };
     let report = format!(
         "{}\ninfo:\n{}\nserver msg:\n{}\nclient msg:\n{}\nserver rdm:\n{}\nclient rdm:\n{}",
         text(&o),

@@ -461,6 +461,15 @@ impl Engine {
         }
         self.loopback_unacked -= q.counted_loopback_unacked;
         self.scheduled.remove(&qpn);
+        // As libmlx5 and libmlx4 do: completions of a destroyed QP not yet
+        // polled go with it. Middleware frees a connection's buffers when
+        // it destroys the QP (libfabric's ofi_rxm reposted a receive to a
+        // closed endpoint from a completion polled afterwards).
+        for cq in [q.init.send_cq, q.init.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq.0) {
+                c.remove_qp(qpn);
+            }
+        }
         Ok(())
     }
 
