@@ -4484,6 +4484,43 @@ fn writes_of_several_qps_share_a_small_loopback_window() {
     }
 }
 
+/// Where the loopback window is small (small socket buffers), QPs with
+/// nothing in flight wait for it too: of 8 QPs each starting a 16-packet
+/// WRITE under a 20-PSN window, two go at first (the second starts while
+/// the window has room), not all eight; the others are woken as ACKs free
+/// the window, and every byte lands.
+#[test]
+fn idle_qps_wait_for_a_small_loopback_window() {
+    let mut net = Net::new(2, 71, Faults::default());
+    for e in 0..2 {
+        let mut cfg = EngineConfig::new(net.engines[e].addr());
+        cfg.loopback_window = 20;
+        net.engines[e] = Engine::new(cfg);
+    }
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let mut qps = vec![(a, b)];
+    for _ in 0..7 {
+        let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
+        link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+        qps.push((a2, b2));
+    }
+    const LEN: u64 = 16 * 1024;
+    let data = pattern(71, 8 * LEN as usize);
+    fill(&mut net, a, 0, &data);
+    for (k, &(a, b)) in qps.iter().enumerate() {
+        let at = k as u64 * LEN;
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, k as u64, SendOpcode::RdmaWrite, at, LEN as u32, b, at),
+        );
+    }
+    assert_eq!(burst(&mut net), 2 * 16);
+    let wcs = wait_wcs(&mut net, a, 8);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(read(&net, b, 0, data.len()), data);
+}
+
 /// A QP pair with rdma_cm's Local ACK Timeout (exponent 19: about 2.1 s)
 /// and 7 retries, and one WRITE answered (the requester has timed a round
 /// trip).

@@ -203,6 +203,12 @@ pub struct Engine {
     /// is not one (the ACK's, a timer's, a poll's) schedules them again,
     /// whichever QP its packet was for.
     held: BTreeSet<u32>,
+    /// QPs whose next request waits for the device's loopback window
+    /// (`Wait::LoopbackReads`), with or without PSNs of their own in
+    /// flight: the pass after the device's unacknowledged PSNs drop below
+    /// the window visits them again (`drive_qp`), so one with nothing in
+    /// flight, which no ACK of its own would wake, waits safely.
+    window_waiters: BTreeSet<u32>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
@@ -294,6 +300,7 @@ impl Engine {
             scheduled: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             held: BTreeSet::new(),
+            window_waiters: BTreeSet::new(),
             events: Vec::new(),
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
                 ca_guid: u64::from_be_bytes([
@@ -360,6 +367,7 @@ impl Engine {
             q.counted_loopback_unacked = counted;
             self.scheduled.insert(q.qpn);
         }
+        self.wake_window_waiters();
     }
 
     /// The limits and identity the engine was created with.
@@ -417,19 +425,41 @@ impl Engine {
             overflowed: Vec::new(),
             payload_by_ref: false,
             held_new: false,
+            waits_for_window: false,
             loopback_unacked: self.loopback_unacked,
         };
         let result = f(q, &mut cx);
         // Every change to a QP's PSNs, state or peer happens in here.
         let counted = q.loopback_unacked(config);
         self.loopback_unacked += counted - q.counted_loopback_unacked;
+        let freed = counted < q.counted_loopback_unacked;
         q.counted_loopback_unacked = counted;
+        let waits = cx.waits_for_window;
         let overflowed = cx.overflowed;
+        if waits {
+            self.window_waiters.insert(qpn);
+        }
+        if freed {
+            self.wake_window_waiters();
+        }
         for cq in overflowed {
             self.on_cq_overflow(cq);
         }
         self.refile_deadline(qpn);
         Some(result)
+    }
+
+    /// The device's loopback window has room again: the QPs waiting for
+    /// it are visited by the next pass (a necessary condition for any of
+    /// them to go: each waits under a window no wider than this one).
+    fn wake_window_waiters(&mut self) {
+        let window = self
+            .config
+            .loopback_window
+            .clamp(1, config::MAX_LOOPBACK_WINDOW);
+        if !self.window_waiters.is_empty() && self.loopback_unacked < window {
+            self.scheduled.append(&mut self.window_waiters);
+        }
     }
 
     /// [`drive_qp`](Self::drive_qp) for a verb, a packet or a timer: after

@@ -461,6 +461,10 @@ impl Engine {
         }
         self.loopback_unacked -= q.counted_loopback_unacked;
         self.scheduled.remove(&qpn);
+        self.window_waiters.remove(&qpn);
+        if q.counted_loopback_unacked > 0 {
+            self.wake_window_waiters();
+        }
         // As libmlx5 and libmlx4 do: completions of a destroyed QP not yet
         // polled go with it. Middleware frees a connection's buffers when
         // it destroys the QP (libfabric's ofi_rxm reposted a receive to a

@@ -85,6 +85,9 @@ pub(crate) struct QpCtx<'a> {
     /// Set by the requester when an ACK-clocked pass held a new message
     /// (the engine releases it at the next pass that is not).
     pub held_new: bool,
+    /// Set by the requester when its next request waits for the device's
+    /// loopback window (the engine wakes it when the window has room).
+    pub waits_for_window: bool,
     /// PSNs unacknowledged on all QPs towards loopback peers
     /// (`Engine::loopback_unacked`), when the call began.
     pub loopback_unacked: i32,

@@ -132,6 +132,10 @@ impl Engine {
                 .all(|q| q.counted_loopback_unacked == q.loopback_unacked(&self.config)),
             "a QP's PSNs changed outside drive_qp"
         );
+        debug_assert!(
+            self.window_waiters.is_empty() || self.loopback_unacked > 0,
+            "a QP waits for the loopback window with nothing in flight to free it"
+        );
         debug_assert_eq!(
             self.loopback_unacked,
             self.qps

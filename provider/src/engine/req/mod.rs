@@ -408,8 +408,10 @@ impl Qp {
         let idx = self.req.skip_finished(&self.sq)?;
         if !self.sq[idx].started {
             if let Some(wait) = self.new_message_wait(cx, idx, mode, hold_new, &limits) {
-                if wait == Wait::HeldForAck {
-                    cx.held_new = true;
+                match wait {
+                    Wait::HeldForAck => cx.held_new = true,
+                    Wait::LoopbackReads => cx.waits_for_window = true,
+                    _ => {}
                 }
                 return None;
             }
@@ -530,15 +532,20 @@ impl Qp {
         // the window bounds the device's reads together as well as
         // each QP's (4 QPs reading 64 KiB with a whole window each
         // overflowed the socket: responses lost, go-back-N re-reads).
-        // A QP with nothing in flight still starts one, so none waits
-        // behind the others' window. Requests that carry data are
-        // paced by this device's own sending (a shared bound on them
-        // left each of 1,024 QPs one message in flight: 64 KiB WRITEs
-        // 2.7 -> 1.9 GB/s, an ACK per message).
+        // Requests that carry data are paced by this device's own
+        // sending (a shared bound on them left each of 1,024 QPs one
+        // message in flight: 64 KiB WRITEs 2.7 -> 1.9 GB/s, an ACK per
+        // message), except where the socket buffers are small: there
+        // the bound holds for every QP, even one with nothing in flight
+        // (16 such QPs starting 64 KiB each were 5 windows at once);
+        // the engine wakes it when the window has room
+        // (`window_waiters`). Elsewhere a QP with nothing in flight
+        // still starts one.
+        let shared_data = cx.config.shares_window_for_data();
         if limits.reliable
             && limits.loopback
-            && (read_or_atomic || cx.config.shares_window_for_data())
-            && una != next_psn
+            && (read_or_atomic || shared_data)
+            && (una != next_psn || shared_data)
             && cx.loopback_unacked >= limits.window
         {
             return Some(Wait::LoopbackReads);
