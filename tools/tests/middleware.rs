@@ -165,11 +165,45 @@ fn roce_check(pcap: &Path) {
 }
 
 /// A scratch directory of this process.
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("roxe-middleware-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
+}
+
+/// A test's scratch directory: removed when the test passes (its captures
+/// run to hundreds of MB), kept for a look when it fails.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// Keep the directory after the test (what it holds is used later).
+    fn keep(self) -> PathBuf {
+        let d = self.0.clone();
+        std::mem::forget(self);
+        d
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 #[test]
@@ -430,7 +464,7 @@ fn compile(name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
     static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/c/{name}.c"));
-    let dir = scratch(&format!("cc-{name}-{call}"));
+    let dir = scratch(&format!("cc-{name}-{call}")).keep();
     let exe = dir.join(name);
     let o = Command::new(compiler)
         .args(["-O2", "-Wall", "-o"])
