@@ -249,3 +249,46 @@ fn a_faulted_transfer_shows_every_retransmission_and_nak() {
         );
     }
 }
+
+/// `scripts/plot-sweep.py` (the size sweep's SVG, docs/size-sweep.svg):
+/// every row of the CSV is a point of both panels, the document parses,
+/// and a CSV with no rows is refused.
+#[test]
+fn the_size_sweep_plot_draws_every_row() {
+    let script = root().join("scripts/plot-sweep.py");
+    let csv = tmp("sweep.csv");
+    let svg = tmp("sweep.svg");
+    let mut rows = String::from("op,size,gbytes_per_s,cpu_s_per_gb\n");
+    for (k, size) in [64u32, 4096, 65536, 1 << 20].iter().enumerate() {
+        for op in ["write", "read", "send", "tcp"] {
+            rows += &format!("{op},{size},{},{}\n", 0.5 + k as f64, 40.0 / (k + 1) as f64);
+        }
+    }
+    std::fs::write(&csv, rows).unwrap();
+    let run = |csv: &Path| {
+        Command::new("python3")
+            .arg(&script)
+            .arg(csv)
+            .arg(&svg)
+            .output()
+            .expect("python3")
+    };
+    let out = run(&csv);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+    let points = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle"))
+        .count();
+    assert_eq!(points, 2 * 16, "16 rows, two panels");
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .count();
+    assert_eq!(lines, 2 * 4, "one line per operation and panel");
+    assert!(text.contains("1 MiB") && text.contains("iperf3 TCP"));
+    let empty = tmp("empty.csv");
+    std::fs::write(&empty, "op,size,gbytes_per_s,cpu_s_per_gb\n").unwrap();
+    assert!(!run(&empty).status.success(), "a CSV with no rows");
+}
