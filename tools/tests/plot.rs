@@ -274,7 +274,11 @@ fn the_size_sweep_plot_draws_every_row() {
             .expect("python3")
     };
     let out = run(&csv);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
     let points = doc
