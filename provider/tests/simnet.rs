@@ -623,7 +623,23 @@ fn soak_in_receive_bursts() {
     soak(20_000, 30_000);
 }
 
+/// The soak between a roxe requester that resends a missing packet alone
+/// and a responder with the agreement off (it keeps nothing beyond a gap,
+/// as rxe and NICs), and the other way round: both speak plain RoCEv2 to
+/// a standard peer under loss.
+#[test]
+fn soak_with_one_side_standard() {
+    for keep in [[true, false], [false, true]] {
+        soak_with(0, 20_000, keep);
+    }
+}
+
 fn soak(burst_ns: Nanos, default_messages: u64) {
+    soak_with(burst_ns, default_messages, [true, true]);
+}
+
+/// `keep`: `EngineConfig::keep_early` of the requester and the responder.
+fn soak_with(burst_ns: Nanos, default_messages: u64, keep: [bool; 2]) {
     let seed = seed();
     let messages: u64 = std::env::var("ROXE_SIM_MESSAGES")
         .ok()
@@ -636,6 +652,11 @@ fn soak(burst_ns: Nanos, default_messages: u64) {
         corrupt: 0.01,
     };
     let mut net = Net::new(2, seed, faults);
+    for (e, keep) in keep.into_iter().enumerate() {
+        let mut cfg = EngineConfig::new(net.engines[e].addr());
+        cfg.keep_early = keep;
+        net.engines[e] = Engine::new(cfg);
+    }
     net.burst_ns = burst_ns;
     let mut rng = Rng(seed ^ 0xABCD);
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
@@ -4618,6 +4639,45 @@ fn a_lost_middle_packet_is_a_fast_retransmission() {
         ),
         (1, 0, 0)
     );
+}
+
+/// Between roxe peers a lost packet inside a long WRITE costs that packet
+/// alone: the responder keeps what follows the gap and replays it once
+/// the resend fills it (`EngineConfig::keep_early`). With the agreement
+/// off on either side it is go-back-N: everything sent after the gap
+/// leaves again.
+#[test]
+fn a_lost_packet_between_roxe_peers_is_resent_alone() {
+    for keep in [[true, true], [true, false], [false, true]] {
+        let (mut net, a, b) = pair_with_a_measured_round_trip(48);
+        for (e, on) in keep.into_iter().enumerate() {
+            // The engines keep their QPs; only the agreement changes.
+            net.engines[e].set_keep_early(on);
+        }
+        let data = pattern(48, 64 * 1024);
+        fill(&mut net, a, 0, &data);
+        let mut middles = 0;
+        net.drop_if = Some(Box::new(move |s: &Seen| {
+            if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
+                middles += 1;
+                return middles == 10;
+            }
+            false
+        }));
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 64 * 1024, b, 4096),
+        );
+        assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+        assert_eq!(read(&net, b, 4096, data.len()), data, "{keep:?}");
+        let resent = net.engines[a.e].stats().tx_retransmits;
+        if keep == [true, true] {
+            assert_eq!(resent, 1, "{keep:?}");
+        } else {
+            assert!(resent > 10, "{keep:?}: {resent} resent");
+        }
+    }
 }
 
 /// A late (here: lost) ACK of a multi-packet message costs one packet:

@@ -62,6 +62,18 @@ pub(crate) struct Completer {
     /// whose response keeps being lost cannot exhaust retries while the
     /// peer is visibly making progress.
     progressed: bool,
+    /// The responder keeps what arrives beyond a gap, as far as is known
+    /// (`EngineConfig::keep_early`): a sequence NAK is answered by
+    /// resending the missing packet alone. Cleared for good when the
+    /// responder lacks the packet after one so resent.
+    peer_keeps_early: bool,
+    /// The PSN last resent alone after a sequence NAK.
+    last_hole: Option<Psn>,
+    /// Sequence NAKs in a row for the PSN right after the one resent
+    /// alone before: each is answered by go-back-N (a second loss next
+    /// to the first, or a responder that keeps nothing); a few in a row
+    /// clear `peer_keeps_early`.
+    next_lacking_in_a_row: u8,
 }
 
 impl Completer {
@@ -72,6 +84,9 @@ impl Completer {
             rnr_left: 7,
             retry_started: false,
             progressed: false,
+            peer_keeps_early: true,
+            last_hole: None,
+            next_lacking_in_a_row: 0,
         }
     }
 
@@ -237,6 +252,12 @@ impl Qp {
     /// Go-back-N from `r`, spending one retry; false when none is left.
     /// A NAK-triggered retry while another is under way is ignored.
     fn go_back_n(&mut self, cx: &QpCtx, r: Psn, cause: RetryCause) -> bool {
+        self.retry_from(cx, r, cause, false)
+    }
+
+    /// A retry from PSN `r`: go-back-N, or (`selective`) only the packet
+    /// carrying `r` (`Requester::resend_one`). False when no retry is left.
+    fn retry_from(&mut self, cx: &QpCtx, r: Psn, cause: RetryCause, selective: bool) -> bool {
         let path = self.path_window(cx);
         let comp = &mut self.comp;
         if comp.retry_started && cause == RetryCause::Nak {
@@ -250,20 +271,56 @@ impl Qp {
         if cause == RetryCause::Nak {
             self.counters.fast_retransmits += 1;
         }
-        self.req.rewind_to(&self.sq, r);
+        if !(selective && self.req.resend_one(&self.sq, r)) {
+            self.req.rewind_to(&self.sq, r);
+        }
         self.rtt.went_back(r);
         self.loss_window.lost(path);
-        tracing::debug!(
-            qpn = format_args!("{:#x}", self.qpn),
-            psn = %r,
-            retries_left = comp.retry_left,
-            cause = match cause {
-                RetryCause::Timeout => "timeout",
-                RetryCause::Nak => "NAK",
-            },
-            "go-back-N"
-        );
+        let retries_left = comp.retry_left;
+        let cause = match cause {
+            RetryCause::Timeout => "timeout",
+            RetryCause::Nak => "NAK",
+        };
+        let qpn = format_args!("{:#x}", self.qpn);
+        if selective {
+            tracing::debug!(qpn, psn = %r, retries_left, cause, "missing packet resent alone");
+        } else {
+            tracing::debug!(qpn, psn = %r, retries_left, cause, "go-back-N");
+        }
         true
+    }
+
+    /// Whether a sequence NAK for `p` is answered by resending that packet
+    /// alone: towards a roxe responder on this host that keeps what
+    /// arrives beyond a gap (`EngineConfig::keep_early`). A NAK for the
+    /// packet right after the one last resent alone (sent before) gets
+    /// go-back-N: a second loss next to the first, or a responder that
+    /// keeps nothing (an older roxe); after `GIVE_UP` such NAKs in a row
+    /// the responder is taken to keep nothing, for good.
+    fn resends_hole_alone(&mut self, cx: &QpCtx, p: Psn) -> bool {
+        const GIVE_UP: u8 = 3;
+        let towards_roxe =
+            cx.config.keep_early && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a));
+        if !towards_roxe || !self.comp.peer_keeps_early {
+            return false;
+        }
+        let next_lacking = self.comp.last_hole.is_some_and(|h| h.next() == p)
+            && p.is_before(self.req.first_unsent());
+        self.comp.last_hole = Some(p);
+        if !next_lacking {
+            self.comp.next_lacking_in_a_row = 0;
+            return true;
+        }
+        self.comp.next_lacking_in_a_row += 1;
+        if self.comp.next_lacking_in_a_row >= GIVE_UP {
+            tracing::debug!(
+                qpn = format_args!("{:#x}", self.qpn),
+                psn = %p,
+                "the responder keeps nothing beyond a gap: go-back-N from now on"
+            );
+            self.comp.peer_keeps_early = false;
+        }
+        false
     }
 
     /// Go-back-N from `r` after a NAK or an implied one, or fail with
@@ -419,7 +476,10 @@ impl Qp {
                     self.refill_retries();
                 }
                 self.retire_finished(cx);
-                self.go_back_n_or_fail(cx, p);
+                let selective = self.resends_hole_alone(cx, p);
+                if !self.retry_from(cx, p, RetryCause::Nak, selective) {
+                    self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
+                }
             }
             AethSyndrome::Nak(code) => {
                 let status = match code {

@@ -80,6 +80,15 @@ pub struct EngineConfig {
     /// `wide_loopback_window` is off: roxe devices beside rxe, reached at
     /// their claim port (`Engine::set_udp_peer`).
     pub udp_peers: Vec<IpAddr>,
+    /// Selective recovery between roxe peers on this host (loopback
+    /// peers; rxe and NICs are never there): a responder keeps the SEND
+    /// and WRITE packets that arrive beyond a gap and replays them once
+    /// it is filled (`resp/early.rs`), and a requester answers a sequence
+    /// NAK by resending the missing packet alone instead of going back N
+    /// (`Requester::resend_one`), unless the responder shows it keeps
+    /// nothing (it lacks the packet after the one resent: an older roxe).
+    /// Off: both sides speak plain go-back-N.
+    pub keep_early: bool,
 }
 
 /// The largest window towards loopback peers, in PSNs. There the only
@@ -124,6 +133,7 @@ impl EngineConfig {
             loopback_window: MAX_LOOPBACK_WINDOW,
             qpn_slot: 0,
             udp_peers: Vec::new(),
+            keep_early: true,
         }
     }
 }

@@ -370,6 +370,13 @@ impl Engine {
         self.wake_window_waiters();
     }
 
+    /// Switch selective recovery between roxe peers on or off
+    /// (`EngineConfig::keep_early`); what a responder keeps now stays
+    /// until its gap is filled.
+    pub fn set_keep_early(&mut self, on: bool) {
+        self.config.keep_early = on;
+    }
+
     /// The limits and identity the engine was created with.
     pub fn config(&self) -> &EngineConfig {
         &self.config

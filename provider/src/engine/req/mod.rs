@@ -54,6 +54,9 @@ pub(crate) struct Requester {
     pkts_since_ack_req: u32,
     /// The next packet asks for an ACK whatever its place (a probe's).
     ack_req_next: bool,
+    /// Where the cursor goes back to once the packet under it has left
+    /// (`resend_one`).
+    resume: Option<(usize, u32)>,
 }
 
 impl Requester {
@@ -65,6 +68,7 @@ impl Requester {
             first_unsent_psn: Psn::new(0),
             pkts_since_ack_req: 0,
             ack_req_next: false,
+            resume: None,
         }
     }
 
@@ -78,6 +82,7 @@ impl Requester {
     pub fn flush(&mut self) {
         self.wqe_index = 0;
         self.pkt_index = 0;
+        self.resume = None;
     }
 
     /// For the completer: one past the last PSN assigned. Responses at
@@ -91,6 +96,31 @@ impl Requester {
     /// sent is the one carrying it. False (nothing moved) when no
     /// unfinished WQE holds `r`.
     pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
+        self.resume = None;
+        self.move_to(sq, r)
+    }
+
+    /// For the completer, after a sequence NAK from a responder that kept
+    /// what followed the gap (`EngineConfig::keep_early`): the packet
+    /// carrying PSN `r` leaves again, asking for an ACK, and the cursor
+    /// then goes on where it was. False (nothing moved) when no unfinished
+    /// WQE holds `r`.
+    pub fn resend_one(&mut self, sq: &SendQueue, r: Psn) -> bool {
+        let back = (self.wqe_index, self.pkt_index);
+        if !self.move_to(sq, r) {
+            return false;
+        }
+        self.resume = Some(back);
+        self.ack_req_next = true;
+        true
+    }
+
+    /// One past the highest PSN ever sent.
+    pub fn first_unsent(&self) -> Psn {
+        self.first_unsent_psn
+    }
+
+    fn move_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
         let found = sq.iter().position(|w| w.holds_psn(r) && w.done.is_none());
         if let Some(i) = found {
             self.wqe_index = i;
@@ -122,7 +152,7 @@ impl Requester {
             _ => true,
         };
         let last = self.first_unsent_psn - 1;
-        if !at_frontier || !self.rewind_to(sq, last) {
+        if !at_frontier || self.resume.is_some() || !self.rewind_to(sq, last) {
             return None;
         }
         self.ack_req_next = true;
@@ -141,7 +171,22 @@ impl Requester {
             // window with no timer armed, a silent stall.
             self.pkt_index = 0;
         }
+        let cursor_retired = self.wqe_index == 0;
         self.wqe_index = self.wqe_index.saturating_sub(1);
+        if let Some((w, k)) = self.resume.as_mut() {
+            if *w == 0 {
+                *k = 0;
+            }
+            *w = w.saturating_sub(1);
+        }
+        if cursor_retired {
+            // A packet to resend alone was in that WQE: acknowledged
+            // before it left, it goes nowhere.
+            if let Some((w, k)) = self.resume.take() {
+                self.wqe_index = w;
+                self.pkt_index = k;
+            }
+        }
     }
 
     /// Move the cursor past finished WQEs (local operations done, UC/UD
@@ -201,6 +246,10 @@ impl Requester {
         let again = pkt.psn.is_before(self.first_unsent_psn);
         if !again {
             self.first_unsent_psn = pkt.psn.next();
+        }
+        if let Some((w, k)) = self.resume.take() {
+            self.wqe_index = w;
+            self.pkt_index = k;
         }
         again
     }

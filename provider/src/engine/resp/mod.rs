@@ -7,6 +7,7 @@
 //! does, `reply` the responses it sends.
 
 mod check;
+mod early;
 mod execute;
 mod reply;
 
@@ -106,6 +107,9 @@ pub(crate) struct Responder {
     replies: VecDeque<Reply>,
     /// UC: drop packets until the next FIRST/ONLY.
     uc_drop: bool,
+    /// SEND/WRITE packets beyond a gap, kept for a roxe requester on this
+    /// host (`Qp::keeps_early`).
+    early: early::EarlyPackets,
 }
 
 impl Responder {
@@ -118,6 +122,7 @@ impl Responder {
             resources: VecDeque::new(),
             replies: VecDeque::new(),
             uc_drop: false,
+            early: early::EarlyPackets::default(),
         }
     }
 
@@ -234,34 +239,113 @@ impl Qp {
     }
 
     fn rc_request(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) {
-        let qpn = self.qpn;
         let p = pkt.bth().psn();
-        let op = pkt.opcode();
         // check_psn: a gap gets one NAK carrying the PSN expected, then
         // silence; a duplicate is answered without executing again.
-        let r = &mut self.resp;
-        let d = r.epsn.distance(p);
+        let d = self.resp.epsn.distance(p);
         if d > 0 {
-            if !r.nak_sent {
-                r.nak_sent = true;
-                let e = r.epsn;
-                r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
-                cx.stats.naks_sent += 1;
-                self.counters.naks_sent += 1;
-                tracing::debug!(
-                    qpn = format_args!("{qpn:#x}"),
-                    expected = %e,
-                    got = %p,
-                    "PSN gap: sequence-error NAK sent"
-                );
+            self.sequence_nak(cx, p);
+            let kept = self.keeps_early(cx, pkt.opcode())
+                && d < early::MAX_PACKETS as i32
+                && self.resp.early.keep(p, pkt.as_bytes());
+            if !kept {
+                self.drop_packet(cx, DropReason::PsnGap);
             }
-            self.drop_packet(cx, DropReason::PsnGap);
             return;
         }
         if d < 0 {
             self.rc_duplicate(cx, pkt);
             return;
         }
+        let before = self.resp.epsn;
+        if !self.rc_in_order(cx, pkt) {
+            self.resp.early.clear();
+            return;
+        }
+        if self.resp.early.is_empty() {
+            return;
+        }
+        if self.resp.epsn == before {
+            // Not consumed (an RNR NAK): the requester resends from here.
+            self.resp.early.clear();
+            return;
+        }
+        self.replay_early(cx);
+    }
+
+    /// Whether this QP keeps request packets with opcode `op` that arrive
+    /// beyond a gap: SEND and WRITE packets of an RC QP whose requester is
+    /// roxe on this host (a loopback peer: the kernel's rxe and NICs are
+    /// never there), which resends only the missing packet
+    /// (`EngineConfig::keep_early`).
+    fn keeps_early(&self, cx: &QpCtx, op: Opcode) -> bool {
+        cx.config.keep_early
+            && self.init.qp_type == QpType::Rc
+            && matches!(op.operation(), Operation::Send | Operation::Write)
+            && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a))
+    }
+
+    /// A gap before `got`: one PSN-sequence NAK for the PSN expected, then
+    /// silence until it arrives.
+    fn sequence_nak(&mut self, cx: &mut QpCtx, got: Psn) {
+        let r = &mut self.resp;
+        if r.nak_sent {
+            return;
+        }
+        r.nak_sent = true;
+        let e = r.epsn;
+        r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
+        cx.stats.naks_sent += 1;
+        self.counters.naks_sent += 1;
+        tracing::debug!(
+            qpn = format_args!("{:#x}", self.qpn),
+            expected = %e,
+            got = %got,
+            "PSN gap: sequence-error NAK sent"
+        );
+    }
+
+    /// The gap was filled: the packets kept beyond it go through the
+    /// in-order path, in PSN order, as far as they reach; what they
+    /// placed is acknowledged, and a further gap NAKed.
+    fn replay_early(&mut self, cx: &mut QpCtx) {
+        let start = self.resp.epsn;
+        loop {
+            let e = self.resp.epsn;
+            let Some(bytes) = self.resp.early.take(e) else {
+                break;
+            };
+            // Well formed and its ICRC checked when it arrived.
+            let Ok(pkt) = Packet::new_checked(&bytes[..]) else {
+                break;
+            };
+            if !self.rc_in_order(cx, &pkt) {
+                self.resp.early.clear();
+                return;
+            }
+            if self.resp.epsn == e {
+                // Not consumed (an RNR NAK): the requester resends from here.
+                self.resp.early.clear();
+                return;
+            }
+        }
+        let epsn = self.resp.epsn;
+        self.resp.early.forget_before(epsn);
+        if epsn != start {
+            self.resp.ack(epsn - 1);
+        }
+        if !self.resp.early.is_empty() {
+            self.sequence_nak(cx, epsn);
+        }
+    }
+
+    /// The request packet `pkt` carries the PSN expected: execute it and
+    /// acknowledge it as asked. False when it failed the QP.
+    fn rc_in_order(&mut self, cx: &mut QpCtx, pkt: &Packet<&[u8]>) -> bool {
+        let qpn = self.qpn;
+        let p = pkt.bth().psn();
+        let op = pkt.opcode();
+        let r = &mut self.resp;
         r.nak_sent = false;
         if self.init.qp_type == QpType::XrcRecv {
             // The XRCETH must name an XRC SRQ of this QP's domain; its PD
@@ -278,7 +362,7 @@ impl Qp {
                 cx.stats.naks_sent += 1;
                 self.counters.naks_sent += 1;
                 self.fail_qp(cx);
-                return;
+                return false;
             }
         }
         match self.execute(cx, pkt, true) {
@@ -291,13 +375,14 @@ impl Qp {
                     cx.push_wc(cq, wc, false);
                 }
                 self.fail_qp(cx);
-                return;
+                return false;
             }
         }
         // Acknowledge what the requester asked to be acknowledged.
         if pkt.bth().ack_req() && is_send_or_write(op) && self.resp.epsn != p {
             self.resp.ack(p);
         }
+        true
     }
 
     /// A request PSN already executed: re-ACK, or replay a READ or an
