@@ -49,6 +49,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "Share a configured address with this user's other processes (default on; off: EADDRINUSE for a second process)",
     ),
     (
+        "ROXE_SELECTIVE",
+        "roxe-selective",
+        "on|off",
+        "Towards roxe peers on this host, a lost packet is resent alone and what followed it kept (default on; off: go-back-N)",
+    ),
+    (
         "ROXE_ICRC",
         "roxe-icrc",
         "MODE",

@@ -169,6 +169,10 @@ pub struct DeviceConfig {
     /// processes (each its own slot of the QPN space, see `steering`); an
     /// automatic address is always the process's own.
     pub exclusive: bool,
+    /// No selective recovery towards roxe peers on this host
+    /// (`ROXE_SELECTIVE=off`; `EngineConfig::keep_early`): plain
+    /// go-back-N, as towards any other peer.
+    pub go_back_n_only: bool,
 }
 
 /// An on/off switch from the environment: `1`, `on`, `true`, `yes` or `0`,
@@ -203,7 +207,7 @@ pub fn parse_micros(var: &'static str, value: &str, max: u32) -> Result<u32, Con
 
 impl DeviceConfig {
     /// The configuration the environment describes: `ROXE_ADDR` (the first
-    /// address if it lists several), `ROXE_SHARE=on|off`, `ROXE_ICRC=off|warn|strict|raw`,
+    /// address if it lists several), `ROXE_SHARE=on|off`, `ROXE_SELECTIVE=on|off`, `ROXE_ICRC=off|warn|strict|raw`,
     /// `ROXE_PCAP=FILE`, `ROXE_FAULT=...`, and the pacing knobs
     /// ([`PacingConfig::from_env`]).
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -225,6 +229,9 @@ impl DeviceConfig {
         base.pacing = PacingConfig::from_env()?;
         if let Some(v) = var("ROXE_SHARE") {
             base.exclusive = !parse_switch("ROXE_SHARE", &v)?;
+        }
+        if let Some(v) = var("ROXE_SELECTIVE") {
+            base.go_back_n_only = !parse_switch("ROXE_SELECTIVE", &v)?;
         }
         let Some(addrs) = var("ROXE_ADDR") else {
             return Ok(vec![base]);

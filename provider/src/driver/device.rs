@@ -176,6 +176,7 @@ impl Device {
         // socket, get the wide window once the batch finds them
         // (`Engine::set_udp_peer`, in `after_work`).
         ec.wide_loopback_window = raw.is_none();
+        ec.keep_early = !config.go_back_n_only;
         // As wide as the peers' receive buffers allow (ours tells: the
         // same limits apply on this host).
         let rcvbuf = socket::recv_buffer(&socket)?;
