@@ -4680,6 +4680,39 @@ fn a_lost_packet_between_roxe_peers_is_resent_alone() {
     }
 }
 
+/// Between roxe peers a lost resend (or a lost NAK) is repaired by a probe
+/// that resends the oldest unacknowledged packet alone: the responder
+/// fills the gap from it and replays the rest. Two packets resent, no
+/// timeout, no go-back-N.
+#[test]
+fn a_lost_resend_between_roxe_peers_is_probed_alone() {
+    let (mut net, a, b) = pair_with_a_measured_round_trip(49);
+    let data = pattern(49, 64 * 1024);
+    fill(&mut net, a, 0, &data);
+    let mut middles = 0;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
+            middles += 1;
+            // The 10th middle packet, and its first resend (the 64
+            // packets' 62 middles all go first).
+            return middles == 10 || middles == 63;
+        }
+        false
+    }));
+    let start = net.now;
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 64 * 1024, b, 4096),
+    );
+    assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 4096, data.len()), data);
+    let st = net.engines[a.e].stats();
+    assert_eq!((st.tx_retransmits, st.timeouts), (2, 0));
+    assert!(st.probes >= 1);
+    assert!(net.now - start < 100_000_000, "{} ns", net.now - start);
+}
+
 /// A late (here: lost) ACK of a multi-packet message costs one packet:
 /// the first probe resends only the highest PSN sent, asking for an ACK,
 /// and the responder, which has everything, re-ACKs it all. Going back to

@@ -275,6 +275,11 @@ impl Qp {
             self.req.rewind_to(&self.sq, r);
         }
         self.rtt.went_back(r);
+        // Go-back-N resends less under a smaller window; a packet resent
+        // alone costs one packet whatever the window, but the halving
+        // keeps what the responder holds beyond a gap (and what the
+        // next loss strands) small: 1% loss, 64 KiB WRITEs, 1.06-1.30
+        // against 0.33-0.61 GB/s without it.
         self.loss_window.lost(path);
         let retries_left = comp.retry_left;
         let cause = match cause {
@@ -290,6 +295,15 @@ impl Qp {
         true
     }
 
+    /// Whether the responder keeps what arrives beyond a gap, as far as is
+    /// known: a roxe peer on this host, both with `keep_early`, that has
+    /// not shown otherwise.
+    fn peer_keeps_early(&self, cx: &QpCtx) -> bool {
+        cx.config.keep_early
+            && self.comp.peer_keeps_early
+            && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a))
+    }
+
     /// Whether a sequence NAK for `p` is answered by resending that packet
     /// alone: towards a roxe responder on this host that keeps what
     /// arrives beyond a gap (`EngineConfig::keep_early`). A NAK for the
@@ -299,9 +313,7 @@ impl Qp {
     /// the responder is taken to keep nothing, for good.
     fn resends_hole_alone(&mut self, cx: &QpCtx, p: Psn) -> bool {
         const GIVE_UP: u8 = 3;
-        let towards_roxe =
-            cx.config.keep_early && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a));
-        if !towards_roxe || !self.comp.peer_keeps_early {
+        if !self.peer_keeps_early(cx) {
             return false;
         }
         let next_lacking = self.comp.last_hole.is_some_and(|h| h.next() == p)
@@ -635,6 +647,15 @@ impl Qp {
                 // oldest unacknowledged PSN, as a timeout would, without
                 // spending a retry; under the halved window the resend is
                 // small.
+                // Towards a responder that keeps what follows a gap, the
+                // oldest unacknowledged packet alone: it fills the gap (the
+                // rest is replayed and acknowledged) or, if the ACK was
+                // what got lost, draws the ACK again.
+                if self.peer_keeps_early(cx) && self.req.resend_one(&self.sq, una) {
+                    self.rtt.went_back(una);
+                    self.arm_probe(now);
+                    return;
+                }
                 match first.then(|| self.req.resend_last(&self.sq)).flatten() {
                     Some(last) => self.rtt.went_back(last),
                     None => {
