@@ -295,12 +295,16 @@ impl Qp {
         true
     }
 
-    /// Whether the responder keeps what arrives beyond a gap, as far as is
-    /// known: a roxe peer on this host, both with `keep_early`, that has
-    /// not shown otherwise.
+    /// Whether a lost packet may be resent alone: the responder keeps what
+    /// arrives beyond a gap, as far as is known (a roxe peer on this host,
+    /// both with `keep_early`, that has not shown otherwise), and no READ
+    /// or atomic is in flight (a responder keeps SEND and WRITE packets
+    /// only: READ requests beyond a gap are gone, and resending them one
+    /// by one made 64 KiB READs at 1% loss three times slower).
     fn peer_keeps_early(&self, cx: &QpCtx) -> bool {
         cx.config.keep_early
             && self.comp.peer_keeps_early
+            && self.sq.reads_atomics_started() == 0
             && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a))
     }
 
