@@ -582,6 +582,7 @@ impl Qp {
         }
         self.req.flush();
         self.timers.stop_all();
+        self.resp.forget_early();
         let sends = self.sq.flush();
         let recv_cq = self.recv_cq();
         let current = self.resp.take_current_recv();

@@ -135,6 +135,11 @@ impl Responder {
         self.epsn = psn;
     }
 
+    /// Forget the packets kept beyond a gap (the QP no longer receives).
+    pub fn forget_early(&mut self) {
+        self.early.clear();
+    }
+
     /// The receive WQE of a half-received SEND (for flushing), with the
     /// opcode its completion takes (a tag-matching one's, or RECV).
     pub fn take_current_recv(&mut self) -> Option<(RecvWqe, crate::types::WcOpcode)> {
