@@ -116,6 +116,16 @@ fn assemble(buf: &[u8], t: &Transmit) -> Vec<u8> {
 const LATENCY: Nanos = 2_000;
 
 impl Net {
+    /// Rebuild every engine (no QPs yet) at its address with the
+    /// configuration `tune` makes of the default for engine `e`.
+    fn reconfigure(&mut self, tune: impl Fn(usize, &mut EngineConfig)) {
+        for (e, engine) in self.engines.iter_mut().enumerate() {
+            let mut cfg = EngineConfig::new(engine.addr());
+            tune(e, &mut cfg);
+            *engine = Engine::new(cfg);
+        }
+    }
+
     fn new(n: usize, seed: u64, faults: Faults) -> Net {
         Net::on(127, n, seed, faults)
     }
@@ -392,6 +402,19 @@ fn pair(net: &mut Net, qp_type: QpType, mtu: Mtu) -> (Side, Side) {
     (a, b)
 }
 
+/// `n` connected RC pairs between engines 0 and 1 (MTU 1024), on one CQ
+/// and PD per engine: the first made by `pair`, the rest beside it.
+fn rc_pairs(net: &mut Net, n: usize) -> Vec<(Side, Side)> {
+    let (a, b) = pair(net, QpType::Rc, Mtu::Mtu1024);
+    let mut qps = vec![(a, b)];
+    for _ in 1..n {
+        let (a2, b2) = (add_qp(net, a, |_| {}), add_qp(net, b, |_| {}));
+        link(net, a2, b2, QpType::Rc, Mtu::Mtu1024);
+        qps.push((a2, b2));
+    }
+    qps
+}
+
 fn sge(s: Side, offset: u64, len: u32) -> Sge {
     Sge {
         addr: s.mr.addr + offset,
@@ -652,11 +675,7 @@ fn soak_with(burst_ns: Nanos, default_messages: u64, keep: [bool; 2]) {
         corrupt: 0.01,
     };
     let mut net = Net::new(2, seed, faults);
-    for (e, keep) in keep.into_iter().enumerate() {
-        let mut cfg = EngineConfig::new(net.engines[e].addr());
-        cfg.keep_early = keep;
-        net.engines[e] = Engine::new(cfg);
-    }
+    net.reconfigure(|e, c| c.keep_early = keep[e]);
     net.burst_ns = burst_ns;
     let mut rng = Rng(seed ^ 0xABCD);
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
@@ -4363,11 +4382,7 @@ fn tag_matching_half_received_message_flushes_as_tm_recv() {
 /// and `n` 1 KiB WRITEs posted on `a`: one packet (one PSN) each.
 fn pair_with_writes(seed: u64, n: u64, tune: impl Fn(&mut EngineConfig)) -> Net {
     let mut net = Net::new(2, seed, Faults::default());
-    for e in 0..2 {
-        let mut cfg = EngineConfig::new(net.engines[e].addr());
-        tune(&mut cfg);
-        net.engines[e] = Engine::new(cfg);
-    }
+    net.reconfigure(|_, c| tune(c));
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
     for i in 0..n {
         post(
@@ -4429,18 +4444,9 @@ fn the_loopback_window_is_the_configured_one() {
 #[test]
 fn reads_of_several_qps_share_the_loopback_window() {
     let mut net = Net::new(2, 69, Faults::default());
-    for e in 0..2 {
-        let mut cfg = EngineConfig::new(net.engines[e].addr());
-        cfg.loopback_window = 20;
-        net.engines[e] = Engine::new(cfg);
-    }
-    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    let mut qps = vec![(a, b)];
-    for _ in 0..3 {
-        let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
-        link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
-        qps.push((a2, b2));
-    }
+    net.reconfigure(|_, c| c.loopback_window = 20);
+    let qps = rc_pairs(&mut net, 4);
+    let (a, b) = qps[0];
     let data: Vec<u8> = (0..32 * 4096).map(|i| (i * 7 + i / 4096) as u8).collect();
     fill(&mut net, b, 0, &data);
     for (k, &(a, b)) in qps.iter().enumerate() {
@@ -4474,18 +4480,9 @@ fn writes_of_several_qps_share_a_small_loopback_window() {
         (roxe_provider::engine::MAX_LOOPBACK_WINDOW, 32 * 4),
     ] {
         let mut net = Net::new(2, 70, Faults::default());
-        for e in 0..2 {
-            let mut cfg = EngineConfig::new(net.engines[e].addr());
-            cfg.loopback_window = window;
-            net.engines[e] = Engine::new(cfg);
-        }
-        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-        let mut qps = vec![(a, b)];
-        for _ in 0..3 {
-            let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
-            link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
-            qps.push((a2, b2));
-        }
+        net.reconfigure(|_, c| c.loopback_window = window);
+        let qps = rc_pairs(&mut net, 4);
+        let (a, b) = qps[0];
         let data: Vec<u8> = (0..32 * 4096).map(|i| (i * 5 + i / 4096) as u8).collect();
         fill(&mut net, a, 0, &data);
         for (k, &(a, b)) in qps.iter().enumerate() {
@@ -4513,18 +4510,9 @@ fn writes_of_several_qps_share_a_small_loopback_window() {
 #[test]
 fn idle_qps_wait_for_a_small_loopback_window() {
     let mut net = Net::new(2, 71, Faults::default());
-    for e in 0..2 {
-        let mut cfg = EngineConfig::new(net.engines[e].addr());
-        cfg.loopback_window = 20;
-        net.engines[e] = Engine::new(cfg);
-    }
-    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    let mut qps = vec![(a, b)];
-    for _ in 0..7 {
-        let (a2, b2) = (add_qp(&mut net, a, |_| {}), add_qp(&mut net, b, |_| {}));
-        link(&mut net, a2, b2, QpType::Rc, Mtu::Mtu1024);
-        qps.push((a2, b2));
-    }
+    net.reconfigure(|_, c| c.loopback_window = 20);
+    let qps = rc_pairs(&mut net, 8);
+    let (a, b) = qps[0];
     const LEN: u64 = 16 * 1024;
     let data = pattern(71, 8 * LEN as usize);
     fill(&mut net, a, 0, &data);

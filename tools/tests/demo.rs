@@ -4,29 +4,7 @@
 //! ../shared/tools/roce-check --strict and `roxe decode`: no bad ICRC, no
 //! malformed packet, no PSN gap.
 
-use std::path::PathBuf;
 use std::process::Command;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn roce_check() -> Option<PathBuf> {
-    let tool = root().join("../shared/tools/roce-check");
-    let python = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !tool.is_file() || !python {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "CI must have roce-check and python3"
-        );
-        eprintln!("SKIP: roce-check oracle not available");
-        return None;
-    }
-    Some(tool)
-}
 
 #[test]
 fn demo_passes_and_its_capture_is_clean() {
@@ -67,7 +45,7 @@ fn demo_passes_and_its_capture_is_clean() {
     assert!(decode.status.success(), "roxe decode: {summary}");
     assert!(summary.contains(" 0 bad"), "{summary}");
 
-    if let Some(rc) = roce_check() {
+    if let Some(rc) = roxe_testnet::roce_check::tool() {
         match roxe_testnet::roce_check::strict(&rc, &pcap) {
             Ok(text) => println!(
                 "{}",

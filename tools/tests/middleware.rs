@@ -152,12 +152,10 @@ fn pair(server: Command, client: Command, delay: Duration, what: &str) -> (Outpu
 /// `../shared/tools/roce-check --strict -q` on `pcap` (skipped without it,
 /// outside CI).
 fn roce_check(pcap: &Path) {
-    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-check");
-    if !tool.is_file() {
-        assert!(!in_ci(), "CI must have ../shared/tools/roce-check");
+    let Some(tool) = roxe_testnet::roce_check::tool() else {
         eprintln!("roce-check not found: {} not checked", pcap.display());
         return;
-    }
+    };
     if let Err(report) = roxe_testnet::roce_check::strict(&tool, pcap) {
         panic!("roce-check --strict {}:\n{report}", pcap.display());
     }

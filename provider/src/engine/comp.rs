@@ -64,8 +64,9 @@ pub(crate) struct Completer {
     progressed: bool,
     /// The responder keeps what arrives beyond a gap, as far as is known
     /// (`EngineConfig::keep_early`): a sequence NAK is answered by
-    /// resending the missing packet alone. Cleared for good when the
-    /// responder lacks the packet after one so resent.
+    /// resending the missing packet alone. Cleared for good after a few
+    /// NAKs in a row for the packet after the one so resent
+    /// (`next_lacking_in_a_row`).
     peer_keeps_early: bool,
     /// The PSN last resent alone after a sequence NAK.
     last_hole: Option<Psn>,
@@ -339,10 +340,11 @@ impl Qp {
         false
     }
 
-    /// Go-back-N from `r` after a NAK or an implied one, or fail with
-    /// RETRY_EXC_ERR when no retry is left.
-    fn go_back_n_or_fail(&mut self, cx: &mut QpCtx, r: Psn) {
-        if !self.go_back_n(cx, r, RetryCause::Nak) {
+    /// A retry from `r` after a NAK or an implied one (`selective`: the
+    /// packet carrying `r` alone), or fail with RETRY_EXC_ERR when no
+    /// retry is left.
+    fn retry_or_fail(&mut self, cx: &mut QpCtx, r: Psn, selective: bool) {
+        if !self.retry_from(cx, r, RetryCause::Nak, selective) {
             self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
         }
     }
@@ -445,7 +447,7 @@ impl Qp {
         self.retire_finished(cx);
         if let Some(resume) = implied {
             // An ACK or response beyond a READ/atomic whose answer never came.
-            self.go_back_n_or_fail(cx, resume);
+            self.retry_or_fail(cx, resume, false);
         }
     }
 
@@ -493,9 +495,7 @@ impl Qp {
                 }
                 self.retire_finished(cx);
                 let selective = self.resends_hole_alone(cx, p);
-                if !self.retry_from(cx, p, RetryCause::Nak, selective) {
-                    self.fail_oldest_wqe(cx, WcStatus::RetryExcErr);
-                }
+                self.retry_or_fail(cx, p, selective);
             }
             AethSyndrome::Nak(code) => {
                 let status = match code {
@@ -642,33 +642,34 @@ impl Qp {
                 self.rtt.probed();
                 cx.stats.probes += 1;
                 self.counters.probes += 1;
-                // The first probe of a silence resends only the highest
-                // PSN sent, asking for an ACK: a responder that has
-                // everything re-ACKs it all (a late ACK costs one packet,
-                // not a window), one that lacks a PSN NAKs the gap. If it
-                // NAKed the gap already it stays silent (that NAK may be
-                // the packet lost), so the next probe goes back to the
-                // oldest unacknowledged PSN, as a timeout would, without
-                // spending a retry; under the halved window the resend is
-                // small.
                 // Towards a responder that keeps what follows a gap, the
                 // oldest unacknowledged packet alone: it fills the gap (the
                 // rest is replayed and acknowledged) or, if the ACK was
                 // what got lost, draws the ACK again.
-                if self.peer_keeps_early(cx) && self.req.resend_one(&self.sq, una) {
-                    self.rtt.went_back(una);
-                    self.arm_probe(now);
-                    return;
-                }
-                match first.then(|| self.req.resend_last(&self.sq)).flatten() {
-                    Some(last) => self.rtt.went_back(last),
-                    None => {
-                        self.req.rewind_to(&self.sq, una);
-                        self.rtt.went_back(una);
-                        let path = self.path_window(cx);
-                        self.loss_window.lost(path);
+                let sent_again = if self.peer_keeps_early(cx) && self.req.resend_one(&self.sq, una)
+                {
+                    una
+                } else {
+                    // The first probe of a silence resends only the highest
+                    // PSN sent, asking for an ACK: a responder that has
+                    // everything re-ACKs it all (a late ACK costs one
+                    // packet, not a window), one that lacks a PSN NAKs the
+                    // gap. If it NAKed the gap already it stays silent
+                    // (that NAK may be the packet lost), so the next probe
+                    // goes back to the oldest unacknowledged PSN, as a
+                    // timeout would, without spending a retry; under the
+                    // halved window the resend is small.
+                    match first.then(|| self.req.resend_last(&self.sq)).flatten() {
+                        Some(last) => last,
+                        None => {
+                            self.req.rewind_to(&self.sq, una);
+                            let path = self.path_window(cx);
+                            self.loss_window.lost(path);
+                            una
+                        }
                     }
-                }
+                };
+                self.rtt.went_back(sent_again);
                 self.arm_probe(now);
             }
         }

@@ -182,10 +182,15 @@ impl Requester {
         if cursor_retired {
             // A packet to resend alone was in that WQE: acknowledged
             // before it left, it goes nowhere.
-            if let Some((w, k)) = self.resume.take() {
-                self.wqe_index = w;
-                self.pkt_index = k;
-            }
+            self.resume_cursor();
+        }
+    }
+
+    /// Back to where the cursor was before `resend_one`, if it moved.
+    fn resume_cursor(&mut self) {
+        if let Some((w, k)) = self.resume.take() {
+            self.wqe_index = w;
+            self.pkt_index = k;
         }
     }
 
@@ -247,10 +252,7 @@ impl Requester {
         if !again {
             self.first_unsent_psn = pkt.psn.next();
         }
-        if let Some((w, k)) = self.resume.take() {
-            self.wqe_index = w;
-            self.pkt_index = k;
-        }
+        self.resume_cursor();
         again
     }
 }

@@ -262,20 +262,13 @@ impl Qp {
             self.rc_duplicate(cx, pkt);
             return;
         }
-        let before = self.resp.epsn;
         if !self.rc_in_order(cx, pkt) {
             self.resp.early.clear();
             return;
         }
-        if self.resp.early.is_empty() {
-            return;
+        if !self.resp.early.is_empty() {
+            self.replay_early(cx, p);
         }
-        if self.resp.epsn == before {
-            // Not consumed (an RNR NAK): the requester resends from here.
-            self.resp.early.clear();
-            return;
-        }
-        self.replay_early(cx);
     }
 
     /// Whether this QP keeps request packets with opcode `op` that arrive
@@ -310,12 +303,17 @@ impl Qp {
         );
     }
 
-    /// The gap was filled: the packets kept beyond it go through the
-    /// in-order path, in PSN order, as far as they reach; what they
-    /// placed is acknowledged, and a further gap NAKed.
-    fn replay_early(&mut self, cx: &mut QpCtx) {
-        let start = self.resp.epsn;
+    /// The packet with PSN `filled` went through the in-order path with
+    /// packets kept beyond it: they follow, in PSN order, as far as they
+    /// reach; what they placed is acknowledged, and a further gap NAKed.
+    fn replay_early(&mut self, cx: &mut QpCtx, filled: Psn) {
+        let mut last = filled;
         loop {
+            if self.resp.epsn == last {
+                // Not consumed (an RNR NAK): the requester resends from here.
+                self.resp.early.clear();
+                return;
+            }
             let e = self.resp.epsn;
             let Some(bytes) = self.resp.early.take(e) else {
                 break;
@@ -328,15 +326,11 @@ impl Qp {
                 self.resp.early.clear();
                 return;
             }
-            if self.resp.epsn == e {
-                // Not consumed (an RNR NAK): the requester resends from here.
-                self.resp.early.clear();
-                return;
-            }
+            last = e;
         }
         let epsn = self.resp.epsn;
         self.resp.early.forget_before(epsn);
-        if epsn != start {
+        if last != filled {
             self.resp.ack(epsn - 1);
         }
         if !self.resp.early.is_empty() {
