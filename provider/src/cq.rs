@@ -1,6 +1,6 @@
 //! Completion queues.
 
-use crate::types::WcStatus;
+use crate::types::{WcOpcode, WcStatus};
 use crate::wr::WorkCompletion;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,6 +123,26 @@ impl CompletionQueue {
         before - self.entries.len()
     }
 
+    /// Whether a completion of QP `qpn` waits to be polled.
+    pub fn holds_qp(&self, qpn: u32) -> bool {
+        self.entries.iter().any(|(wc, _)| wc.qp_num == qpn)
+    }
+
+    /// Remove the receive completions of QP `qpn` not yet polled (the QP
+    /// is destroyed). Its send completions stay, as with rxe: middleware
+    /// polls its CQ after destroying a connection's QP to learn which
+    /// sends completed (libfabric's verbs provider reports every send it
+    /// never saw complete as flushed), while a receive completion names
+    /// a buffer it has already released (ofi_rxm would repost it to the
+    /// closed endpoint). Returns how many.
+    pub fn remove_qp_receives(&mut self, qpn: u32) -> usize {
+        let before = self.entries.len();
+        self.entries
+            .retain(|(wc, _)| wc.qp_num != qpn || (wc.opcode as u32) < WcOpcode::Recv as u32);
+        self.waiting.store(self.entries.len(), Ordering::Release);
+        before - self.entries.len()
+    }
+
     /// Take every waiting completion.
     pub fn drain(&mut self) -> Vec<WorkCompletion> {
         self.waiting.store(0, Ordering::Release);
@@ -168,7 +188,6 @@ mod tests {
     }
 
     use super::*;
-    use crate::types::WcOpcode;
 
     #[test]
     fn overflow_and_notify() {

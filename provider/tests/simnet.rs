@@ -1962,21 +1962,28 @@ fn post_time_errnos() {
     assert_eq!(errno(recv_sges(&mut net, 15, 1)), Errno::EINVAL);
 }
 
-/// `ibv_destroy_qp` takes the QP's completions not yet polled with it, as
-/// libmlx5 does (libfabric's ofi_rxm acted on a receive completion of a
-/// connection it had closed, and crashed).
+/// `ibv_destroy_qp` takes the QP's receive completions not yet polled
+/// with it, as libmlx5 does (libfabric's ofi_rxm acted on a receive
+/// completion of a connection it had closed, and crashed), and leaves its
+/// send completions, as rxe does (libfabric's verbs provider reports a
+/// send whose completion it never polls as flushed).
 #[test]
-fn a_destroyed_qp_leaves_no_completions() {
+fn a_destroyed_qp_leaves_its_send_completions_only() {
     let mut net = Net::new(2, 17, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
     recv(&mut net, b, 1, 0, 64);
     recv(&mut net, b, 2, 0, 64);
     post(&mut net, a, local_wr(a, 3, SendOpcode::Send, 0, 8));
     post(&mut net, a, local_wr(a, 4, SendOpcode::Send, 0, 8));
-    assert_eq!(wait_wcs(&mut net, a, 2).len(), 2);
+    net.run_until(100_000_000, |n| {
+        n.engines[a.e].cq_mut(a.cq).unwrap().len() == 2
+    });
     assert_eq!(net.engines[b.e].cq_mut(b.cq).unwrap().len(), 2);
     net.engines[b.e].destroy_qp(b.qpn).unwrap();
     assert!(poll(&mut net, b).is_empty());
+    net.engines[a.e].destroy_qp(a.qpn).unwrap();
+    let sent: Vec<u64> = poll(&mut net, a).iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(sent, [3, 4]);
 }
 
 /// `ibv_req_notify_cq`: one event for the next completion, then none until
@@ -3247,6 +3254,83 @@ mod cm_tests {
         let s = cm1.stats();
         assert_eq!((s.rx_mads, s.rx_malformed, s.rx_unmatched), (3, 2, 1));
         assert!(cm1.poll_event().is_none());
+    }
+
+    /// An RC pair connected through the CM (engine 0 active), then a SEND
+    /// from a to b whose receive completion b has not polled, then a's
+    /// DREQ received by b: the net, b, and b's connection.
+    fn dreq_behind_a_send() -> (Net, Side, u32) {
+        let mut net = Net::new(2, 1, Faults::default());
+        let (a, b) = super::pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        net.engines[1].cm().listen(sid()).unwrap();
+        let data = cma(&net, 0, 1, b"");
+        let req = cm::rocev2_req(sid(), &path(&net, 0, 1), &params(a.qpn, &data)).unwrap();
+        let (now, peer) = (net.now, net.engines[1].addr());
+        let ca = net.engines[0].cm().connect(now, peer, req);
+        let cb = match next_event(&mut net, 1) {
+            CmEvent::ConnectRequest { conn, .. } => conn,
+            e => panic!("{e:?}"),
+        };
+        let now = net.now;
+        let rep = cm::rep_for(&params(b.qpn, b"")).unwrap();
+        net.engines[1].cm().accept(now, cb, rep).unwrap();
+        assert!(matches!(
+            next_event(&mut net, 0),
+            CmEvent::ConnectResponse { .. }
+        ));
+        net.engines[0].cm().establish(ca, &[]).unwrap();
+        assert_eq!(next_event(&mut net, 1), CmEvent::Established { conn: cb });
+        recv(&mut net, b, 1, 0, 64);
+        post(&mut net, a, local_wr(a, 2, SendOpcode::Send, 0, 8));
+        assert_eq!(wait_wcs(&mut net, a, 1).len(), 1);
+        let now = net.now;
+        net.engines[0].cm().disconnect(now, ca, &[]).unwrap();
+        net.run_until(200_000, |n| {
+            n.engines[1].cm().state(cb) == Some(ConnState::DreqRcvd)
+        });
+        assert_eq!(net.engines[1].cm().state(cb), Some(ConnState::DreqRcvd));
+        (net, b, cb)
+    }
+
+    /// The peer's DREQ right behind its last SEND: DISCONNECTED waits until
+    /// the SEND's completion is polled, as on the kernel's stack, where the
+    /// DREQ reaches the user long after the completion (libfabric's ofi_rxm
+    /// closed the connection, and lost its peer's `fin`, otherwise).
+    #[test]
+    fn disconnected_waits_for_the_completions_before_it() {
+        let (mut net, b, cb) = dreq_behind_a_send();
+        let now = net.now;
+        assert_eq!(
+            net.engines[1].poll_cm_event(now),
+            None,
+            "completion unpolled"
+        );
+        assert!(
+            net.engines[1].poll_timeout().is_some(),
+            "a deadline for the hold"
+        );
+        assert_eq!(poll(&mut net, b).len(), 1);
+        assert_eq!(
+            net.engines[1].poll_cm_event(now),
+            Some(CmEvent::Disconnected { conn: cb })
+        );
+    }
+
+    /// A user that never polls gets DISCONNECTED after DISCONNECT_HOLD.
+    #[test]
+    fn a_held_disconnected_goes_out_after_the_hold() {
+        use roxe_provider::engine::DISCONNECT_HOLD;
+        let (mut net, _b, cb) = dreq_behind_a_send();
+        let now = net.now;
+        assert_eq!(net.engines[1].poll_cm_event(now), None);
+        assert_eq!(
+            net.engines[1].poll_cm_event(now + DISCONNECT_HOLD - 1),
+            None
+        );
+        assert_eq!(
+            net.engines[1].poll_cm_event(now + DISCONNECT_HOLD),
+            Some(CmEvent::Disconnected { conn: cb })
+        );
     }
 }
 

@@ -106,16 +106,75 @@ fn finish(mut child: Child, what: &str) -> Output {
     let end = Instant::now() + LIMIT;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > end {
+            let report = hang_report(child.id());
             let _ = child.kill();
             let out = child.wait_with_output().unwrap();
             panic!(
-                "{what}: still running after {LIMIT:?}, killed:\n{}",
+                "{what}: still running after {LIMIT:?}, killed:\n{}\n--- at the timeout\n{report}",
                 text(&out)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
+}
+
+/// What a hung run was doing: `roxe stat` (every open roxe device of
+/// this user) and, with gdb installed, the threads' stacks of every
+/// process under `root`.
+fn hang_report(root: u32) -> String {
+    let mut report = match Command::new(ROXE).arg("stat").output() {
+        Ok(o) => format!("roxe stat:\n{}", String::from_utf8_lossy(&o.stdout)),
+        Err(e) => format!("roxe stat: {e}\n"),
+    };
+    let parent_of = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name in parentheses: state, then the ppid.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let mut tree = vec![root];
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    // Descendants in a few sweeps (a process tree is shallow here).
+    for _ in 0..6 {
+        for &pid in &all {
+            if !tree.contains(&pid) && parent_of(pid).is_some_and(|p| tree.contains(&p)) {
+                tree.push(pid);
+            }
+        }
+    }
+    if !on_path("gdb") {
+        return report + "(no gdb: no stacks)\n";
+    }
+    for pid in tree {
+        let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .replace('\0', " ");
+        let Ok(o) = Command::new("timeout")
+            .args(["20", "gdb", "-p", &pid.to_string(), "-batch"])
+            .args(["-ex", "thread apply all bt 12"])
+            .output()
+        else {
+            continue;
+        };
+        report += &format!("=== {pid} {cmd}\n");
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            if line.starts_with("Thread ") || line.starts_with('#') {
+                report += &line.chars().take(180).collect::<String>();
+                report.push('\n');
+            }
+        }
+    }
+    report
 }
 
 fn text(o: &Output) -> String {

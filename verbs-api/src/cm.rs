@@ -1430,7 +1430,8 @@ fn av_to(peer: IpAddr) -> AddressVector {
     }
 }
 
-/// librdmacm moves a disconnected id's QP to ERR (its WRs flush).
+/// librdmacm moves the QP to ERR (its WRs flush) on rdma_disconnect and
+/// on REJECTED.
 fn qp_to_err(qp: &Qp) {
     let _ = qp.modify(
         &QpAttr {
@@ -1565,7 +1566,14 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             private_data,
             ..
         } => {
-            id.st.lock().state = IdState::Rejected;
+            let mut st = id.st.lock();
+            st.state = IdState::Rejected;
+            // As librdmacm's rdma_get_cm_event: a rejected connection's
+            // QP goes to ERR.
+            if let Some(qp) = &st.qp {
+                qp_to_err(qp);
+            }
+            drop(st);
             let mut e = event(&id, EventKind::Rejected);
             e.status = i32::from(r);
             e.param.private_data = private_data;
@@ -1577,14 +1585,11 @@ fn process_cm(id: Arc<IdInner>, ev: CmEvent) -> Result<Option<Event>> {
             e.status = -110;
             Ok(Some(e))
         }
-        CmEvent::Disconnected { .. } => {
-            let st = id.st.lock();
-            if let Some(qp) = &st.qp {
-                qp_to_err(qp);
-            }
-            drop(st);
-            Ok(Some(event(&id, EventKind::Disconnected)))
-        }
+        // The QP keeps its state, as with librdmacm (only REJECTED moves
+        // it to ERR there): the user's rdma_disconnect or destroy does.
+        // Flushing here handed libfabric's rxm, closing the connection,
+        // flushed completions the kernel's rdma_cm never produces.
+        CmEvent::Disconnected { .. } => Ok(Some(event(&id, EventKind::Disconnected))),
         CmEvent::TimewaitExit { .. } => Ok(Some(event(&id, EventKind::TimewaitExit))),
         CmEvent::SidrResponse { rep, .. } => {
             let mut st = id.st.lock();

@@ -138,6 +138,10 @@ fn connect_send_disconnect_from_either_side() {
         };
         a.disconnect().unwrap();
         expect(bch, EventKind::Disconnected);
+        // Hearing the DREQ leaves the QP as it was (librdmacm moves it to
+        // ERR only on REJECTED); the user's own disconnect moves it.
+        let b_qp = if client_disconnects { &sqp } else { &cqp };
+        assert_eq!(b_qp.query().unwrap().qp_state, QpState::Rts);
         b.disconnect().unwrap();
         expect(ach, EventKind::Disconnected);
         expect(ach, EventKind::TimewaitExit);
@@ -167,7 +171,7 @@ fn reject_with_private_data_and_limits() {
     let port = roxe_testnet::port();
     let (sch, _l) = listener(5, port, PortSpace::Tcp);
     let (cch, cid) = resolved(6, addr(5, port), PortSpace::Tcp);
-    let _ = qp_for(&cid);
+    let (cqp, _side) = qp_for(&cid);
     let too_much = ConnParam {
         private_data: vec![1; MAX_CONNECT_PRIVATE_DATA + 1],
         ..ConnParam::default()
@@ -186,6 +190,8 @@ fn reject_with_private_data_and_limits() {
     let e = expect(&cch, EventKind::Rejected);
     assert_eq!(e.status, 28, "IB_CM_REJ_CONSUMER_DEFINED");
     assert_eq!(&e.param.private_data[..9], b"not today");
+    // As librdmacm: a rejected connection's QP goes to ERR.
+    assert_eq!(cqp.query().unwrap().qp_state, QpState::Err);
 }
 
 #[test]

@@ -844,6 +844,15 @@ impl Cm {
         self.events.pop_front()
     }
 
+    /// The peer and its QPN of a connection the peer's DREQ closed and
+    /// the user has not disconnected since.
+    pub fn dreq_received_from(&self, conn: ConnId) -> Option<(IpAddr, u32)> {
+        self.conns
+            .get(&conn)
+            .filter(|c| c.state == ConnState::DreqRcvd)
+            .map(|c| (c.peer, c.remote_qpn))
+    }
+
     /// True when events are waiting.
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()

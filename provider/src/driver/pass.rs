@@ -120,13 +120,13 @@ impl Shared {
                 ch.notify(*cq);
             }
         }
-        if engine.cm().has_events() {
+        if engine.has_cm_events() {
             let sinks: Vec<Arc<CmEventSink>> = {
                 let mut all = self.cm_sinks.lock();
                 all.retain(|s| s.strong_count() > 0);
                 all.iter().filter_map(Weak::upgrade).collect()
             };
-            while let Some(ev) = engine.cm().poll_event() {
+            while let Some(ev) = engine.poll_cm_event(now) {
                 for sink in &sinks {
                     sink(ev.clone());
                 }

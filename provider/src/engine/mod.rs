@@ -26,6 +26,7 @@
 //!   what an engine is created with, what it counts, and the snapshot of
 //!   its load the driver paces by.
 
+mod cm_events;
 mod comp;
 mod config;
 mod drops;
@@ -44,6 +45,7 @@ mod tm;
 mod tx;
 #[cfg(test)]
 mod watchdog_tests;
+pub use cm_events::DISCONNECT_HOLD;
 pub use config::{EngineConfig, IcrcPolicy, QpCap, QpInitAttr, MAX_LOOPBACK_WINDOW};
 pub use drops::{DropCounts, DropReason};
 pub use load::Load;
@@ -213,6 +215,9 @@ pub struct Engine {
     events: Vec<QpEvent>,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
     cm: crate::cm::Cm,
+    /// DISCONNECTED events waiting for their QP's completions to be
+    /// polled (`cm_events.rs`).
+    held_disconnects: Vec<cm_events::HeldDisconnect>,
     /// The PSN of the next MAD sent from QP1.
     gsi_psn: Psn,
     stats: Stats,
@@ -311,6 +316,7 @@ impl Engine {
                 local_addr: Some(addr),
                 ..crate::cm::CmConfig::default()
             }),
+            held_disconnects: Vec::new(),
             gsi_psn: Psn::new(0),
             stats: Stats::default(),
         }

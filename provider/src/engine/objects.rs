@@ -465,13 +465,19 @@ impl Engine {
         if q.counted_loopback_unacked > 0 {
             self.wake_window_waiters();
         }
-        // As libmlx5 and libmlx4 do: completions of a destroyed QP not yet
-        // polled go with it. Middleware frees a connection's buffers when
-        // it destroys the QP (libfabric's ofi_rxm reposted a receive to a
-        // closed endpoint from a completion polled afterwards).
+        // Receive completions of a destroyed QP not yet polled go with it,
+        // as with libmlx5; its send completions stay, as with rxe
+        // (`Cq::remove_qp_receives` says why).
         for cq in [q.init.send_cq, q.init.recv_cq] {
             if let Some(c) = self.cqs.get_mut(&cq.0) {
-                c.remove_qp(qpn);
+                let dropped = c.remove_qp_receives(qpn);
+                if dropped > 0 {
+                    tracing::debug!(
+                        qpn = format_args!("{qpn:#x}"),
+                        dropped,
+                        "destroyed QP's unpolled receive completions dropped"
+                    );
+                }
             }
         }
         Ok(())

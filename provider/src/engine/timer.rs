@@ -144,10 +144,14 @@ impl Engine {
                 .sum::<i32>(),
             "the loopback window's count missed a QP"
         );
-        match (first_qp, self.cm.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            first_qp,
+            self.cm.poll_timeout(),
+            self.held_disconnect_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The liveness watchdog: every RC QP with a message in flight must have
