@@ -117,10 +117,7 @@ impl CompletionQueue {
     /// RESET: libmlx5 cleans its CQs so, and a program restarting a QP
     /// after an error must not poll the old flushes). Returns how many.
     pub fn remove_qp(&mut self, qpn: u32) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|(wc, _)| wc.qp_num != qpn);
-        self.waiting.store(self.entries.len(), Ordering::Release);
-        before - self.entries.len()
+        self.remove_where(|wc| wc.qp_num == qpn)
     }
 
     /// Whether a completion of QP `qpn` waits to be polled.
@@ -136,9 +133,13 @@ impl CompletionQueue {
     /// a buffer it has already released (ofi_rxm would repost it to the
     /// closed endpoint). Returns how many.
     pub fn remove_qp_receives(&mut self, qpn: u32) -> usize {
+        self.remove_where(|wc| wc.qp_num == qpn && wc.opcode as u32 >= WcOpcode::Recv as u32)
+    }
+
+    /// Remove the waiting completions `gone` picks; how many.
+    fn remove_where(&mut self, gone: impl Fn(&WorkCompletion) -> bool) -> usize {
         let before = self.entries.len();
-        self.entries
-            .retain(|(wc, _)| wc.qp_num != qpn || (wc.opcode as u32) < WcOpcode::Recv as u32);
+        self.entries.retain(|(wc, _)| !gone(wc));
         self.waiting.store(self.entries.len(), Ordering::Release);
         before - self.entries.len()
     }

@@ -17,11 +17,13 @@ use crate::cm::{CmEvent, ConnId};
 /// The longest a DISCONNECTED waits for its QP's completions to be polled.
 pub const DISCONNECT_HOLD: Nanos = 100_000_000;
 
-/// A DISCONNECTED held back, and until when at most.
+/// A DISCONNECTED held back: its connection, its QP, and until when at
+/// most.
 #[derive(Debug, Clone)]
 pub(crate) struct HeldDisconnect {
     event: CmEvent,
     conn: ConnId,
+    qpn: u32,
     until: Nanos,
 }
 
@@ -32,26 +34,31 @@ impl Engine {
         if let Some(k) = self
             .held_disconnects
             .iter()
-            .position(|h| now >= h.until || !self.disconnect_must_wait(h.conn))
+            .position(|h| now >= h.until || !self.disconnect_must_wait(h.conn, h.qpn))
         {
             return Some(self.held_disconnects.remove(k).event);
         }
-        let event = self.cm.poll_event()?;
-        if let CmEvent::Disconnected { conn } = event {
-            if self.disconnect_must_wait(conn) {
-                self.held_disconnects.push(HeldDisconnect {
-                    event,
-                    conn,
-                    until: now + DISCONNECT_HOLD,
-                });
-                return self.poll_cm_event(now);
+        loop {
+            let event = self.cm.poll_event()?;
+            let CmEvent::Disconnected { conn } = event else {
+                return Some(event);
+            };
+            match self.disconnect_qp(conn) {
+                Some(qpn) if self.disconnect_must_wait(conn, qpn) => {
+                    self.held_disconnects.push(HeldDisconnect {
+                        event,
+                        conn,
+                        qpn,
+                        until: now + DISCONNECT_HOLD,
+                    })
+                }
+                _ => return Some(event),
             }
         }
-        Some(event)
     }
 
     /// True when CM events wait, held ones included.
-    pub fn has_cm_events(&mut self) -> bool {
+    pub fn has_cm_events(&self) -> bool {
         self.cm.has_events() || !self.held_disconnects.is_empty()
     }
 
@@ -60,20 +67,25 @@ impl Engine {
         self.held_disconnects.iter().map(|h| h.until).min()
     }
 
-    /// Whether `conn`'s DISCONNECTED (of the peer's DREQ, the user not
-    /// having disconnected since) still has completions of its QP ahead
-    /// of it in a CQ.
-    fn disconnect_must_wait(&self, conn: ConnId) -> bool {
-        let Some((peer, remote_qpn)) = self.cm.dreq_received_from(conn) else {
-            return false;
-        };
+    /// The QP of `conn`, when the peer's DREQ closed it (and the user has
+    /// not disconnected since): the one connected to the peer's QP.
+    fn disconnect_qp(&self, conn: ConnId) -> Option<u32> {
+        let (peer, remote_qpn) = self.cm.dreq_received_from(conn)?;
         self.qps
             .values()
-            .filter(|q| q.peer == Some(peer) && q.attr.dest_qp_num == remote_qpn)
-            .any(|q| {
-                [q.init.send_cq, q.init.recv_cq]
-                    .iter()
-                    .any(|cq| self.cqs.get(&cq.0).is_some_and(|c| c.holds_qp(q.qpn)))
-            })
+            .find(|q| q.peer == Some(peer) && q.attr.dest_qp_num == remote_qpn)
+            .map(|q| q.qpn)
+    }
+
+    /// Whether `conn`'s DISCONNECTED still has completions of its QP
+    /// `qpn` ahead of it in a CQ (and the user has not disconnected).
+    fn disconnect_must_wait(&self, conn: ConnId, qpn: u32) -> bool {
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        self.cm.dreq_received_from(conn).is_some()
+            && [q.init.send_cq, q.init.recv_cq]
+                .iter()
+                .any(|cq| self.cqs.get(&cq.0).is_some_and(|c| c.holds_qp(qpn)))
     }
 }
