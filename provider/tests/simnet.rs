@@ -48,6 +48,8 @@ struct Seen {
     solicited: bool,
     /// The IETH's R_Key.
     ieth: Option<u32>,
+    /// A PSN-sequence NAK.
+    sequence_nak: bool,
 }
 
 impl Seen {
@@ -61,6 +63,12 @@ impl Seen {
             opcode: p.as_ref().map(|p| p.opcode()),
             solicited: p.as_ref().is_some_and(|p| p.bth().solicited()),
             ieth: p.as_ref().and_then(|p| p.ieth()),
+            sequence_nak: p.as_ref().and_then(|p| p.aeth()).is_some_and(|a| {
+                a.syndrome
+                    == roxe_provider::wire::AethSyndrome::Nak(
+                        roxe_provider::wire::NakCode::PsnSequenceError,
+                    )
+            }),
         }
     }
 }
@@ -4745,17 +4753,18 @@ fn a_lost_packet_between_roxe_peers_is_resent_alone() {
         assert_eq!(read(&net, b, 4096, data.len()), data, "{keep:?}");
         let resent = net.engines[a.e].stats().tx_retransmits;
         if keep == [true, true] {
-            assert_eq!(resent, 1, "{keep:?}");
+            assert_eq!(resent, 2, "{keep:?}: the missing packet, twice");
         } else {
             assert!(resent > 10, "{keep:?}: {resent} resent");
         }
     }
 }
 
-/// Between roxe peers a lost resend (or a lost NAK) is repaired by a probe
-/// that resends the oldest unacknowledged packet alone: the responder
-/// fills the gap from it and replays the rest. Two packets resent, no
-/// timeout, no go-back-N.
+/// Between roxe peers a lost resend (both of its copies, or both copies
+/// of the NAK) is repaired by a probe that resends the oldest
+/// unacknowledged packet alone: the responder fills the gap from it and
+/// replays the rest. Four packets resent (two copies each), no timeout,
+/// no go-back-N.
 #[test]
 fn a_lost_resend_between_roxe_peers_is_probed_alone() {
     let (mut net, a, b) = pair_with_a_measured_round_trip(49);
@@ -4765,9 +4774,9 @@ fn a_lost_resend_between_roxe_peers_is_probed_alone() {
     net.drop_if = Some(Box::new(move |s: &Seen| {
         if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
             middles += 1;
-            // The 10th middle packet, and its first resend (the 64
-            // packets' 62 middles all go first).
-            return middles == 10 || middles == 63;
+            // The 10th middle packet, and both copies of its resend (the
+            // 64 packets' 62 middles all go first).
+            return matches!(middles, 10 | 63 | 64);
         }
         false
     }));
@@ -4780,18 +4789,81 @@ fn a_lost_resend_between_roxe_peers_is_probed_alone() {
     assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
     assert_eq!(read(&net, b, 4096, data.len()), data);
     let st = net.engines[a.e].stats();
-    assert_eq!((st.tx_retransmits, st.timeouts), (2, 0));
+    assert_eq!((st.tx_retransmits, st.timeouts), (4, 0));
     assert!(st.probes >= 1);
     assert!(net.now - start < 100_000_000, "{} ns", net.now - start);
+}
+
+/// Between roxe peers the packets of a recovery go out twice: the
+/// resend of a missing packet, the sequence NAK, and the ACK a blocked
+/// requester waits for after the gap is filled. Losing one copy of any
+/// of them costs no probe (each would cost milliseconds: the responder
+/// keeps what follows a gap silently). Two losses next to each other are
+/// both resent alone, not by go-back-N.
+#[test]
+fn one_lost_copy_of_a_recovery_packet_costs_no_probe() {
+    // Which packet after the lost 10th middle to drop too: the first copy
+    // of its resend (the 63rd middle sent), the first NAK, the first
+    // ACK after the NAK (the one the replay sends), or the 11th middle
+    // (a second loss next to the first).
+    for case in ["resend", "nak", "replay-ack", "neighbour"] {
+        let (mut net, a, b) = pair_with_a_measured_round_trip(50);
+        let data = pattern(50, 64 * 1024);
+        fill(&mut net, a, 0, &data);
+        let (mut middles, mut naks, mut acks_after_nak) = (0, 0, 0);
+        net.drop_if = Some(Box::new(move |s: &Seen| match s.opcode {
+            Some(Opcode::RcWriteMiddle) if s.from == 0 => {
+                middles += 1;
+                middles == 10
+                    || (case == "resend" && middles == 63)
+                    || (case == "neighbour" && middles == 11)
+            }
+            Some(Opcode::RcAcknowledge) if s.from == 1 && middles >= 10 => {
+                if s.sequence_nak {
+                    naks += 1;
+                    return case == "nak" && naks == 1;
+                }
+                if naks > 0 {
+                    acks_after_nak += 1;
+                    return case == "replay-ack" && acks_after_nak == 1;
+                }
+                false
+            }
+            _ => false,
+        }));
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 64 * 1024, b, 4096),
+        );
+        assert_eq!(
+            wait_wcs(&mut net, a, 1)[0].status,
+            WcStatus::Success,
+            "{case}"
+        );
+        assert_eq!(read(&net, b, 4096, data.len()), data, "{case}");
+        let st = net.engines[a.e].stats();
+        let holes = if case == "neighbour" { 2 } else { 1 };
+        assert_eq!(
+            (st.probes, st.timeouts, st.tx_retransmits),
+            (0, 0, 2 * holes),
+            "{case}: probes, timeouts, packets resent"
+        );
+    }
 }
 
 /// A late (here: lost) ACK of a multi-packet message costs one packet:
 /// the first probe resends only the highest PSN sent, asking for an ACK,
 /// and the responder, which has everything, re-ACKs it all. Going back to
-/// the oldest unacknowledged PSN would resend the whole message.
+/// the oldest unacknowledged PSN would resend the whole message. (Towards
+/// a standard responder: between roxe peers the probe resends the oldest
+/// unacknowledged packet alone, in two copies.)
 #[test]
 fn a_probe_after_a_lost_ack_resends_one_packet() {
     let (mut net, a, b) = pair_with_a_measured_round_trip(43);
+    for e in 0..2 {
+        net.engines[e].set_keep_early(false);
+    }
     let data = pattern(43, 8192);
     fill(&mut net, a, 0, &data);
     let mut dropped = false;
@@ -4821,6 +4893,10 @@ fn a_probe_after_a_lost_ack_resends_one_packet() {
 #[test]
 fn a_lost_packet_and_its_lost_nak_are_repaired_by_the_go_back_probe() {
     let (mut net, a, b) = pair_with_a_measured_round_trip(44);
+    // A standard responder (rxe, a NIC): one NAK per gap.
+    for e in 0..2 {
+        net.engines[e].set_keep_early(false);
+    }
     let data = pattern(44, 8192);
     fill(&mut net, a, 0, &data);
     let (mut middles, mut nak_dropped) = (0, false);

@@ -71,9 +71,8 @@ pub(crate) struct Completer {
     /// The PSN last resent alone after a sequence NAK.
     last_hole: Option<Psn>,
     /// Sequence NAKs in a row for the PSN right after the one resent
-    /// alone before: each is answered by go-back-N (a second loss next
-    /// to the first, or a responder that keeps nothing); a few in a row
-    /// clear `peer_keeps_early`.
+    /// alone before (a second loss next to the first, or a responder
+    /// that keeps nothing): a few in a row clear `peer_keeps_early`.
     next_lacking_in_a_row: u8,
 }
 
@@ -312,10 +311,10 @@ impl Qp {
     /// Whether a sequence NAK for `p` is answered by resending that packet
     /// alone: towards a roxe responder on this host that keeps what
     /// arrives beyond a gap (`EngineConfig::keep_early`). A NAK for the
-    /// packet right after the one last resent alone (sent before) gets
-    /// go-back-N: a second loss next to the first, or a responder that
-    /// keeps nothing (an older roxe); after `GIVE_UP` such NAKs in a row
-    /// the responder is taken to keep nothing, for good.
+    /// packet right after the one last resent alone (sent before) is a
+    /// second loss next to the first, or a responder that keeps nothing
+    /// (an older roxe): after `GIVE_UP` such NAKs in a row the responder
+    /// is taken to keep nothing, for good, and gets go-back-N.
     fn resends_hole_alone(&mut self, cx: &QpCtx, p: Psn) -> bool {
         const GIVE_UP: u8 = 3;
         if !self.peer_keeps_early(cx) {
@@ -329,14 +328,15 @@ impl Qp {
             return true;
         }
         self.comp.next_lacking_in_a_row += 1;
-        if self.comp.next_lacking_in_a_row >= GIVE_UP {
-            tracing::debug!(
-                qpn = format_args!("{:#x}", self.qpn),
-                psn = %p,
-                "the responder keeps nothing beyond a gap: go-back-N from now on"
-            );
-            self.comp.peer_keeps_early = false;
+        if self.comp.next_lacking_in_a_row < GIVE_UP {
+            return true;
         }
+        tracing::debug!(
+            qpn = format_args!("{:#x}", self.qpn),
+            psn = %p,
+            "the responder keeps nothing beyond a gap: go-back-N from now on"
+        );
+        self.comp.peer_keeps_early = false;
         false
     }
 

@@ -57,6 +57,9 @@ pub(crate) struct Requester {
     /// Where the cursor goes back to once the packet under it has left
     /// (`resend_one`).
     resume: Option<(usize, u32)>,
+    /// The packet resent alone goes out once more before the cursor
+    /// resumes (`resend_one`).
+    resend_twice: bool,
 }
 
 impl Requester {
@@ -69,6 +72,7 @@ impl Requester {
             pkts_since_ack_req: 0,
             ack_req_next: false,
             resume: None,
+            resend_twice: false,
         }
     }
 
@@ -83,6 +87,7 @@ impl Requester {
         self.wqe_index = 0;
         self.pkt_index = 0;
         self.resume = None;
+        self.resend_twice = false;
     }
 
     /// For the completer: one past the last PSN assigned. Responses at
@@ -97,6 +102,7 @@ impl Requester {
     /// unfinished WQE holds `r`.
     pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
         self.resume = None;
+        self.resend_twice = false;
         self.move_to(sq, r)
     }
 
@@ -112,6 +118,10 @@ impl Requester {
         }
         self.resume = Some(back);
         self.ack_req_next = true;
+        // A lost copy would be noticed only by a probe, milliseconds
+        // later (the responder NAKs a gap once and keeps the rest
+        // silently); two copies make that one loss in 10,000 at 1%.
+        self.resend_twice = true;
         true
     }
 
@@ -188,6 +198,7 @@ impl Requester {
 
     /// Back to where the cursor was before `resend_one`, if it moved.
     fn resume_cursor(&mut self) {
+        self.resend_twice = false;
         if let Some((w, k)) = self.resume.take() {
             self.wqe_index = w;
             self.pkt_index = k;
@@ -243,6 +254,10 @@ impl Requester {
     /// sent before (a retransmission).
     #[inline]
     fn advance(&mut self, pkt: &NextPacket) -> bool {
+        if self.resume.is_some() && std::mem::take(&mut self.resend_twice) {
+            self.ack_req_next = true;
+            return true;
+        }
         if pkt.last {
             self.step_to_next_wqe();
         } else {

@@ -171,6 +171,17 @@ impl Responder {
         self.replies.push_back(reply);
     }
 
+    /// Queue an ACK twice (a later `ack` merges with the second copy
+    /// only): for the one ACK a blocked requester waits on.
+    fn ack_twice(&mut self, psn: Psn) {
+        self.ack(psn);
+        self.replies.push_back(Reply::Ack {
+            psn,
+            syndrome: AethSyndrome::ACK,
+            msn: self.msn,
+        });
+    }
+
     fn nak(&mut self, psn: Psn, syndrome: AethSyndrome) {
         self.replies.push_back(Reply::Ack {
             psn,
@@ -249,10 +260,10 @@ impl Qp {
         // silence; a duplicate is answered without executing again.
         let d = self.resp.epsn.distance(p);
         if d > 0 {
-            self.sequence_nak(cx, p);
-            let kept = self.keeps_early(cx, pkt.opcode())
-                && d < early::MAX_PACKETS as i32
-                && self.resp.early.keep(p, pkt.as_bytes());
+            let keeps = self.keeps_early(cx, pkt.opcode());
+            self.sequence_nak(cx, p, keeps);
+            let kept =
+                keeps && d < early::MAX_PACKETS as i32 && self.resp.early.keep(p, pkt.as_bytes());
             if !kept {
                 self.drop_packet(cx, DropReason::PsnGap);
             }
@@ -284,8 +295,11 @@ impl Qp {
     }
 
     /// A gap before `got`: one PSN-sequence NAK for the PSN expected, then
-    /// silence until it arrives.
-    fn sequence_nak(&mut self, cx: &mut QpCtx, got: Psn) {
+    /// silence until it arrives. Towards a requester that resends the
+    /// missing packet alone (`keeps_early`), the NAK goes out twice: this
+    /// responder keeps what follows silently, so a lost NAK would cost
+    /// the requester a probe, milliseconds later.
+    fn sequence_nak(&mut self, cx: &mut QpCtx, got: Psn, keeps_early: bool) {
         let r = &mut self.resp;
         if r.nak_sent {
             return;
@@ -293,6 +307,9 @@ impl Qp {
         r.nak_sent = true;
         let e = r.epsn;
         r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
+        if keeps_early {
+            r.nak(e, AethSyndrome::Nak(NakCode::PsnSequenceError));
+        }
         cx.stats.naks_sent += 1;
         self.counters.naks_sent += 1;
         tracing::debug!(
@@ -330,11 +347,15 @@ impl Qp {
         }
         let epsn = self.resp.epsn;
         self.resp.early.forget_before(epsn);
-        if last != filled {
-            self.resp.ack(epsn - 1);
-        }
         if !self.resp.early.is_empty() {
-            self.sequence_nak(cx, epsn);
+            if last != filled {
+                self.resp.ack(epsn - 1);
+            }
+            self.sequence_nak(cx, epsn, true);
+        } else if last != filled {
+            // Everything the requester sent is here: this ACK is all it
+            // waits for, and a lost one would cost it a probe.
+            self.resp.ack_twice(epsn - 1);
         }
     }
 
