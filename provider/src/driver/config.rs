@@ -82,7 +82,8 @@ pub struct FaultSpec {
     pub corrupt: f64,
     /// Delay every packet by this many nanoseconds.
     pub delay_ns: u64,
-    /// Seed of the injector's random choices.
+    /// Seed of the injector's random choices (mixed with the device's
+    /// address: two devices given one spec draw different faults).
     pub seed: u64,
 }
 

@@ -244,7 +244,7 @@ impl Device {
             core: Mutex::new(Core {
                 engine: Engine::new(ec),
                 tx_buf: vec![0; TX_SLOT],
-                faults: config.fault.map(Faults::new),
+                faults: config.fault.map(|f| Faults::new(f, addr)),
                 tap,
                 channels: Vec::new(),
                 event_sinks: Vec::new(),

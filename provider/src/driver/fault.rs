@@ -35,11 +35,20 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// An injector for `spec`.
-    pub fn new(spec: FaultSpec) -> Self {
+    /// An injector for `spec` on the device at `own`. The seed is mixed
+    /// with the address, so that two devices given one spec (both sides of
+    /// a test) draw different faults: with one sequence each side's k-th
+    /// packet shared its fate, so a ping-pong lost a request and the
+    /// answer to its retry together far more often than the rates say.
+    pub fn new(spec: FaultSpec, own: IpAddr) -> Self {
+        let bits = match own {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        };
+        let mut folded = bits as u64 ^ (bits >> 64) as u64;
         Faults {
             spec,
-            state: spec.seed,
+            state: spec.seed ^ crate::rng::splitmix64(&mut folded),
             held: Vec::new(),
             stats: FaultStats::default(),
         }
@@ -126,7 +135,7 @@ mod tests {
     use super::*;
 
     fn run(spec: FaultSpec, n: usize) -> (usize, FaultStats) {
-        let mut f = Faults::new(spec);
+        let mut f = Faults::new(spec, "127.0.0.1".parse().unwrap());
         let dst: IpAddr = "127.0.0.1".parse().unwrap();
         let mut sent = 0;
         for i in 0..n {
@@ -154,12 +163,45 @@ mod tests {
         assert_eq!(run(spec, 100_000), (sent, s), "same seed, same run");
     }
 
+    /// Which of `n` packets the injector at `own` loses.
+    fn losses(spec: FaultSpec, own: &str, n: usize) -> Vec<bool> {
+        let mut f = Faults::new(spec, own.parse().unwrap());
+        let dst: IpAddr = "127.0.0.9".parse().unwrap();
+        (0..n)
+            .map(|i| {
+                let mut sent = false;
+                f.submit(i as u64, &mut [0; 64], dst, 7, &mut |_, _, _| sent = true);
+                !sent
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_devices_with_one_spec_lose_different_packets() {
+        let spec = FaultSpec {
+            loss: 0.2,
+            seed: 4,
+            ..FaultSpec::default()
+        };
+        let a = losses(spec, "127.0.9.11", 1_000);
+        assert_eq!(a, losses(spec, "127.0.9.11", 1_000), "replayable");
+        for other in ["127.0.9.12", "::1"] {
+            let b = losses(spec, other, 1_000);
+            let both = a.iter().zip(&b).filter(|(x, y)| **x && **y).count();
+            // Independent at 20%: about 40 of 1,000 lost on both sides.
+            assert!((15..80).contains(&both), "{other}: {both} lost on both");
+        }
+    }
+
     #[test]
     fn delay_holds_every_packet_until_due() {
-        let mut f = Faults::new(FaultSpec {
-            delay_ns: 50_000,
-            ..FaultSpec::default()
-        });
+        let mut f = Faults::new(
+            FaultSpec {
+                delay_ns: 50_000,
+                ..FaultSpec::default()
+            },
+            "::1".parse().unwrap(),
+        );
         let dst: IpAddr = "::1".parse().unwrap();
         let mut sent = 0;
         f.submit(1_000, &mut [1, 2, 3], dst, 7, &mut |_, _, _| sent += 1);

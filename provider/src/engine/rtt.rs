@@ -36,6 +36,13 @@ pub(crate) const GO_BACK_PROBE_FLOOR: Nanos = 2_000_000;
 /// Probes per silence (reset by a response that moves the window).
 pub(crate) const MAX_PROBES: u8 = 3;
 
+/// The wait before a probe while nothing has been measured yet (a QP's
+/// first message): without it, a lost first packet waited out the whole
+/// Local ACK Timeout (2.1 s under rdma_cm). Ten times the floor: above any
+/// round trip of a host or a LAN under load, so rarely spurious, and a
+/// spurious probe costs one packet.
+pub(crate) const INITIAL_PROBE_WAIT: Nanos = 10 * PROBE_FLOOR;
+
 /// The estimate, RFC 6298 style (gains 1/8 and 1/4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RttEstimator {
@@ -90,13 +97,17 @@ impl RttEstimator {
     }
 
     /// How long after the last response (or send) to probe, if a probe
-    /// is due at all: none before the first sample, none after
-    /// [`MAX_PROBES`].
+    /// is due at all: [`INITIAL_PROBE_WAIT`] based before the first
+    /// sample, none after [`MAX_PROBES`].
     pub fn probe_after(&self) -> Option<Nanos> {
-        if self.srtt == 0 || self.probes >= MAX_PROBES {
+        if self.probes >= MAX_PROBES {
             return None;
         }
-        let base = (2 * self.srtt + 4 * self.rttvar).max(PROBE_FLOOR);
+        let base = if self.srtt == 0 {
+            INITIAL_PROBE_WAIT
+        } else {
+            (2 * self.srtt + 4 * self.rttvar).max(PROBE_FLOOR)
+        };
         Some(match self.probes {
             0 => base,
             n => (base << n).max(GO_BACK_PROBE_FLOOR << (n - 1)),
@@ -126,7 +137,11 @@ mod tests {
     #[test]
     fn samples_follow_the_acks_and_skip_retransmissions() {
         let mut r = RttEstimator::default();
-        assert_eq!(r.probe_after(), None, "no probe before a sample");
+        assert_eq!(
+            r.probe_after(),
+            Some(INITIAL_PROBE_WAIT),
+            "before a sample, the initial wait"
+        );
         r.sent(Psn::new(10), 1_000, false);
         r.sent(Psn::new(11), 1_500, false); // one sample at a time
         r.acked_before(Psn::new(11), 51_000);
