@@ -38,10 +38,16 @@ pub(crate) const MAX_PROBES: u8 = 3;
 
 /// The wait before a probe while nothing has been measured yet (a QP's
 /// first message): without it, a lost first packet waited out the whole
-/// Local ACK Timeout (2.1 s under rdma_cm). Ten times the floor: above any
-/// round trip of a host or a LAN under load, so rarely spurious, and a
-/// spurious probe costs one packet.
+/// Local ACK Timeout (2.1 s under rdma_cm). Ten times the floor: above the
+/// round trip of a host or a LAN under load. A slower peer (rxe in an
+/// emulated guest: 10 ms per 64 KiB message) makes it spurious, and the
+/// probe's resend voids the sample in flight (Karn), so each such probe
+/// doubles the wait until a sample is taken (`unmeasured_wait`): without
+/// that, every message was probed and no sample ever came.
 pub(crate) const INITIAL_PROBE_WAIT: Nanos = 10 * PROBE_FLOOR;
+
+/// The most [`INITIAL_PROBE_WAIT`] doubles to.
+const MAX_UNMEASURED_WAIT: Nanos = 1_000_000_000;
 
 /// The estimate, RFC 6298 style (gains 1/8 and 1/4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,6 +59,9 @@ pub(crate) struct RttEstimator {
     sample: Option<(Psn, Nanos)>,
     /// Probes sent since the window last moved.
     probes: u8,
+    /// The wait before a probe until the first sample; 0:
+    /// [`INITIAL_PROBE_WAIT`]. Doubled by each probe sent before it.
+    unmeasured_wait: Nanos,
 }
 
 impl RttEstimator {
@@ -104,7 +113,7 @@ impl RttEstimator {
             return None;
         }
         let base = if self.srtt == 0 {
-            INITIAL_PROBE_WAIT
+            self.unmeasured_wait.max(INITIAL_PROBE_WAIT)
         } else {
             (2 * self.srtt + 4 * self.rttvar).max(PROBE_FLOOR)
         };
@@ -122,6 +131,10 @@ impl RttEstimator {
     /// A probe went out.
     pub fn probed(&mut self) {
         self.probes += 1;
+        if self.srtt == 0 {
+            self.unmeasured_wait =
+                (self.unmeasured_wait.max(INITIAL_PROBE_WAIT) * 2).min(MAX_UNMEASURED_WAIT);
+        }
     }
 
     /// The smoothed round trip, once measured.
@@ -142,6 +155,12 @@ mod tests {
             Some(INITIAL_PROBE_WAIT),
             "before a sample, the initial wait"
         );
+        // A probe before any sample doubles the wait of later silences
+        // (the probe itself voids the sample in flight).
+        r.probed();
+        r.acked_before(Psn::new(0), 0);
+        assert_eq!(r.probe_after(), Some(2 * INITIAL_PROBE_WAIT));
+        r = RttEstimator::default();
         r.sent(Psn::new(10), 1_000, false);
         r.sent(Psn::new(11), 1_500, false); // one sample at a time
         r.acked_before(Psn::new(11), 51_000);
