@@ -4655,15 +4655,37 @@ fn retries_left(net: &Net, s: Side) -> u8 {
 }
 
 /// A QP's very first packet lost (no round trip measured yet, so no
-/// estimate to time a probe by): a probe after `INITIAL_PROBE_WAIT`
-/// repairs it, not the 2.1 s Local ACK Timeout. Found with rping under
-/// `ROXE_FAULT`: a lost first READ request cost 2.2 s.
+/// estimate to time a probe by): towards a peer on this host a probe after
+/// `INITIAL_PROBE_WAIT` repairs it, not the 2.1 s Local ACK Timeout. Found
+/// with rping under `ROXE_FAULT`: a lost first READ request cost 2.2 s.
+/// Towards another host (here 10.0.0.x) nothing is probed before a round
+/// trip is measured: the timeout repairs it, as before.
 #[test]
 fn a_lost_first_packet_is_probed_before_any_round_trip_is_measured() {
     for (op, lose) in [
         (SendOpcode::RdmaRead, Opcode::RcReadRequest),
         (SendOpcode::RdmaWrite, Opcode::RcWriteOnly),
     ] {
+        let mut net = Net::on(10, 2, 51, Faults::default());
+        let a = setup_side(&mut net, 0, QpType::Rc, 64);
+        let b = setup_side(&mut net, 1, QpType::Rc, 64);
+        connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+        connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+        let mut dropped = false;
+        net.drop_if = Some(Box::new(move |s: &Seen| {
+            let hit = !dropped && s.opcode == Some(lose);
+            dropped |= hit;
+            hit
+        }));
+        post(&mut net, a, rdma_wr(a, 1, op, 0, 512, b, 0));
+        assert_eq!(
+            wait_wcs(&mut net, a, 1)[0].status,
+            WcStatus::Success,
+            "{op:?}"
+        );
+        let st = net.engines[a.e].stats();
+        assert_eq!((st.timeouts, st.probes), (1, 0), "{op:?}, another host");
+
         let mut net = Net::new(2, 51, Faults::default());
         let a = setup_side(&mut net, 0, QpType::Rc, 64);
         let b = setup_side(&mut net, 1, QpType::Rc, 64);

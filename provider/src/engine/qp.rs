@@ -375,7 +375,10 @@ impl Qp {
         }
         let fx = qp_attr::apply(&mut self.attr, attr, mask, new_state);
         if fx.changed.contains(AttrMask::AV) {
-            self.peer = Some(addr_of_gid(self.attr.av.dgid));
+            let peer = addr_of_gid(self.attr.av.dgid);
+            self.peer = Some(peer);
+            self.rtt
+                .probe_before_a_sample(cx.config.uses_loopback_window(peer));
         }
         self.end_drain_if_done(cx);
         if fx.changed.contains(AttrMask::RQ_PSN) {
