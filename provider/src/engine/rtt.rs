@@ -46,8 +46,7 @@ pub(crate) const MAX_PROBES: u8 = 3;
 /// sample is taken (`unmeasured_wait`): with a fixed wait towards rxe in an
 /// emulated guest (90 ms for a first ACK) every message was probed and no
 /// sample ever came. Towards other hosts there is no probe before a
-/// sample: their round trip is unknown, and rxe there met the spurious
-/// probes with perftest runs that failed at their end (not understood).
+/// sample: their round trip is unknown.
 pub(crate) const INITIAL_PROBE_WAIT: Nanos = 10 * PROBE_FLOOR;
 
 /// The most [`INITIAL_PROBE_WAIT`] doubles to.
