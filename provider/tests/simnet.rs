@@ -1320,6 +1320,16 @@ fn link(net: &mut Net, a: Side, b: Side, qp_type: QpType, mtu: Mtu) {
     connect(net, b, a, qp_type, mtu, 8, 7, 7);
 }
 
+/// Drop the first packet with opcode `op`, whoever sends it.
+fn drop_first(net: &mut Net, op: Opcode) {
+    let mut dropped = false;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        let hit = !dropped && s.opcode == Some(op);
+        dropped |= hit;
+        hit
+    }));
+}
+
 /// The exact completion expected: no immediate, no invalidated key, no
 /// source QP, no flags.
 fn wc(
@@ -2459,12 +2469,7 @@ fn uc_dropped_message_keeps_its_receive_wqe() {
         i.srq = Some(srq);
     });
     link(&mut net, a, b, QpType::Uc, Mtu::Mtu1024);
-    let mut dropped = false;
-    net.drop_if = Some(Box::new(move |s: &Seen| {
-        let hit = !dropped && s.opcode == Some(Opcode::UcSendMiddle);
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut net, Opcode::UcSendMiddle);
     for (wr_id, off) in [(10, 0), (11, 8192)] {
         net.engines[1]
             .post_srq_recv(
@@ -4630,12 +4635,19 @@ fn idle_qps_wait_for_a_small_loopback_window() {
 /// A QP pair with rdma_cm's Local ACK Timeout (exponent 19: about 2.1 s)
 /// and 7 retries, and one WRITE answered (the requester has timed a round
 /// trip).
+/// A connected RC pair between engines 0 and 1 with rdma_cm's
+/// attributes (timeout 19: 2.1 s; retry 7, rnr_retry 7), nothing sent yet.
+fn rdma_cm_pair(net: &mut Net) -> (Side, Side) {
+    let a = setup_side(net, 0, QpType::Rc, 64);
+    let b = setup_side(net, 1, QpType::Rc, 64);
+    connect(net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    connect(net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    (a, b)
+}
+
 fn pair_with_a_measured_round_trip(seed: u64) -> (Net, Side, Side) {
     let mut net = Net::new(2, seed, Faults::default());
-    let a = setup_side(&mut net, 0, QpType::Rc, 64);
-    let b = setup_side(&mut net, 1, QpType::Rc, 64);
-    connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-    connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    let (a, b) = rdma_cm_pair(&mut net);
     post(
         &mut net,
         a,
@@ -4667,16 +4679,8 @@ fn a_lost_first_packet_is_probed_before_any_round_trip_is_measured() {
         (SendOpcode::RdmaWrite, Opcode::RcWriteOnly),
     ] {
         let mut net = Net::on(10, 2, 51, Faults::default());
-        let a = setup_side(&mut net, 0, QpType::Rc, 64);
-        let b = setup_side(&mut net, 1, QpType::Rc, 64);
-        connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-        connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-        let mut dropped = false;
-        net.drop_if = Some(Box::new(move |s: &Seen| {
-            let hit = !dropped && s.opcode == Some(lose);
-            dropped |= hit;
-            hit
-        }));
+        let (a, b) = rdma_cm_pair(&mut net);
+        drop_first(&mut net, lose);
         post(&mut net, a, rdma_wr(a, 1, op, 0, 512, b, 0));
         assert_eq!(
             wait_wcs(&mut net, a, 1)[0].status,
@@ -4687,16 +4691,8 @@ fn a_lost_first_packet_is_probed_before_any_round_trip_is_measured() {
         assert_eq!((st.timeouts, st.probes), (1, 0), "{op:?}, another host");
 
         let mut net = Net::new(2, 51, Faults::default());
-        let a = setup_side(&mut net, 0, QpType::Rc, 64);
-        let b = setup_side(&mut net, 1, QpType::Rc, 64);
-        connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-        connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-        let mut dropped = false;
-        net.drop_if = Some(Box::new(move |s: &Seen| {
-            let hit = !dropped && s.opcode == Some(lose);
-            dropped |= hit;
-            hit
-        }));
+        let (a, b) = rdma_cm_pair(&mut net);
+        drop_first(&mut net, lose);
         let start = net.now;
         post(&mut net, a, rdma_wr(a, 1, op, 0, 512, b, 0));
         assert_eq!(
@@ -4720,10 +4716,7 @@ fn a_lost_first_packet_is_probed_before_any_round_trip_is_measured() {
 fn a_slow_peer_gets_a_few_spurious_probes_not_one_per_message() {
     let mut net = Net::new(2, 52, Faults::default());
     net.extra_latency = 15_000_000;
-    let a = setup_side(&mut net, 0, QpType::Rc, 64);
-    let b = setup_side(&mut net, 1, QpType::Rc, 64);
-    connect(&mut net, a, b, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
-    connect(&mut net, b, a, QpType::Rc, Mtu::Mtu1024, 19, 7, 7);
+    let (a, b) = rdma_cm_pair(&mut net);
     for id in 0..20 {
         post(
             &mut net,
@@ -4746,12 +4739,7 @@ fn a_lost_tail_is_probed_in_milliseconds() {
         let (mut net, a, b) = pair_with_a_measured_round_trip(41);
         let data = pattern(41, 512);
         fill(&mut net, a, 0, &data);
-        let mut dropped = false;
-        net.drop_if = Some(Box::new(move |s: &Seen| {
-            let hit = !dropped && s.opcode == Some(lose);
-            dropped |= hit;
-            hit
-        }));
+        drop_first(&mut net, lose);
         let start = net.now;
         post(
             &mut net,
@@ -4781,12 +4769,7 @@ fn a_lost_middle_packet_is_a_fast_retransmission() {
     let (mut net, a, b) = pair_with_a_measured_round_trip(47);
     let data = pattern(47, 8192);
     fill(&mut net, a, 0, &data);
-    let mut dropped = false;
-    net.drop_if = Some(Box::new(move |s: &Seen| {
-        let hit = !dropped && s.opcode == Some(Opcode::RcWriteMiddle);
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut net, Opcode::RcWriteMiddle);
     post(
         &mut net,
         a,
@@ -4954,12 +4937,7 @@ fn a_probe_after_a_lost_ack_resends_one_packet() {
     }
     let data = pattern(43, 8192);
     fill(&mut net, a, 0, &data);
-    let mut dropped = false;
-    net.drop_if = Some(Box::new(move |s: &Seen| {
-        let hit = !dropped && s.opcode == Some(Opcode::RcAcknowledge);
-        dropped |= hit;
-        hit
-    }));
+    drop_first(&mut net, Opcode::RcAcknowledge);
     let before = net.engines[a.e].stats().tx_retransmits;
     post(
         &mut net,

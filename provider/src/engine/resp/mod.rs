@@ -175,11 +175,9 @@ impl Responder {
     /// only): for the one ACK a blocked requester waits on.
     fn ack_twice(&mut self, psn: Psn) {
         self.ack(psn);
-        self.replies.push_back(Reply::Ack {
-            psn,
-            syndrome: AethSyndrome::ACK,
-            msn: self.msn,
-        });
+        if let Some(&copy) = self.replies.back() {
+            self.replies.push_back(copy);
+        }
     }
 
     fn nak(&mut self, psn: Psn, syndrome: AethSyndrome) {
