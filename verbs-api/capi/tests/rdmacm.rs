@@ -346,7 +346,7 @@ fn rdmacm_edge_cases_from_c() {
 /// connections; `cmtime -c 200` connects and disconnects 200. A DREQ whose
 /// DREP was lost reaches a server that already destroyed the connection:
 /// answered with a DREP (as the kernel's CM does), cmtime's disconnect
-/// takes one resend (8.6 s at most) instead of every retry (69 s).
+/// takes a few resends (4.4 s each) instead of every retry (69 s).
 #[test]
 fn ucmatose_and_cmtime_complete_under_loss() {
     if !common::programs_installed("ucmatose_and_cmtime_complete_under_loss") {
@@ -385,8 +385,12 @@ fn ucmatose_and_cmtime_complete_under_loss() {
         if prog == "ucmatose" {
             assert!(p.client.stdout.contains("test complete"), "{p:?}");
         } else {
-            // Every step of cmtime's table reached; the disconnect of
-            // all 200 within two resend intervals (2 x 4.3 s).
+            // Every step of cmtime's table reached. A DREQ/DREP exchange
+            // fails with p ~ 0.1 (5% loss each way), so among 200
+            // disconnects about two need 2 resends and one run in five
+            // has one needing 3; one needing 5 (p^5 x 200) is one run in
+            // 500. Five resend intervals (4.4 s each) bound it; the fault
+            // this catches, a DREQ retried to exhaustion, costs 69 s.
             let ms = |step: &str| -> f64 {
                 let line = (p.client.stdout.lines())
                     .find(|l| l.split(':').next().is_some_and(|k| k.trim() == step));
@@ -401,7 +405,7 @@ fn ucmatose_and_cmtime_complete_under_loss() {
                     .unwrap()
             };
             assert!(ms("destroy") >= 0.0);
-            assert!(ms("disconnect") < 2.0 * 4_400.0, "{p:?}");
+            assert!(ms("disconnect") < 5.0 * 4_400.0, "{p:?}");
         }
     }
 }
