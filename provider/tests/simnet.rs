@@ -5070,3 +5070,84 @@ fn a_loss_shrinks_the_window_so_go_back_n_resends_little() {
         "{retransmits} packets resent for {losses} lost"
     );
 }
+
+/// A ping-pong of WRITEs as perftest's `ib_write_lat` plays it: each side
+/// waits for the peer's WRITE in memory, then writes back. Returns, per
+/// turn of `b`, whether `b` sent its WRITE before its ACK of `a`'s WRITE.
+/// `answer_last`: `b` answers the last WRITE too.
+fn write_ping_pong(net: &mut Net, a: Side, b: Side, turns: u8, answer_last: bool) -> Vec<bool> {
+    net.trace = Some(Vec::new());
+    let mut order = Vec::new();
+    for turn in 1..=turns {
+        let write = |net: &mut Net, from: Side, to: Side| {
+            fill(net, from, 0, &[turn]);
+            let mut wr = SendWr::new(
+                u64::from(turn),
+                SendOpcode::RdmaWrite,
+                vec![sge(from, 0, 1)],
+            );
+            wr.remote_addr = to.mr.addr + 4096;
+            wr.rkey = to.mr.rkey;
+            net.engines[from.e].post_send(from.qpn, wr).unwrap();
+        };
+        let seen_before = net.seen().len();
+        write(net, a, b);
+        net.run_until(100_000, |net| read(net, b, 4096, 1) == [turn]);
+        if turn < turns || answer_last {
+            write(net, b, a);
+            net.run_until(100_000, |net| read(net, a, 4096, 1) == [turn]);
+        }
+        // Both WRITEs completed: every ACK went (held ones included).
+        wait_wcs(net, a, 1);
+        if turn < turns || answer_last {
+            wait_wcs(net, b, 1);
+        }
+        let from_b: Vec<Opcode> = (net.seen()[seen_before..].iter())
+            .filter(|s| s.sent && s.from == b.e)
+            .filter_map(|s| s.opcode)
+            .collect();
+        if let [first, ..] = from_b[..] {
+            order.push(first == Opcode::RcWriteOnly);
+        }
+    }
+    order
+}
+
+/// A QP playing ping-pong holds the ACK of each message until its own
+/// next request has left (`ack_hold.rs`): the peer, polling its CQ for
+/// that ACK, receives the request first. The hold starts after three
+/// quick answers, and without an answer the ACK goes at its timer.
+#[test]
+fn a_ping_pong_acks_after_its_own_request() {
+    for hold in [true, false] {
+        let mut net = Net::new(2, 11, Faults::default());
+        net.reconfigure(|_, c| c.hold_acks = hold);
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let order = write_ping_pong(&mut net, a, b, 8, true);
+        let want: Vec<bool> = (1..=8).map(|t| hold && t > 3).collect();
+        assert_eq!(
+            order, want,
+            "hold_acks {hold}: b's WRITE before its ACK, per turn"
+        );
+    }
+    // The peer stops answering: the ACK held goes at the hold's end, a
+    // few turnarounds later (at least 20 us), and a's WRITE completes.
+    let mut net = Net::new(2, 12, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    write_ping_pong(&mut net, a, b, 6, true);
+    let from = net.now;
+    write_ping_pong(&mut net, a, b, 1, false);
+    let waited = net.now - from;
+    assert!(
+        (20_000..220_000).contains(&waited),
+        "the unanswered WRITE completed after {waited} ns"
+    );
+    // And the next message is not held: the pattern broke.
+    let from = net.now;
+    write_ping_pong(&mut net, a, b, 1, false);
+    let waited = net.now - from;
+    assert!(
+        waited < 20_000,
+        "a second unanswered WRITE took {waited} ns"
+    );
+}

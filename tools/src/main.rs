@@ -109,6 +109,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "Payloads of 1 KiB or more leave straight from registered memory, not copied first (default on)",
     ),
     (
+        "ROXE_ACK_HOLD",
+        "roxe-ack-hold",
+        "on|off",
+        "A QP playing ping-pong sends each ACK after its own answer, at most a few turnarounds later (default on)",
+    ),
+    (
         "ROXE_RX_COALESCE_US",
         "roxe-rx-coalesce-us",
         "0..1000",

@@ -177,6 +177,7 @@ impl Device {
         // (`Engine::set_udp_peer`, in `after_work`).
         ec.wide_loopback_window = raw.is_none();
         ec.keep_early = !config.go_back_n_only;
+        ec.hold_acks = config.pacing.ack_hold;
         // As wide as the peers' receive buffers allow (ours tells: the
         // same limits apply on this host).
         let rcvbuf = socket::recv_buffer(&socket)?;

@@ -79,6 +79,13 @@ pub struct PacingConfig {
     /// off): a bulk stream wakes it once per interval instead of once per
     /// datagram. Latency-bound traffic never triggers it.
     pub rx_coalesce: Duration,
+    /// A QP playing ping-pong holds the ACK of each message it receives
+    /// until its own answer leaves, at most a few turnarounds
+    /// (`ROXE_ACK_HOLD`, default on; `EngineConfig::hold_acks`): a peer
+    /// that polls memory for the answer (`ib_write_lat`) then receives it
+    /// in the `poll_cq` that waits for the ACK, not through a wake-up of
+    /// its progress thread.
+    pub ack_hold: bool,
     /// How recently a caller must have polled for the progress thread to
     /// leave it the messages an ACK unblocked (default 20 µs): a caller
     /// spinning on the CQ sends them with its next poll instead of the
@@ -95,6 +102,7 @@ impl Default for PacingConfig {
             caller_hold: true,
             ack_clocked: true,
             payload_by_ref: true,
+            ack_hold: true,
             rx_coalesce: Duration::from_micros(20),
             handover_window: Duration::from_micros(20),
         }
@@ -104,7 +112,7 @@ impl Default for PacingConfig {
 impl PacingConfig {
     /// The defaults, changed by the environment: `ROXE_BUSY_POLL`,
     /// `ROXE_GSO`, `ROXE_CALLER_PROGRESS`, `ROXE_CALLER_HOLD`,
-    /// `ROXE_ACK_CLOCKED`, `ROXE_TX_BY_REF` (switches: [`parse_switch`])
+    /// `ROXE_ACK_CLOCKED`, `ROXE_TX_BY_REF`, `ROXE_ACK_HOLD` (switches: [`parse_switch`])
     /// and `ROXE_RX_COALESCE_US` (0..=1000). A value that does not parse
     /// is an error naming its variable.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -115,13 +123,14 @@ impl PacingConfig {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let var = |k: &str| lookup(k).filter(|v| !v.is_empty());
         let mut c = PacingConfig::default();
-        let switches: [(&'static str, &mut bool); 6] = [
+        let switches: [(&'static str, &mut bool); 7] = [
             ("ROXE_BUSY_POLL", &mut c.busy_poll),
             ("ROXE_GSO", &mut c.gso),
             ("ROXE_CALLER_PROGRESS", &mut c.caller_progress),
             ("ROXE_CALLER_HOLD", &mut c.caller_hold),
             ("ROXE_ACK_CLOCKED", &mut c.ack_clocked),
             ("ROXE_TX_BY_REF", &mut c.payload_by_ref),
+            ("ROXE_ACK_HOLD", &mut c.ack_hold),
         ];
         for (name, field) in switches {
             if let Some(v) = var(name) {

@@ -672,6 +672,8 @@ impl Qp {
                 self.rtt.went_back(sent_again);
                 self.arm_probe(now);
             }
+            // The request it waited for did not come: the ACK goes now.
+            Timer::AckHold => self.ack_hold.release(),
         }
     }
 }

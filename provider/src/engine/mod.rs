@@ -26,6 +26,7 @@
 //!   what an engine is created with, what it counts, and the snapshot of
 //!   its load the driver paces by.
 
+mod ack_hold;
 mod cm_events;
 mod comp;
 mod config;

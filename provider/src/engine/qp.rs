@@ -150,6 +150,8 @@ pub(crate) struct Qp {
     pub loss_window: super::rtt::LossWindow,
     /// The responder (`resp/`).
     pub resp: Responder,
+    /// Ping-pong detection and the ACK it holds (`ack_hold.rs`).
+    pub ack_hold: super::ack_hold::AckHold,
     pub rq: VecDeque<RecvWqe>,
     /// XRC_RECV: the SRQ, PD and CQ of the request being handled (set from
     /// each request's XRCETH before it executes).
@@ -209,6 +211,7 @@ impl Qp {
             rtt: Default::default(),
             loss_window: Default::default(),
             resp: Responder::new(),
+            ack_hold: Default::default(),
             rq: VecDeque::new(),
             xrc: None,
             indexed_deadline: None,
@@ -258,7 +261,9 @@ impl Qp {
         // A message in flight always has a timer that will retransmit it
         // or give up, unless the QP's timeout is infinite.
         let covered = self.ack_timeout().nanos().is_none()
-            || self.timers.next_deadline().is_some()
+            || [Timer::RnrWait, Timer::Retransmit, Timer::Probe]
+                .iter()
+                .any(|&t| self.timers.is_armed(t))
             || !self.sq.in_flight();
         (!covered).then_some("a message in flight with no timer armed")
     }
@@ -678,6 +683,32 @@ impl Qp {
     /// The next packet this QP sends, if any: responses first (they
     /// unblock the peer's requester), then requests (`hold_new`: an
     /// ACK-clocked pass, see `Engine::poll_transmit_ack_clocked`).
+    /// Whether the reply queued, a plain ACK, waits for this QP's next
+    /// request (`ack_hold.rs`); a hold starts here, with its timer, and
+    /// ends when the queue holds anything else or the pattern breaks.
+    fn holds_ack(&mut self, cx: &QpCtx, now: Nanos) -> bool {
+        let may_hold = cx.config.hold_acks
+            && self.ack_hold.ping_pong()
+            && self.resp.only_an_ack()
+            && self.sq.len() <= 1
+            && self.state() == QpState::Rts;
+        match self.ack_hold.until() {
+            Some(until) if may_hold && now < until => true,
+            Some(_) => {
+                self.ack_hold.release();
+                self.timers.stop(Timer::AckHold);
+                false
+            }
+            None if may_hold && self.ack_hold.may_begin() => {
+                let until = now + self.ack_hold.hold_time();
+                self.ack_hold.hold(until);
+                self.timers.arm_at(Timer::AckHold, until);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn poll_transmit(
         &mut self,
         cx: &mut QpCtx,
@@ -685,9 +716,18 @@ impl Qp {
         buf: &mut [u8],
         hold_new: HoldNew,
     ) -> Option<Transmit> {
-        let t = self
-            .reply_transmit(cx, buf)
-            .or_else(|| self.request_transmit(cx, now, buf, hold_new));
+        let t = if self.holds_ack(cx, now) {
+            // The ACK follows this QP's next request, or its timer.
+            let t = self.request_transmit(cx, now, buf, hold_new);
+            if t.is_some() {
+                self.ack_hold.release();
+                self.timers.stop(Timer::AckHold);
+            }
+            t
+        } else {
+            self.reply_transmit(cx, buf)
+                .or_else(|| self.request_transmit(cx, now, buf, hold_new))
+        };
         if t.is_some() {
             self.counters.tx_packets += 1;
         }

@@ -1,4 +1,5 @@
-//! Timers. A QP has two (rxe's `retrans_timer` and `rnr_nak_timer`), named
+//! Timers. A QP has rxe's two (`retrans_timer` and `rnr_nak_timer`), a
+//! tail-loss probe and the end of an ACK hold, named
 //! by [`Timer`] and kept in its [`Timers`]; every QP with one armed is
 //! filed in the engine's index under its earliest deadline, so
 //! `poll_timeout` is one lookup however many QPs there are.
@@ -6,7 +7,8 @@
 //! QP that could wait forever.
 //!
 //! Nothing else in the transport runs on time: ACKs are coalesced in the
-//! responder's queue (`resp::Responder::ack`), not by a timer, and the
+//! responder's queue (`resp::Responder::ack`), not by a timer (only a
+//! ping-pong's ACK waits for one, `ack_hold.rs`), and the
 //! watchdog runs when the driver calls it (`Engine::audit_liveness`). The
 //! Communication Manager keeps its own timers, which `poll_timeout` and
 //! `handle_timeout` merge in.
@@ -26,13 +28,21 @@ pub(crate) enum Timer {
     /// No response for a few round trips: resend from the oldest
     /// unacknowledged PSN without spending a retry (`rtt.rs`).
     Probe,
+    /// An ACK held for the QP's next request (`ack_hold.rs`) goes
+    /// without it.
+    AckHold,
 }
 
 impl Timer {
     /// Every timer, in the order a QP fires those due at once: an RNR wait
     /// that ends restarts the retransmission timer, which is then no
     /// longer due; a retransmission re-arms the probe.
-    pub const ALL: [Timer; 3] = [Timer::RnrWait, Timer::Retransmit, Timer::Probe];
+    pub const ALL: [Timer; 4] = [
+        Timer::RnrWait,
+        Timer::Retransmit,
+        Timer::Probe,
+        Timer::AckHold,
+    ];
 }
 
 /// The deadlines of one QP's timers, `None` where stopped.

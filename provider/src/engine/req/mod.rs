@@ -670,6 +670,9 @@ impl Qp {
         }
         if limits.reliable {
             self.rtt.sent(pkt.psn, now, again);
+            if !again && pkt.index == 0 {
+                self.ack_hold.message_sent(now);
+            }
             if !self.timers.is_armed(Timer::Retransmit) {
                 let timeout = self.ack_timeout();
                 self.timers.arm_after(Timer::Retransmit, now, timeout);

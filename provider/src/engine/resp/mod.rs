@@ -188,6 +188,19 @@ impl Responder {
         });
     }
 
+    /// Whether the only reply queued is a plain ACK (one that may be held:
+    /// `ack_hold.rs`).
+    pub(super) fn only_an_ack(&self) -> bool {
+        self.replies.len() == 1
+            && matches!(
+                self.replies.front(),
+                Some(Reply::Ack {
+                    syndrome: AethSyndrome::Ack { .. },
+                    ..
+                })
+            )
+    }
+
     fn remember(&mut self, r: Resource, depth: u8) {
         if self.resources.len() >= usize::from(depth.max(1)) {
             self.resources.pop_front();
@@ -399,6 +412,9 @@ impl Qp {
         // Acknowledge what the requester asked to be acknowledged.
         if pkt.bth().ack_req() && is_send_or_write(op) && self.resp.epsn != p {
             self.resp.ack(p);
+            if op.ends_message() {
+                self.ack_hold.message_received(cx.now);
+            }
         }
         true
     }

@@ -1,0 +1,177 @@
+//! An ACK held for the QP's own next request, while the QP plays
+//! ping-pong.
+//!
+//! A program that waits for its peer's message by polling memory
+//! (perftest's `ib_write_lat`: post a WRITE, poll the send CQ for its
+//! completion, then spin on the byte the peer's WRITE will change) is in
+//! no verb when that WRITE arrives, so the progress thread must wake to
+//! receive it: a scheduler round trip, and on a small machine the woken
+//! thread preempts a spinning one (36-59 µs typical against 13 µs for
+//! `ib_send_lat`, 99th percentile 2 ms). The peer's ACK decides where
+//! that thread is: the program leaves `poll_cq` as soon as the ACK of its
+//! WRITE completes it. So a responder whose QP answers each message it
+//! receives with one of its own within [`MAX_TURNAROUND`] (three in a
+//! row) holds the ACK of the message until its own next request has left
+//! (the ACK goes right after it, in the same batch), or at most
+//! [`AckHold::hold_time`]. The peer then receives the request first,
+//! inside the `poll_cq` that waits for the ACK, and finds the bytes in
+//! memory when it looks.
+//!
+//! A delayed ACK is standard: a responder may coalesce and delay its ACKs
+//! (well within any requester's timeout), so any peer may get this. Only
+//! a plain ACK of a SEND or WRITE waits; NAKs, duplicates' re-ACKs, READ
+//! responses and atomic ACKs never do, and neither does anything while
+//! this QP has more than one message of its own unacknowledged (streams
+//! in both directions are not a ping-pong).
+
+use super::Nanos;
+
+/// Messages in a row answered within [`MAX_TURNAROUND`] before ACKs are
+/// held.
+pub(crate) const HOLD_STREAK: u8 = 3;
+
+/// The longest time from a message received to this QP's next request
+/// that still counts as an answer (a ping-pong turn).
+pub(crate) const MAX_TURNAROUND: Nanos = 100_000;
+
+/// The shortest hold: above the scheduling noise of a program's turn.
+const MIN_HOLD: Nanos = 20_000;
+
+/// The longest hold: what a wrong guess (the program does not answer)
+/// costs the peer's completion at most.
+const MAX_HOLD: Nanos = 200_000;
+
+/// One QP's ping-pong detector and the deadline of the ACK it holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AckHold {
+    /// When the last message that asked for an ACK arrived, until this
+    /// QP's next request.
+    received_at: Option<Nanos>,
+    /// Messages in a row answered by a request within [`MAX_TURNAROUND`].
+    streak: u8,
+    /// The smoothed turnaround (gain 1/8).
+    turnaround: Nanos,
+    /// The deadline of the ACK held now.
+    until: Option<Nanos>,
+    /// A message arrived since the last hold began: one hold per message.
+    unheld: bool,
+}
+
+impl AckHold {
+    /// A message that asked for an ACK was received and executed at `now`.
+    pub fn message_received(&mut self, now: Nanos) {
+        if self.received_at.is_some() {
+            // Two messages without an answer between: not a ping-pong.
+            self.streak = 0;
+        }
+        self.received_at = Some(now);
+        self.unheld = true;
+    }
+
+    /// This QP's requester sent the first packet of a new message at `now`.
+    pub fn message_sent(&mut self, now: Nanos) {
+        match self.received_at.take() {
+            Some(at) if now.saturating_sub(at) <= MAX_TURNAROUND => {
+                let t = now.saturating_sub(at);
+                self.turnaround = if self.streak == 0 {
+                    t
+                } else {
+                    (7 * self.turnaround + t) / 8
+                };
+                self.streak = self.streak.saturating_add(1).min(HOLD_STREAK);
+            }
+            _ => self.streak = 0,
+        }
+    }
+
+    /// Whether the QP plays ping-pong (its ACKs may be held).
+    pub fn ping_pong(&self) -> bool {
+        self.streak >= HOLD_STREAK
+    }
+
+    /// Whether a hold may begin: a ping-pong, and a message received
+    /// since the last hold began (an ACK whose hold ran out goes).
+    pub fn may_begin(&self) -> bool {
+        self.ping_pong() && self.unheld
+    }
+
+    /// How long an ACK waits for the QP's next request: a few turnarounds,
+    /// within [`MIN_HOLD`, `MAX_HOLD`].
+    pub fn hold_time(&self) -> Nanos {
+        (4 * self.turnaround).clamp(MIN_HOLD, MAX_HOLD)
+    }
+
+    /// The deadline of the ACK held, if one is.
+    pub fn until(&self) -> Option<Nanos> {
+        self.until
+    }
+
+    /// Hold the ACK queued until `until`.
+    pub fn hold(&mut self, until: Nanos) {
+        self.until = Some(until);
+        self.unheld = false;
+    }
+
+    /// The ACK held goes now (a request left, the deadline passed, or the
+    /// pattern broke).
+    pub fn release(&mut self) {
+        self.until = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_quick_answers_make_a_ping_pong_and_anything_else_ends_it() {
+        let mut h = AckHold::default();
+        let mut t = 0;
+        for _ in 0..HOLD_STREAK {
+            assert!(!h.ping_pong());
+            h.message_received(t);
+            t += 5_000;
+            h.message_sent(t);
+            t += 30_000;
+        }
+        assert!(h.ping_pong());
+        assert_eq!(h.hold_time(), MIN_HOLD, "4 x 5 us is the floor");
+        // Two messages in without an answer: a stream coming in.
+        h.message_received(t);
+        h.message_received(t + 1);
+        assert!(!h.ping_pong());
+        // A slow answer is not a turn.
+        let mut slow = AckHold::default();
+        for _ in 0..HOLD_STREAK {
+            slow.message_received(t);
+            t += MAX_TURNAROUND + 1;
+            slow.message_sent(t);
+        }
+        assert!(!slow.ping_pong());
+        // Sending without having received: a stream going out.
+        let mut out = AckHold::default();
+        for _ in 0..HOLD_STREAK {
+            out.message_received(t);
+            out.message_sent(t + 1);
+        }
+        assert!(out.ping_pong());
+        out.message_sent(t + 2);
+        assert!(!out.ping_pong());
+    }
+
+    #[test]
+    fn the_hold_follows_the_turnaround_within_its_bounds() {
+        let mut h = AckHold::default();
+        for i in 0..10 {
+            h.message_received(i * 200_000);
+            h.message_sent(i * 200_000 + 25_000);
+        }
+        assert_eq!(h.hold_time(), 100_000);
+        let mut slow = AckHold::default();
+        for i in 0..10 {
+            slow.message_received(i * 200_000);
+            slow.message_sent(i * 200_000 + 90_000);
+        }
+        assert_eq!(slow.hold_time(), MAX_HOLD);
+    }
+}
