@@ -5129,6 +5129,14 @@ fn a_ping_pong_acks_after_its_own_request() {
             order, want,
             "hold_acks {hold}: b's WRITE before its ACK, per turn"
         );
+        let q = (net.engines[b.e].qp_snapshots().into_iter())
+            .find(|q| q.qpn == b.qpn)
+            .unwrap();
+        assert_eq!(
+            q.counters.acks_held,
+            if hold { 5 } else { 0 },
+            "roxe stat's count"
+        );
     }
     // The peer stops answering: the ACK held goes at the hold's end, a
     // few turnarounds later (at least 20 us), and a's WRITE completes.

@@ -189,7 +189,7 @@ impl super::shared::Shared {
                 "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
                  una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
                  rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
-                 rnr_naks_received={} probes={} fast_retransmits={} srtt_us={} loss_window={} drops={}",
+                 rnr_naks_received={} probes={} fast_retransmits={} acks_held={} srtt_us={} loss_window={} drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -208,6 +208,7 @@ impl super::shared::Shared {
                 q.counters.rnr_naks_received,
                 q.counters.probes,
                 q.counters.fast_retransmits,
+                q.counters.acks_held,
                 q.srtt_ns
                     .map_or("-".to_string(), |n| format!("{:.1}", n as f64 / 1000.0)),
                 q.loss_window.map_or("-".to_string(), |w| w.to_string()),

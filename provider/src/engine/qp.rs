@@ -190,6 +190,9 @@ pub struct QpCounters {
     /// Go-back-N started by a sequence NAK: a loss repaired a round trip
     /// after it, without a timer.
     pub fast_retransmits: u64,
+    /// ACKs held for this QP's own answer, as in a ping-pong
+    /// (`ack_hold.rs`).
+    pub acks_held: u64,
 }
 
 impl Qp {
@@ -703,6 +706,7 @@ impl Qp {
                 let until = now + self.ack_hold.hold_time();
                 self.ack_hold.hold(until);
                 self.timers.arm_at(Timer::AckHold, until);
+                self.counters.acks_held += 1;
                 true
             }
             None => false,
