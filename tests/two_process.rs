@@ -277,6 +277,8 @@ struct Client {
     pd: Pd,
     /// Send completions of the RC QPs.
     cq: Cq,
+    /// Receive completions of the RC QPs.
+    rcq: Cq,
     ud_cq: Cq,
     mr: Mr,
     rc: Vec<Qp>,
@@ -359,6 +361,7 @@ impl Setup {
             ctx,
             pd,
             cq,
+            rcq,
             ud_cq,
             mr,
             rc,
@@ -1053,6 +1056,72 @@ fn bad_rkey_gives_rem_access_err() {
     println!("peer stats: {}", peer.stats());
     peer.quit();
     println!("bad_rkey_gives_rem_access_err: {:?}", t0.elapsed());
+}
+
+/// A SEND ping-pong whose peer holds the ACK of each message until its
+/// answer leaves (`engine/ack_hold.rs`); then the peer exits right after
+/// the last message arrived, before answering, without closing anything.
+/// The ACK it held still goes (`driver/exit.rs`): the client's last SEND
+/// completes successfully, not with RETRY_EXC_ERR.
+#[test]
+fn a_peer_that_exits_after_the_last_message_still_acknowledges_it() {
+    const TURNS: u32 = 50;
+    let mut setup = Setup::new("a_peer_that_exits_after_the_last_message_still_acknowledges_it");
+    setup.timeout = 10;
+    let (mut peer, c) = setup.start();
+    let qp = &c.rc[0];
+    for i in 0..TURNS {
+        qp.post_recv(RecvWr {
+            wr_id: u64::from(i),
+            sg_list: vec![c.mr.sge(4096 + 64 * i as usize, 64)],
+        })
+        .unwrap();
+    }
+    peer.send(&Cmd::PingPong {
+        turns: TURNS,
+        exit: false,
+    });
+    match peer.reply(WAIT) {
+        Reply::Ready => {}
+        r => panic!("ping-pong: {r:?}"),
+    }
+    for i in 0..TURNS {
+        qp.post_send(SendWr::new(
+            u64::from(i),
+            SendOpcode::Send,
+            vec![c.mr.sge(0, 8)],
+        ))
+        .unwrap();
+        let rx = wait_wcs(&c.rcq, 1, WAIT, "the peer's answer");
+        assert_eq!(
+            (rx[0].wr_id, rx[0].status),
+            (u64::from(i), WcStatus::Success)
+        );
+        let tx = wait_wcs(&c.cq, 1, WAIT, "the ACK of a ping");
+        assert_sent(&tx[0], u64::from(i), WcOpcode::Send, 8, qp);
+    }
+    let held = match peer.reply(WAIT) {
+        Reply::Word(n) => n,
+        r => panic!("ping-pong: {r:?}"),
+    };
+    println!("the peer held {held} of {TURNS} ACKs for its answer");
+    assert!(held > 0, "the peer never held an ACK: this tests nothing");
+    peer.send(&Cmd::PingPong {
+        turns: 0,
+        exit: true,
+    });
+    match peer.reply(WAIT) {
+        Reply::Ready => {}
+        r => panic!("last ping: {r:?}"),
+    }
+    let posted = Instant::now();
+    qp.post_send(SendWr::new(99, SendOpcode::Send, vec![c.mr.sge(0, 8)]))
+        .unwrap();
+    let tx = wait_wcs(&c.cq, 1, Duration::from_secs(10), "the last SEND");
+    println!("the last SEND completed after {:?}", posted.elapsed());
+    assert_sent(&tx[0], 99, WcOpcode::Send, 8, qp);
+    let status = peer.child.wait().unwrap();
+    assert!(status.success(), "the peer exited with {status}");
 }
 
 #[test]

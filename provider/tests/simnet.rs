@@ -5159,3 +5159,37 @@ fn a_ping_pong_acks_after_its_own_request() {
         "a second unanswered WRITE took {waited} ns"
     );
 }
+
+/// A program that destroys its QP right after the last message arrived
+/// (in the hold, before any answer) still sends the ACK it held: the
+/// peer's last WRITE completes at once, not with RETRY_EXC_ERR.
+#[test]
+fn a_held_ack_goes_when_its_qp_is_destroyed() {
+    let mut net = Net::new(2, 13, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    write_ping_pong(&mut net, a, b, 6, true);
+    fill(&mut net, a, 0, &[0xEE]);
+    let mut wr = SendWr::new(99, SendOpcode::RdmaWrite, vec![sge(a, 0, 1)]);
+    wr.remote_addr = b.mr.addr + 4096;
+    wr.rkey = b.mr.rkey;
+    net.engines[a.e].post_send(a.qpn, wr).unwrap();
+    net.run_until(100_000, |net| read(net, b, 4096, 1) == [0xEE]);
+    // b's transmit pass after the WRITE: the ACK stays.
+    net.pump();
+    let held = |net: &Net| {
+        (net.engines[b.e].qp_snapshots().into_iter())
+            .find(|q| q.qpn == b.qpn)
+            .map(|q| q.counters.acks_held)
+    };
+    assert_eq!(held(&net), Some(4), "the last WRITE's ACK is held");
+    net.engines[b.e].destroy_qp(b.qpn).unwrap();
+    let from = net.now;
+    let wc = wait_wcs(&mut net, a, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (99, WcStatus::Success),
+        "after {} ns",
+        net.now - from
+    );
+    assert!(net.now - from < 20_000, "{} ns", net.now - from);
+}

@@ -410,9 +410,57 @@ impl Peer {
                 off,
                 wait,
             } => self.stream(rq, n, size, slots, off, wait, out),
+            Cmd::PingPong { turns, exit } => self.ping_pong(turns, exit, out),
             Cmd::Stats => Ok(Reply::Stats(format!("{:?}", self.ctx.stats().unwrap()))),
             Cmd::Quit => Ok(Reply::Ok),
         }
+    }
+
+    fn ping_pong(&mut self, turns: u32, exit: bool, out: &mut impl Write) -> DynResult<Reply> {
+        let qp = &self.rc[0];
+        let off = proto::PINGPONG_OFF as usize;
+        let recv = || {
+            qp.post_recv(RecvWr {
+                wr_id: u64::MAX,
+                sg_list: vec![self.mr.sge(off, 64)],
+            })
+        };
+        let wait_recv = || -> DynResult<()> {
+            let deadline = Instant::now() + WAIT;
+            let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+            while self.recv_cq.poll(&mut wc)? == 0 {
+                if Instant::now() > deadline {
+                    return Err("no SEND from the client".into());
+                }
+            }
+            match wc[0].status {
+                WcStatus::Success => Ok(()),
+                s => Err(format!("receive completed with {s:?}").into()),
+            }
+        };
+        recv()?;
+        send_line(out, &Reply::Ready)?;
+        for i in 0..turns {
+            wait_recv()?;
+            recv()?;
+            let mut answer = SendWr::new(u64::from(i), SendOpcode::Send, vec![self.mr.sge(off, 8)]);
+            answer.flags = SendFlags::default();
+            qp.post_send(answer)?;
+        }
+        if exit {
+            wait_recv()?;
+            // The ACK of that SEND may be held for an answer that never
+            // comes: the device sends it as the process exits.
+            std::process::exit(0);
+        }
+        let held = (self.ctx.soft_device())
+            .and_then(|d| {
+                (d.engine().qp_snapshots().into_iter())
+                    .find(|q| q.qpn == qp.qp_num())
+                    .map(|q| q.counters.acks_held)
+            })
+            .unwrap_or(0);
+        Ok(Reply::Word(held))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -271,6 +271,7 @@ impl Device {
             },
         });
         tracing::info!(%addr, gso, icrc = ?config.icrc, "device open");
+        super::exit::register(&shared);
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("roxe-progress {addr}"))

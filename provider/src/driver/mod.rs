@@ -10,6 +10,7 @@ mod channel;
 mod config;
 mod counters;
 mod device;
+mod exit;
 mod fault;
 mod guard;
 #[cfg(feature = "testing")]

@@ -212,6 +212,9 @@ pub struct Engine {
     /// the window visits them again (`drive_qp`), so one with nothing in
     /// flight, which no ACK of its own would wake, waits safely.
     window_waiters: BTreeSet<u32>,
+    /// Destroyed QPs that still owe their peer the ACK they held for an
+    /// answer (`ack_hold.rs`): the next pass sends it, then they go.
+    parting: Vec<Qp>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
@@ -307,6 +310,7 @@ impl Engine {
             deadlines: BTreeSet::new(),
             held: BTreeSet::new(),
             window_waiters: BTreeSet::new(),
+            parting: Vec::new(),
             events: Vec::new(),
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
                 ca_guid: u64::from_be_bytes([
@@ -461,6 +465,44 @@ impl Engine {
         }
         self.refile_deadline(qpn);
         Some(result)
+    }
+
+    /// The next packet a destroyed QP still owes (an ACK it held, see
+    /// `parting`); such a QP goes once it has sent it.
+    fn parting_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(q) = self.parting.last_mut() {
+            let mut cx = QpCtx {
+                now: self.clock,
+                config: &self.config,
+                memory: &mut self.memory,
+                cqs: &mut self.cqs,
+                srqs: &mut self.srqs,
+                stats: &mut self.stats,
+                events: &mut self.events,
+                overflowed: Vec::new(),
+                payload_by_ref: false,
+                held_new: false,
+                waits_for_window: false,
+                loopback_unacked: self.loopback_unacked,
+            };
+            if let Some(t) = q.reply_transmit(&mut cx, buf) {
+                return Some(t);
+            }
+            self.parting.pop();
+        }
+        None
+    }
+
+    /// Every ACK held for an answer goes with the next pass (the process
+    /// is exiting: nothing will answer).
+    pub fn release_held_acks(&mut self) {
+        let holding: Vec<u32> = (self.qps.values())
+            .filter(|q| q.ack_hold.until().is_some())
+            .map(|q| q.qpn)
+            .collect();
+        for qpn in holding {
+            self.drive_and_schedule(qpn, |q, _| q.release_held_ack());
+        }
     }
 
     /// The device's loopback window has room again: the QPs waiting for

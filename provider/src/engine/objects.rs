@@ -452,7 +452,7 @@ impl Engine {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) -> VerbsResult<()> {
-        let q = self
+        let mut q = self
             .qps
             .remove(&qpn)
             .ok_or_else(|| verb_error("ibv_destroy_qp", Errno::EINVAL, "no such QP"))?;
@@ -479,6 +479,12 @@ impl Engine {
                     );
                 }
             }
+        }
+        // A program commonly destroys its QP right after the last message
+        // arrived: the ACK it held for an answer still goes, or the peer's
+        // last send would never complete.
+        if q.release_held_ack() {
+            self.parting.push(q);
         }
         Ok(())
     }

@@ -408,6 +408,7 @@ impl Qp {
             self.comp = Completer::new();
             self.timers = Timers::default();
             self.resp = Responder::new();
+            self.ack_hold = Default::default();
             self.rq.clear();
             self.xrc = None;
             self.peer = None;
@@ -686,6 +687,15 @@ impl Qp {
     /// The next packet this QP sends, if any: responses first (they
     /// unblock the peer's requester), then requests (`hold_new`: an
     /// ACK-clocked pass, see `Engine::poll_transmit_ack_clocked`).
+    /// End a hold now: the ACK goes with the next pass. True if one was
+    /// held.
+    pub fn release_held_ack(&mut self) -> bool {
+        let held = self.ack_hold.until().is_some();
+        self.ack_hold.release();
+        self.timers.stop(Timer::AckHold);
+        held && self.resp.only_an_ack()
+    }
+
     /// Whether the reply queued, a plain ACK, waits for this QP's next
     /// request (`ack_hold.rs`); a hold starts here, with its timer, and
     /// ends when the queue holds anything else or the pattern breaks.

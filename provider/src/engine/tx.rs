@@ -168,6 +168,9 @@ impl Engine {
         if let Some(t) = self.gsi_transmit(buf) {
             return Some(self.seal_packet(t, buf));
         }
+        if let Some(t) = self.parting_transmit(buf) {
+            return Some(self.seal_packet(t, buf));
+        }
         // Round-robin from the cursor, without collecting the QPNs: this
         // runs once per packet.
         let mut next = self.tx_cursor;
