@@ -17,12 +17,16 @@
 //! inside the `poll_cq` that waits for the ACK, and finds the bytes in
 //! memory when it looks.
 //!
-//! A delayed ACK is standard: a responder may coalesce and delay its ACKs
-//! (well within any requester's timeout), so any peer may get this. Only
-//! a plain ACK of a SEND or WRITE waits; NAKs, duplicates' re-ACKs, READ
-//! responses and atomic ACKs never do, and neither does anything while
-//! this QP has more than one message of its own unacknowledged (streams
-//! in both directions are not a ping-pong).
+//! A delayed ACK is standard (a responder may coalesce and delay its ACKs,
+//! well within any requester's timeout), but only a roxe peer on this host
+//! gains from it: rxe and NICs receive whatever their program does, so
+//! towards them (and towards other hosts, which may be either) nothing is
+//! held. Only a plain ACK of a SEND or WRITE waits; NAKs, duplicates'
+//! re-ACKs, READ responses and atomic ACKs never do, and neither does
+//! anything while this QP has more than one message of its own
+//! unacknowledged (streams in both directions are not a ping-pong). An
+//! ACK held when the QP is destroyed or the process exits still goes
+//! (`Engine::destroy_qp`, `driver/exit.rs`).
 
 use super::Nanos;
 

@@ -700,7 +700,11 @@ impl Qp {
     /// request (`ack_hold.rs`); a hold starts here, with its timer, and
     /// ends when the queue holds anything else or the pattern breaks.
     fn holds_ack(&mut self, cx: &QpCtx, now: Nanos) -> bool {
+        // Only a roxe peer on this host receives in its program's thread:
+        // rxe and NICs receive whatever the program does, so a hold would
+        // only delay them.
         let may_hold = cx.config.hold_acks
+            && self.peer.is_some_and(|p| cx.config.uses_loopback_window(p))
             && self.ack_hold.ping_pong()
             && self.resp.only_an_ack()
             && self.sq.len() <= 1
