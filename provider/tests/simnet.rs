@@ -5196,3 +5196,52 @@ fn a_held_ack_goes_when_its_qp_is_destroyed() {
     );
     assert!(net.now - from < 20_000, "{} ns", net.now - from);
 }
+
+/// One thread driving both ends as many tests do (send, wait for the send
+/// completion, only then answer from the other QP) answers quickly, yet
+/// the answer waits for the very ACK a hold keeps: every hold runs out.
+/// Each one that does doubles the streak needed before the next, so 200
+/// rounds meet a handful of holds, not one per round.
+#[test]
+fn holds_that_run_out_become_rare() {
+    let rounds = 200u32;
+    let mut took = Vec::new();
+    for hold in [true, false] {
+        let mut net = Net::new(2, 14, Faults::default());
+        net.reconfigure(|_, c| c.hold_acks = hold);
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        let start = net.now;
+        for round in 0..rounds {
+            let (from, to) = if round % 2 == 0 { (a, b) } else { (b, a) };
+            let mut wr = SendWr::new(
+                u64::from(round),
+                SendOpcode::RdmaWrite,
+                vec![sge(from, 0, 8)],
+            );
+            wr.remote_addr = to.mr.addr + 4096;
+            wr.rkey = to.mr.rkey;
+            net.engines[from.e].post_send(from.qpn, wr).unwrap();
+            let wc = wait_wcs(&mut net, from, 1);
+            assert_eq!(wc[0].status, WcStatus::Success);
+        }
+        let held: u64 = [a, b]
+            .iter()
+            .map(|s| {
+                (net.engines[s.e].qp_snapshots().into_iter())
+                    .find(|q| q.qpn == s.qpn)
+                    .map_or(0, |q| q.counters.acks_held)
+            })
+            .sum();
+        took.push((net.now - start, held));
+    }
+    let [(with, held), (without, none)] = took[..] else {
+        unreachable!()
+    };
+    println!("{rounds} rounds: {with} ns with {held} holds, {without} ns without");
+    assert_eq!(none, 0);
+    assert!((1..=14).contains(&held), "{held} holds in {rounds} rounds");
+    assert!(
+        with < without + held * 200_000,
+        "{with} ns against {without} ns"
+    );
+}

@@ -16,6 +16,10 @@ fn open(name: &str, caller_progress: bool) -> Context {
     let base = DeviceConfig {
         pacing: PacingConfig {
             caller_progress,
+            // Timers run on the progress thread, which these tests pause:
+            // an ACK held for an answer (this ping-pong answers only after
+            // the sender's completion) would wait for it forever.
+            ack_hold: false,
             ..PacingConfig::default()
         },
         ..DeviceConfig::default()

@@ -15,7 +15,10 @@
 //! (the ACK goes right after it, in the same batch), or at most
 //! [`AckHold::hold_time`]. The peer then receives the request first,
 //! inside the `poll_cq` that waits for the ACK, and finds the bytes in
-//! memory when it looks.
+//! memory when it looks. A program whose answer waits for that very ACK
+//! (one thread driving both ends: send, poll the send CQ, only then
+//! answer) answers quickly too, but every hold it meets runs out; each
+//! that does doubles the streak needed before the next hold.
 //!
 //! A delayed ACK is standard (a responder may coalesce and delay its ACKs,
 //! well within any requester's timeout), but only a roxe peer on this host
@@ -31,8 +34,12 @@
 use super::Nanos;
 
 /// Messages in a row answered within [`MAX_TURNAROUND`] before ACKs are
-/// held.
+/// held (doubled per hold that ran out unanswered, see `misses`).
 pub(crate) const HOLD_STREAK: u8 = 3;
+
+/// The most doublings of [`HOLD_STREAK`]: after six holds in a row ran
+/// out, one in 192 messages is held.
+const MAX_MISSES: u8 = 6;
 
 /// The longest time from a message received to this QP's next request
 /// that still counts as an answer (a ping-pong turn).
@@ -57,6 +64,12 @@ pub(crate) struct AckHold {
     turnaround: Nanos,
     /// The deadline of the ACK held now.
     until: Option<Nanos>,
+    /// Holds that ran out unanswered, less those answered since. The
+    /// answer may wait for the ACK held: one thread driving both ends (send,
+    /// poll the send CQ, only then answer from the other QP) answers
+    /// quickly, yet every hold it meets runs out. Each doubles the streak
+    /// needed before the next hold.
+    misses: u8,
     /// A message arrived since the last hold began: one hold per message.
     unheld: bool,
 }
@@ -82,7 +95,7 @@ impl AckHold {
                 } else {
                     (7 * self.turnaround + t) / 8
                 };
-                self.streak = self.streak.saturating_add(1).min(HOLD_STREAK);
+                self.streak = self.streak.saturating_add(1).min(self.streak_needed());
             }
             _ => self.streak = 0,
         }
@@ -90,7 +103,11 @@ impl AckHold {
 
     /// Whether the QP plays ping-pong (its ACKs may be held).
     pub fn ping_pong(&self) -> bool {
-        self.streak >= HOLD_STREAK
+        self.streak >= self.streak_needed()
+    }
+
+    fn streak_needed(&self) -> u8 {
+        HOLD_STREAK << self.misses
     }
 
     /// Whether a hold may begin: a ping-pong, and a message received
@@ -116,10 +133,23 @@ impl AckHold {
         self.unheld = false;
     }
 
-    /// The ACK held goes now (a request left, the deadline passed, or the
-    /// pattern broke).
+    /// The ACK held goes now (the pattern broke, or the QP goes away).
     pub fn release(&mut self) {
         self.until = None;
+    }
+
+    /// The QP's answer left during the hold: the ACK goes after it.
+    pub fn answered(&mut self) {
+        self.until = None;
+        self.misses = self.misses.saturating_sub(1);
+    }
+
+    /// The hold ran out before the answer: the ACK goes, and holding
+    /// starts again only after a longer streak.
+    pub fn ran_out(&mut self) {
+        self.until = None;
+        self.streak = 0;
+        self.misses = (self.misses + 1).min(MAX_MISSES);
     }
 }
 
@@ -161,6 +191,38 @@ mod tests {
         assert!(out.ping_pong());
         out.message_sent(t + 2);
         assert!(!out.ping_pong());
+    }
+
+    #[test]
+    fn holds_that_run_out_need_longer_streaks_and_answers_shorten_them_again() {
+        let mut h = AckHold::default();
+        let mut t = 0;
+        let turn = |h: &mut AckHold, t: &mut Nanos| {
+            h.message_received(*t);
+            *t += 5_000;
+            h.message_sent(*t);
+            *t += 30_000;
+        };
+        for misses in 0..8u32 {
+            let needed = u32::from(HOLD_STREAK) << misses.min(u32::from(MAX_MISSES));
+            for _ in 0..needed {
+                assert!(!h.ping_pong());
+                turn(&mut h, &mut t);
+            }
+            assert!(h.ping_pong(), "after {needed} quick answers");
+            h.hold(t + 20_000);
+            h.ran_out();
+            assert!(!h.ping_pong(), "a hold ran out: the streak starts over");
+        }
+        // Answered holds bring the needed streak back down.
+        for _ in 0..MAX_MISSES {
+            while !h.ping_pong() {
+                turn(&mut h, &mut t);
+            }
+            h.hold(t + 20_000);
+            h.answered();
+        }
+        assert_eq!(h.streak_needed(), HOLD_STREAK);
     }
 
     #[test]

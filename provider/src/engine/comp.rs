@@ -673,7 +673,7 @@ impl Qp {
                 self.arm_probe(now);
             }
             // The request it waited for did not come: the ACK goes now.
-            Timer::AckHold => self.ack_hold.release(),
+            Timer::AckHold => self.ack_hold.ran_out(),
         }
     }
 }

@@ -738,7 +738,7 @@ impl Qp {
             // The ACK follows this QP's next request, or its timer.
             let t = self.request_transmit(cx, now, buf, hold_new);
             if t.is_some() {
-                self.ack_hold.release();
+                self.ack_hold.answered();
                 self.timers.stop(Timer::AckHold);
             }
             t
