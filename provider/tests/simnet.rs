@@ -5245,3 +5245,52 @@ fn holds_that_run_out_become_rare() {
         "{with} ns against {without} ns"
     );
 }
+
+/// When the answer completes a receive at the peer (a SEND), the ACK held
+/// goes first: the peer's send completion comes before the receive
+/// completion of the answer, as without a hold (a program that polls one
+/// completion after its post and takes it for the send's relies on it).
+#[test]
+fn a_send_answer_follows_the_ack_it_held() {
+    let mut net = Net::new(2, 15, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    net.trace = Some(Vec::new());
+    let recv = |net: &mut Net, s: Side, id: u64| {
+        let wr = RecvWr {
+            wr_id: id,
+            sg_list: vec![sge(s, 2048, 64)],
+        };
+        net.engines[s.e].post_recv(s.qpn, wr).unwrap();
+    };
+    let send = |net: &mut Net, s: Side, id: u64| {
+        let wr = SendWr::new(id, SendOpcode::Send, vec![sge(s, 0, 8)]);
+        net.engines[s.e].post_send(s.qpn, wr).unwrap();
+    };
+    for turn in 0..10u64 {
+        recv(&mut net, a, turn);
+        recv(&mut net, b, turn);
+        send(&mut net, a, turn);
+        assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Recv);
+        // b's transmit pass after the message (where a hold begins), then
+        // b answers.
+        let seen_before = net.seen().len();
+        net.pump();
+        send(&mut net, b, turn);
+        let at_a: Vec<WcOpcode> = wait_wcs(&mut net, a, 2).iter().map(|w| w.opcode).collect();
+        assert_eq!(at_a, [WcOpcode::Send, WcOpcode::Recv], "turn {turn}");
+        assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Send);
+        let from_b: Vec<Opcode> = (net.seen()[seen_before..].iter())
+            .filter(|s| s.sent && s.from == b.e)
+            .filter_map(|s| s.opcode)
+            .collect();
+        assert_eq!(
+            from_b.first(),
+            Some(&Opcode::RcAcknowledge),
+            "turn {turn}: {from_b:?}"
+        );
+    }
+    let held = (net.engines[b.e].qp_snapshots().into_iter())
+        .find(|q| q.qpn == b.qpn)
+        .map(|q| q.counters.acks_held);
+    assert!(held > Some(0), "b held {held:?} ACKs");
+}

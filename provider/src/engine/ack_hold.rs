@@ -15,7 +15,13 @@
 //! (the ACK goes right after it, in the same batch), or at most
 //! [`AckHold::hold_time`]. The peer then receives the request first,
 //! inside the `poll_cq` that waits for the ACK, and finds the bytes in
-//! memory when it looks. A program whose answer waits for that very ACK
+//! memory when it looks. When the answer completes a receive at the peer
+//! (a SEND or WRITE_WITH_IMM), the ACK goes just before it instead: the
+//! peer's send completion then still precedes the receive completion of
+//! the answer, an order programs rely on
+//! (`Qp::next_message_completes_a_receive`); a WRITE leaves no completion
+//! at the peer to show the order. A program whose answer waits for that
+//! very ACK
 //! (one thread driving both ends: send, poll the send CQ, only then
 //! answer) answers quickly too, but every hold it meets runs out; each
 //! that does doubles the streak needed before the next hold.

@@ -696,6 +696,22 @@ impl Qp {
         held && self.resp.only_an_ack()
     }
 
+    /// Whether the next message to start completes a receive at the peer
+    /// (a SEND or WRITE_WITH_IMM). Its ACK then goes first, as it would
+    /// have without a hold: the peer's send completion comes before the
+    /// receive completion of the answer, the order programs rely on (a
+    /// loop that polls one completion after its post and takes it for the
+    /// send's). After a WRITE, nothing at the peer shows the order.
+    fn next_message_completes_a_receive(&self) -> bool {
+        use crate::wr::SendOpcode as Op;
+        self.sq.iter().find(|w| !w.started).is_some_and(|w| {
+            matches!(
+                w.wr.opcode,
+                Op::Send | Op::SendWithImm | Op::SendWithInv | Op::RdmaWriteWithImm
+            )
+        })
+    }
+
     /// Whether the reply queued, a plain ACK, waits for this QP's next
     /// request (`ack_hold.rs`); a hold starts here, with its timer, and
     /// ends when the queue holds anything else or the pattern breaks.
@@ -708,6 +724,7 @@ impl Qp {
             && self.ack_hold.ping_pong()
             && self.resp.only_an_ack()
             && self.sq.len() <= 1
+            && !self.next_message_completes_a_receive()
             && self.state() == QpState::Rts;
         match self.ack_hold.until() {
             Some(until) if may_hold && now < until => true,
