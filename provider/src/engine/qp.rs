@@ -684,9 +684,6 @@ impl Qp {
         }
     }
 
-    /// The next packet this QP sends, if any: responses first (they
-    /// unblock the peer's requester), then requests (`hold_new`: an
-    /// ACK-clocked pass, see `Engine::poll_transmit_ack_clocked`).
     /// End a hold now: the ACK goes with the next pass. True if one was
     /// held.
     pub fn release_held_ack(&mut self) -> bool {
@@ -744,6 +741,10 @@ impl Qp {
         }
     }
 
+    /// The next packet this QP sends, if any: responses first (they
+    /// unblock the peer's requester; a plain ACK may wait for this QP's
+    /// own answer, `holds_ack`), then requests (`hold_new`: an
+    /// ACK-clocked pass, see `Engine::poll_transmit_ack_clocked`).
     pub fn poll_transmit(
         &mut self,
         cx: &mut QpCtx,
