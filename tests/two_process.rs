@@ -69,6 +69,10 @@ impl PeerProc {
         if let Some(f) = fault {
             cmd.env("ROXE_FAULT", f);
         }
+        if test == "a_peer_that_exits_after_the_last_message_still_acknowledges_it" {
+            // ACK holds are off by default.
+            cmd.env("ROXE_ACK_HOLD", "on");
+        }
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("{test}: starting {PEER_EXE}: {e}"));

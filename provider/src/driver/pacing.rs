@@ -81,7 +81,8 @@ pub struct PacingConfig {
     pub rx_coalesce: Duration,
     /// A QP playing ping-pong holds the ACK of each message it receives
     /// until its own answer leaves, at most a few turnarounds
-    /// (`ROXE_ACK_HOLD`, default on; `EngineConfig::hold_acks`): a peer
+    /// (`ROXE_ACK_HOLD`, default off until perftest's `ib_write_lat -R`
+    /// works with it; `EngineConfig::hold_acks`): a peer
     /// that polls memory for the answer (`ib_write_lat`) then receives it
     /// in the `poll_cq` that waits for the ACK, not through a wake-up of
     /// its progress thread.
@@ -102,7 +103,7 @@ impl Default for PacingConfig {
             caller_hold: true,
             ack_clocked: true,
             payload_by_ref: true,
-            ack_hold: true,
+            ack_hold: false,
             rx_coalesce: Duration::from_micros(20),
             handover_window: Duration::from_micros(20),
         }
