@@ -57,20 +57,21 @@ impl PeerProc {
         test: &'static str,
         addr: IpAddr,
         fault: Option<&str>,
+        ack_hold: bool,
     ) -> std::result::Result<PeerProc, String> {
         let mut cmd = Command::new(PEER_EXE);
         cmd.env("ROXE_ADDR", addr.to_string())
             .env_remove("ROXE_PCAP")
             .env_remove("ROXE_FAULT")
             .env_remove("ROXE_BUSY_POLL")
+            .env_remove("ROXE_ACK_HOLD")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(f) = fault {
             cmd.env("ROXE_FAULT", f);
         }
-        if test == "a_peer_that_exits_after_the_last_message_still_acknowledges_it" {
-            // ACK holds are off by default.
+        if ack_hold {
             cmd.env("ROXE_ACK_HOLD", "on");
         }
         let mut child = cmd
@@ -299,6 +300,9 @@ struct Setup {
     timeout: u8,
     client_fault: Option<FaultSpec>,
     peer_fault: Option<String>,
+    /// The peer holds ACKs for its answers (`ROXE_ACK_HOLD=on`; off by
+    /// default).
+    peer_ack_hold: bool,
 }
 
 impl Setup {
@@ -310,6 +314,7 @@ impl Setup {
             timeout: 14,
             client_fault: None,
             peer_fault: None,
+            peer_ack_hold: false,
         }
     }
 
@@ -392,8 +397,13 @@ impl Setup {
         )
         .open()
         .unwrap_or_else(|e| panic!("{}: opening the client device at {caddr}: {e}", self.test));
-        let peer = PeerProc::spawn(self.test, paddr, self.peer_fault.as_deref())
-            .unwrap_or_else(|why| panic!("{}: the peer at {paddr}: {why}", self.test));
+        let peer = PeerProc::spawn(
+            self.test,
+            paddr,
+            self.peer_fault.as_deref(),
+            self.peer_ack_hold,
+        )
+        .unwrap_or_else(|why| panic!("{}: the peer at {paddr}: {why}", self.test));
         assert_eq!(peer.hello.addr, paddr.to_string(), "{}", self.test);
         (peer, ctx)
     }
@@ -1072,6 +1082,7 @@ fn a_peer_that_exits_after_the_last_message_still_acknowledges_it() {
     const TURNS: u32 = 50;
     let mut setup = Setup::new("a_peer_that_exits_after_the_last_message_still_acknowledges_it");
     setup.timeout = 10;
+    setup.peer_ack_hold = true;
     let (mut peer, c) = setup.start();
     let qp = &c.rc[0];
     for i in 0..TURNS {

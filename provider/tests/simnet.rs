@@ -5081,13 +5081,7 @@ fn write_ping_pong(net: &mut Net, a: Side, b: Side, turns: u8, answer_last: bool
     for turn in 1..=turns {
         let write = |net: &mut Net, from: Side, to: Side| {
             fill(net, from, 0, &[turn]);
-            let mut wr = SendWr::new(
-                u64::from(turn),
-                SendOpcode::RdmaWrite,
-                vec![sge(from, 0, 1)],
-            );
-            wr.remote_addr = to.mr.addr + 4096;
-            wr.rkey = to.mr.rkey;
+            let wr = rdma_wr(from, u64::from(turn), SendOpcode::RdmaWrite, 0, 1, to, 4096);
             net.engines[from.e].post_send(from.qpn, wr).unwrap();
         };
         let seen_before = net.seen().len();
@@ -5172,9 +5166,7 @@ fn a_held_ack_goes_when_its_qp_is_destroyed() {
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
     write_ping_pong(&mut net, a, b, 6, true);
     fill(&mut net, a, 0, &[0xEE]);
-    let mut wr = SendWr::new(99, SendOpcode::RdmaWrite, vec![sge(a, 0, 1)]);
-    wr.remote_addr = b.mr.addr + 4096;
-    wr.rkey = b.mr.rkey;
+    let wr = rdma_wr(a, 99, SendOpcode::RdmaWrite, 0, 1, b, 4096);
     net.engines[a.e].post_send(a.qpn, wr).unwrap();
     net.run_until(100_000, |net| read(net, b, 4096, 1) == [0xEE]);
     // b's transmit pass after the WRITE: the ACK stays.
@@ -5213,13 +5205,15 @@ fn holds_that_run_out_become_rare() {
         let start = net.now;
         for round in 0..rounds {
             let (from, to) = if round % 2 == 0 { (a, b) } else { (b, a) };
-            let mut wr = SendWr::new(
+            let wr = rdma_wr(
+                from,
                 u64::from(round),
                 SendOpcode::RdmaWrite,
-                vec![sge(from, 0, 8)],
+                0,
+                8,
+                to,
+                4096,
             );
-            wr.remote_addr = to.mr.addr + 4096;
-            wr.rkey = to.mr.rkey;
             net.engines[from.e].post_send(from.qpn, wr).unwrap();
             let wc = wait_wcs(&mut net, from, 1);
             assert_eq!(wc[0].status, WcStatus::Success);

@@ -305,7 +305,7 @@ impl Qp {
         cx.config.keep_early
             && self.comp.peer_keeps_early
             && self.sq.reads_atomics_started() == 0
-            && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a))
+            && self.peer_on_this_host(cx.config)
     }
 
     /// Whether a sequence NAK for `p` is answered by resending that packet

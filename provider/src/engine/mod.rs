@@ -432,20 +432,16 @@ impl Engine {
             ..
         } = self;
         let q = qps.get_mut(&qpn)?;
-        let mut cx = QpCtx {
-            now: *clock,
+        let mut cx = QpCtx::new(
+            *clock,
             config,
             memory,
             cqs,
             srqs,
             stats,
             events,
-            overflowed: Vec::new(),
-            payload_by_ref: false,
-            held_new: false,
-            waits_for_window: false,
-            loopback_unacked: self.loopback_unacked,
-        };
+            self.loopback_unacked,
+        );
         let result = f(q, &mut cx);
         // Every change to a QP's PSNs, state or peer happens in here.
         let counted = q.loopback_unacked(config);
@@ -471,20 +467,16 @@ impl Engine {
     /// `parting`); such a QP goes once it has sent it.
     fn parting_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(q) = self.parting.last_mut() {
-            let mut cx = QpCtx {
-                now: self.clock,
-                config: &self.config,
-                memory: &mut self.memory,
-                cqs: &mut self.cqs,
-                srqs: &mut self.srqs,
-                stats: &mut self.stats,
-                events: &mut self.events,
-                overflowed: Vec::new(),
-                payload_by_ref: false,
-                held_new: false,
-                waits_for_window: false,
-                loopback_unacked: self.loopback_unacked,
-            };
+            let mut cx = QpCtx::new(
+                self.clock,
+                &self.config,
+                &mut self.memory,
+                &mut self.cqs,
+                &mut self.srqs,
+                &mut self.stats,
+                &mut self.events,
+                self.loopback_unacked,
+            );
             if let Some(t) = q.reply_transmit(&mut cx, buf) {
                 return Some(t);
             }

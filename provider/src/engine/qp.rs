@@ -93,7 +93,35 @@ pub(crate) struct QpCtx<'a> {
     pub loopback_unacked: i32,
 }
 
-impl QpCtx<'_> {
+impl<'a> QpCtx<'a> {
+    /// The context of one call into a QP, with nothing noted yet.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        now: Nanos,
+        config: &'a EngineConfig,
+        memory: &'a mut MemoryTable,
+        cqs: &'a mut HashMap<u32, CompletionQueue>,
+        srqs: &'a mut HashMap<u32, Srq>,
+        stats: &'a mut Stats,
+        events: &'a mut Vec<QpEvent>,
+        loopback_unacked: i32,
+    ) -> Self {
+        QpCtx {
+            now,
+            config,
+            memory,
+            cqs,
+            srqs,
+            stats,
+            events,
+            overflowed: Vec::new(),
+            payload_by_ref: false,
+            held_new: false,
+            waits_for_window: false,
+            loopback_unacked,
+        }
+    }
+
     /// Deliver a completion; an overflow is noted for the engine.
     pub fn push_wc(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
         let ok = self
@@ -275,6 +303,12 @@ impl Qp {
     pub fn repair_liveness(&mut self, now: Nanos) {
         let timeout = self.ack_timeout();
         self.timers.arm_after(Timer::Retransmit, now, timeout);
+    }
+
+    /// Whether the peer is on this host and reached as a roxe peer (the
+    /// wide loopback window, selective recovery, ACK holds).
+    pub fn peer_on_this_host(&self, config: &EngineConfig) -> bool {
+        self.peer.is_some_and(|p| config.uses_loopback_window(p))
     }
 
     /// RC and XRC_SEND: a requester with PSNs, a window, ACKs and retries.
@@ -713,11 +747,15 @@ impl Qp {
     /// request (`ack_hold.rs`); a hold starts here, with its timer, and
     /// ends when the queue holds anything else or the pattern breaks.
     fn holds_ack(&mut self, cx: &QpCtx, now: Nanos) -> bool {
+        if self.ack_hold.until().is_none() && !self.ack_hold.may_begin() {
+            // Every packet of a stream leaves here.
+            return false;
+        }
         // Only a roxe peer on this host receives in its program's thread:
         // rxe and NICs receive whatever the program does, so a hold would
         // only delay them.
         let may_hold = cx.config.hold_acks
-            && self.peer.is_some_and(|p| cx.config.uses_loopback_window(p))
+            && self.peer_on_this_host(cx.config)
             && self.ack_hold.ping_pong()
             && self.resp.only_an_ack()
             && self.sq.len() <= 1
@@ -726,11 +764,10 @@ impl Qp {
         match self.ack_hold.until() {
             Some(until) if may_hold && now < until => true,
             Some(_) => {
-                self.ack_hold.release();
-                self.timers.stop(Timer::AckHold);
+                self.release_held_ack();
                 false
             }
-            None if may_hold && self.ack_hold.may_begin() => {
+            None if may_hold => {
                 let until = now + self.ack_hold.hold_time();
                 self.ack_hold.hold(until);
                 self.timers.arm_at(Timer::AckHold, until);

@@ -522,7 +522,7 @@ impl Qp {
     /// loopback window towards a peer on this host.
     #[inline(always)]
     pub(super) fn path_window(&self, cx: &QpCtx) -> i32 {
-        if self.peer.is_some_and(|p| cx.config.uses_loopback_window(p)) {
+        if self.peer_on_this_host(cx.config) {
             cx.config
                 .loopback_window
                 .clamp(1, super::config::MAX_LOOPBACK_WINDOW)
@@ -534,7 +534,7 @@ impl Qp {
     /// The limits this QP sends under now.
     #[inline(always)]
     fn send_limits(&self, cx: &QpCtx) -> SendLimits {
-        let loopback = self.peer.is_some_and(|p| cx.config.uses_loopback_window(p));
+        let loopback = self.peer_on_this_host(cx.config);
         let path_window = self.path_window(cx);
         let window = self.loss_window.limit(path_window);
         SendLimits {

@@ -302,7 +302,7 @@ impl Qp {
         cx.config.keep_early
             && self.init.qp_type == QpType::Rc
             && matches!(op.operation(), Operation::Send | Operation::Write)
-            && self.peer.is_some_and(|a| cx.config.uses_loopback_window(a))
+            && self.peer_on_this_host(cx.config)
     }
 
     /// A gap before `got`: one PSN-sequence NAK for the PSN expected, then
