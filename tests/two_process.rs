@@ -57,7 +57,6 @@ impl PeerProc {
         test: &'static str,
         addr: IpAddr,
         fault: Option<&str>,
-        ack_hold: bool,
     ) -> std::result::Result<PeerProc, String> {
         let mut cmd = Command::new(PEER_EXE);
         cmd.env("ROXE_ADDR", addr.to_string())
@@ -70,9 +69,6 @@ impl PeerProc {
             .stderr(Stdio::piped());
         if let Some(f) = fault {
             cmd.env("ROXE_FAULT", f);
-        }
-        if ack_hold {
-            cmd.env("ROXE_ACK_HOLD", "on");
         }
         let mut child = cmd
             .spawn()
@@ -282,8 +278,8 @@ struct Client {
     pd: Pd,
     /// Send completions of the RC QPs.
     cq: Cq,
-    /// Receive completions of the RC QPs.
-    rcq: Cq,
+    /// Receive completions of the RC QPs (no test polls them now).
+    _rcq: Cq,
     ud_cq: Cq,
     mr: Mr,
     rc: Vec<Qp>,
@@ -300,9 +296,6 @@ struct Setup {
     timeout: u8,
     client_fault: Option<FaultSpec>,
     peer_fault: Option<String>,
-    /// The peer holds ACKs for its answers (`ROXE_ACK_HOLD=on`; off by
-    /// default).
-    peer_ack_hold: bool,
 }
 
 impl Setup {
@@ -314,7 +307,6 @@ impl Setup {
             timeout: 14,
             client_fault: None,
             peer_fault: None,
-            peer_ack_hold: false,
         }
     }
 
@@ -370,7 +362,7 @@ impl Setup {
             ctx,
             pd,
             cq,
-            rcq,
+            _rcq: rcq,
             ud_cq,
             mr,
             rc,
@@ -397,13 +389,8 @@ impl Setup {
         )
         .open()
         .unwrap_or_else(|e| panic!("{}: opening the client device at {caddr}: {e}", self.test));
-        let peer = PeerProc::spawn(
-            self.test,
-            paddr,
-            self.peer_fault.as_deref(),
-            self.peer_ack_hold,
-        )
-        .unwrap_or_else(|why| panic!("{}: the peer at {paddr}: {why}", self.test));
+        let peer = PeerProc::spawn(self.test, paddr, self.peer_fault.as_deref())
+            .unwrap_or_else(|why| panic!("{}: the peer at {paddr}: {why}", self.test));
         assert_eq!(peer.hello.addr, paddr.to_string(), "{}", self.test);
         (peer, ctx)
     }
@@ -1072,48 +1059,57 @@ fn bad_rkey_gives_rem_access_err() {
     println!("bad_rkey_gives_rem_access_err: {:?}", t0.elapsed());
 }
 
-/// A SEND ping-pong whose peer holds the ACK of each message until its
-/// answer leaves (`engine/ack_hold.rs`); then the peer exits right after
-/// the last message arrived, before answering, without closing anything.
-/// The ACK it held still goes (`driver/exit.rs`): the client's last SEND
-/// completes successfully, not with RETRY_EXC_ERR.
+/// A WRITE ping-pong (`ib_write_lat`'s) whose peer holds the ACK of each
+/// WRITE until its answer leaves (`engine/ack_hold.rs`); then the peer
+/// exits right after the last WRITE arrived, before answering, without
+/// closing anything. The ACK it held still goes (`driver/exit.rs`): the
+/// client's last WRITE completes successfully, not with RETRY_EXC_ERR.
 #[test]
 fn a_peer_that_exits_after_the_last_message_still_acknowledges_it() {
     const TURNS: u32 = 50;
+    const ANSWER_OFF: usize = 4096;
     let mut setup = Setup::new("a_peer_that_exits_after_the_last_message_still_acknowledges_it");
-    setup.timeout = 10;
-    setup.peer_ack_hold = true;
+    // 67 ms per try: a QP fails within half a second without the exit
+    // hook, and a parallel test run that starves both spinning processes
+    // for a few milliseconds does not fail it.
+    setup.timeout = 14;
     let (mut peer, c) = setup.start();
     let qp = &c.rc[0];
-    for i in 0..TURNS {
-        qp.post_recv(RecvWr {
-            wr_id: u64::from(i),
-            sg_list: vec![c.mr.sge(4096 + 64 * i as usize, 64)],
-        })
+    let (raddr, rkey) = (peer.hello.mr_addr + proto::PINGPONG_OFF, peer.hello.rkey);
+    let ping = |turn: u32| {
+        c.mr.write(0, &turn.to_le_bytes()).unwrap();
+        qp.post_send(rdma(
+            u64::from(turn),
+            SendOpcode::RdmaWrite,
+            c.mr.sge(0, 4),
+            raddr,
+            rkey,
+        ))
         .unwrap();
-    }
-    peer.send(&Cmd::PingPong {
-        turns: TURNS,
-        exit: false,
-    });
+    };
+    let command = |first: u32, turns: u32, exit: bool| Cmd::PingPong {
+        first,
+        turns,
+        exit,
+        addr: c.mr.addr() + ANSWER_OFF as u64,
+        rkey: c.mr.rkey(),
+    };
+    peer.send(&command(1, TURNS, false));
     match peer.reply(WAIT) {
         Reply::Ready => {}
         r => panic!("ping-pong: {r:?}"),
     }
-    for i in 0..TURNS {
-        qp.post_send(SendWr::new(
-            u64::from(i),
-            SendOpcode::Send,
-            vec![c.mr.sge(0, 8)],
-        ))
-        .unwrap();
-        let rx = wait_wcs(&c.rcq, 1, WAIT, "the peer's answer");
-        assert_eq!(
-            (rx[0].wr_id, rx[0].status),
-            (u64::from(i), WcStatus::Success)
-        );
+    for turn in 1..=TURNS {
+        ping(turn);
         let tx = wait_wcs(&c.cq, 1, WAIT, "the ACK of a ping");
-        assert_sent(&tx[0], u64::from(i), WcOpcode::Send, 8, qp);
+        assert_sent(&tx[0], u64::from(turn), WcOpcode::RdmaWrite, 4, qp);
+        let deadline = Instant::now() + WAIT;
+        let mut word = [0u8; 4];
+        while u32::from_le_bytes(word) != turn {
+            assert!(Instant::now() < deadline, "no answer to turn {turn}");
+            std::thread::yield_now();
+            c.mr.read(ANSWER_OFF, &mut word).unwrap();
+        }
     }
     let held = match peer.reply(WAIT) {
         Reply::Word(n) => n,
@@ -1121,20 +1117,16 @@ fn a_peer_that_exits_after_the_last_message_still_acknowledges_it() {
     };
     println!("the peer held {held} of {TURNS} ACKs for its answer");
     assert!(held > 0, "the peer never held an ACK: this tests nothing");
-    peer.send(&Cmd::PingPong {
-        turns: 0,
-        exit: true,
-    });
+    peer.send(&command(TURNS + 1, 0, true));
     match peer.reply(WAIT) {
         Reply::Ready => {}
         r => panic!("last ping: {r:?}"),
     }
     let posted = Instant::now();
-    qp.post_send(SendWr::new(99, SendOpcode::Send, vec![c.mr.sge(0, 8)]))
-        .unwrap();
-    let tx = wait_wcs(&c.cq, 1, Duration::from_secs(10), "the last SEND");
-    println!("the last SEND completed after {:?}", posted.elapsed());
-    assert_sent(&tx[0], 99, WcOpcode::Send, 8, qp);
+    ping(TURNS + 1);
+    let tx = wait_wcs(&c.cq, 1, Duration::from_secs(10), "the last WRITE");
+    println!("the last WRITE completed after {:?}", posted.elapsed());
+    assert_sent(&tx[0], u64::from(TURNS + 1), WcOpcode::RdmaWrite, 4, qp);
     let status = peer.child.wait().unwrap();
     assert!(status.success(), "the peer exited with {status}");
 }

@@ -2701,6 +2701,28 @@ mod cm_tests {
         (net, ca, cb)
     }
 
+    /// A MAD the program's CM sends while an ACK is held goes after the
+    /// ACK: perftest -R's client connects a second time as soon as the
+    /// server's last message over the first connection arrives, and the
+    /// server listens only once that message's send has completed, so a
+    /// REQ ahead of the ACK was rejected (no listener yet).
+    #[test]
+    fn a_cm_mad_follows_the_ack_held() {
+        let mut net = Net::new(2, 16, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        hold_an_ack(&mut net, a, b);
+        let seen = net.seen().len();
+        connect(&mut net, b.e, a.e, b"");
+        net.pump();
+        let sent = sent_from(&net, b.e, seen);
+        assert_eq!(
+            sent[..2],
+            [Opcode::RcAcknowledge, Opcode::UdSendOnly],
+            "{sent:?}"
+        );
+        assert_eq!(wait_wcs(&mut net, a, 1)[0].wr_id, 99);
+    }
+
     /// Both sides call rdma_disconnect before either DREQ arrives (perftest
     /// -R's server and client do): as the kernel's cm_dreq_handler, each
     /// DREQ stops the other's retransmission and raises Disconnected once;
@@ -5164,19 +5186,7 @@ fn a_ping_pong_acks_after_its_own_request() {
 fn a_held_ack_goes_when_its_qp_is_destroyed() {
     let mut net = Net::new(2, 13, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    write_ping_pong(&mut net, a, b, 6, true);
-    fill(&mut net, a, 0, &[0xEE]);
-    let wr = rdma_wr(a, 99, SendOpcode::RdmaWrite, 0, 1, b, 4096);
-    net.engines[a.e].post_send(a.qpn, wr).unwrap();
-    net.run_until(100_000, |net| read(net, b, 4096, 1) == [0xEE]);
-    // b's transmit pass after the WRITE: the ACK stays.
-    net.pump();
-    let held = |net: &Net| {
-        (net.engines[b.e].qp_snapshots().into_iter())
-            .find(|q| q.qpn == b.qpn)
-            .map(|q| q.counters.acks_held)
-    };
-    assert_eq!(held(&net), Some(4), "the last WRITE's ACK is held");
+    hold_an_ack(&mut net, a, b);
     net.engines[b.e].destroy_qp(b.qpn).unwrap();
     let from = net.now;
     let wc = wait_wcs(&mut net, a, 1);
@@ -5187,6 +5197,64 @@ fn a_held_ack_goes_when_its_qp_is_destroyed() {
         net.now - from
     );
     assert!(net.now - from < 20_000, "{} ns", net.now - from);
+}
+
+/// `a` writes once more after a ping-pong with `b`: `b` receives the
+/// WRITE and holds its ACK (one transmit pass after it, no answer yet).
+fn hold_an_ack(net: &mut Net, a: Side, b: Side) {
+    write_ping_pong(net, a, b, 6, true);
+    fill(net, a, 0, &[0xEE]);
+    let wr = rdma_wr(a, 99, SendOpcode::RdmaWrite, 0, 1, b, 4096);
+    net.engines[a.e].post_send(a.qpn, wr).unwrap();
+    net.run_until(100_000, |net| read(net, b, 4096, 1) == [0xEE]);
+    net.pump();
+    let held = (net.engines[b.e].qp_snapshots().into_iter())
+        .find(|q| q.qpn == b.qpn)
+        .map(|q| q.counters.acks_held);
+    assert_eq!(held, Some(4), "the last WRITE's ACK is held");
+}
+
+/// The opcodes engine `e` sent from `seen` on.
+fn sent_from(net: &Net, e: usize, seen: usize) -> Vec<Opcode> {
+    (net.seen()[seen..].iter())
+        .filter(|s| s.sent && s.from == e)
+        .filter_map(|s| s.opcode)
+        .collect()
+}
+
+/// A program that sends on another QP before its answer (perhaps because
+/// the held message arrived) does not overtake the ACK held: it goes
+/// first, and the hold counts as one that ran out.
+#[test]
+fn a_request_of_another_qp_follows_the_ack_held() {
+    for hold in [true, false] {
+        let mut net = Net::new(2, 15, Faults::default());
+        net.reconfigure(|_, c| c.hold_acks = hold);
+        let pairs = rc_pairs(&mut net, 2);
+        let [(a, b), (a2, b2)] = pairs[..] else {
+            unreachable!()
+        };
+        if hold {
+            hold_an_ack(&mut net, a, b);
+        } else {
+            write_ping_pong(&mut net, a, b, 7, false);
+        }
+        let seen = net.seen().len();
+        let wr = rdma_wr(b2, 7, SendOpcode::RdmaWrite, 0, 8, a2, 0);
+        net.engines[b.e].post_send(b2.qpn, wr).unwrap();
+        net.pump();
+        let sent = sent_from(&net, b.e, seen);
+        let want = if hold {
+            vec![Opcode::RcAcknowledge, Opcode::RcWriteOnly]
+        } else {
+            vec![Opcode::RcWriteOnly]
+        };
+        assert_eq!(sent, want, "holds {hold}");
+        if hold {
+            assert_eq!(wait_wcs(&mut net, a, 1)[0].wr_id, 99);
+        }
+        assert_eq!(wait_wcs(&mut net, b2, 1)[0].wr_id, 7);
+    }
 }
 
 /// One thread driving both ends as many tests do (send, wait for the send
@@ -5240,51 +5308,70 @@ fn holds_that_run_out_become_rare() {
     );
 }
 
-/// When the answer completes a receive at the peer (a SEND), the ACK held
-/// goes first: the peer's send completion comes before the receive
-/// completion of the answer, as without a hold (a program that polls one
-/// completion after its post and takes it for the send's relies on it).
+/// When the answer to a WRITE completes a receive at the peer (a SEND),
+/// the ACK held goes first: the peer's send completion comes before the
+/// receive completion of the answer, as without a hold (a program that
+/// polls one completion after its post and takes it for the send's
+/// relies on it). And a SEND received is never held for: its program
+/// polls the CQ for it.
 #[test]
 fn a_send_answer_follows_the_ack_it_held() {
-    let mut net = Net::new(2, 15, Faults::default());
-    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
-    net.trace = Some(Vec::new());
-    let recv = |net: &mut Net, s: Side, id: u64| {
-        let wr = RecvWr {
-            wr_id: id,
-            sg_list: vec![sge(s, 2048, 64)],
+    for request in [SendOpcode::RdmaWrite, SendOpcode::Send] {
+        let mut net = Net::new(2, 15, Faults::default());
+        let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+        net.trace = Some(Vec::new());
+        let recv = |net: &mut Net, s: Side, id: u64| {
+            let wr = RecvWr {
+                wr_id: id,
+                sg_list: vec![sge(s, 2048, 64)],
+            };
+            net.engines[s.e].post_recv(s.qpn, wr).unwrap();
         };
-        net.engines[s.e].post_recv(s.qpn, wr).unwrap();
-    };
-    let send = |net: &mut Net, s: Side, id: u64| {
-        let wr = SendWr::new(id, SendOpcode::Send, vec![sge(s, 0, 8)]);
-        net.engines[s.e].post_send(s.qpn, wr).unwrap();
-    };
-    for turn in 0..10u64 {
-        recv(&mut net, a, turn);
-        recv(&mut net, b, turn);
-        send(&mut net, a, turn);
-        assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Recv);
-        // b's transmit pass after the message (where a hold begins), then
-        // b answers.
-        let seen_before = net.seen().len();
-        net.pump();
-        send(&mut net, b, turn);
-        let at_a: Vec<WcOpcode> = wait_wcs(&mut net, a, 2).iter().map(|w| w.opcode).collect();
-        assert_eq!(at_a, [WcOpcode::Send, WcOpcode::Recv], "turn {turn}");
-        assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Send);
-        let from_b: Vec<Opcode> = (net.seen()[seen_before..].iter())
-            .filter(|s| s.sent && s.from == b.e)
-            .filter_map(|s| s.opcode)
-            .collect();
-        assert_eq!(
-            from_b.first(),
-            Some(&Opcode::RcAcknowledge),
-            "turn {turn}: {from_b:?}"
-        );
+        let send = |net: &mut Net, s: Side, op: SendOpcode, id: u64| {
+            let wr = if op == SendOpcode::Send {
+                SendWr::new(id, op, vec![sge(s, 0, 8)])
+            } else {
+                let to = if s.e == a.e { b } else { a };
+                rdma_wr(s, id, op, 0, 8, to, 4096)
+            };
+            net.engines[s.e].post_send(s.qpn, wr).unwrap();
+        };
+        for turn in 0..10u64 {
+            recv(&mut net, a, turn);
+            recv(&mut net, b, turn);
+            fill(&mut net, a, 0, &[turn as u8 + 1; 8]);
+            send(&mut net, a, request, turn);
+            if request == SendOpcode::Send {
+                assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Recv);
+            } else {
+                net.run_until(100_000, |net| read(net, b, 4096, 1) == [turn as u8 + 1]);
+            }
+            // b's transmit pass after the message (where a hold begins),
+            // then b answers.
+            let seen_before = net.seen().len();
+            net.pump();
+            send(&mut net, b, SendOpcode::Send, turn);
+            let at_a: Vec<WcOpcode> = wait_wcs(&mut net, a, 2).iter().map(|w| w.opcode).collect();
+            let first = if request == SendOpcode::Send {
+                WcOpcode::Send
+            } else {
+                WcOpcode::RdmaWrite
+            };
+            assert_eq!(at_a, [first, WcOpcode::Recv], "turn {turn}");
+            assert_eq!(wait_wcs(&mut net, b, 1)[0].opcode, WcOpcode::Send);
+            assert_eq!(
+                sent_from(&net, b.e, seen_before).first(),
+                Some(&Opcode::RcAcknowledge),
+                "turn {turn}"
+            );
+        }
+        let held = (net.engines[b.e].qp_snapshots().into_iter())
+            .find(|q| q.qpn == b.qpn)
+            .map(|q| q.counters.acks_held);
+        if request == SendOpcode::Send {
+            assert_eq!(held, Some(0), "a SEND's ACK was held");
+        } else {
+            assert!(held > Some(0), "b held {held:?} ACKs");
+        }
     }
-    let held = (net.engines[b.e].qp_snapshots().into_iter())
-        .find(|q| q.qpn == b.qpn)
-        .map(|q| q.counters.acks_held);
-    assert!(held > Some(0), "b held {held:?} ACKs");
 }

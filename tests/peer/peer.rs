@@ -410,46 +410,61 @@ impl Peer {
                 off,
                 wait,
             } => self.stream(rq, n, size, slots, off, wait, out),
-            Cmd::PingPong { turns, exit } => self.ping_pong(turns, exit, out),
+            Cmd::PingPong {
+                first,
+                turns,
+                exit,
+                addr,
+                rkey,
+            } => self.ping_pong(first..first + turns, exit, (addr, rkey), out),
             Cmd::Stats => Ok(Reply::Stats(format!("{:?}", self.ctx.stats().unwrap()))),
             Cmd::Quit => Ok(Reply::Ok),
         }
     }
 
-    fn ping_pong(&mut self, turns: u32, exit: bool, out: &mut impl Write) -> DynResult<Reply> {
+    fn ping_pong(
+        &mut self,
+        turns: std::ops::Range<u32>,
+        exit: bool,
+        (addr, rkey): (u64, u32),
+        out: &mut impl Write,
+    ) -> DynResult<Reply> {
         let qp = &self.rc[0];
         let off = proto::PINGPONG_OFF as usize;
-        let recv = || {
-            qp.post_recv(RecvWr {
-                wr_id: u64::MAX,
-                sg_list: vec![self.mr.sge(off, 64)],
-            })
-        };
-        let wait_recv = || -> DynResult<()> {
+        // Poll memory, as ib_write_lat does: no verb runs meanwhile.
+        let wait_turn = |turn: u32| -> DynResult<()> {
             let deadline = Instant::now() + WAIT;
-            let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
-            while self.recv_cq.poll(&mut wc)? == 0 {
-                if Instant::now() > deadline {
-                    return Err("no SEND from the client".into());
+            let mut word = [0u8; 4];
+            loop {
+                self.mr.read(off, &mut word)?;
+                if u32::from_le_bytes(word) == turn {
+                    return Ok(());
                 }
-            }
-            match wc[0].status {
-                WcStatus::Success => Ok(()),
-                s => Err(format!("receive completed with {s:?}").into()),
+                if Instant::now() > deadline {
+                    return Err(format!("no WRITE of turn {turn} from the client").into());
+                }
+                // Others share the CPUs under a parallel test run.
+                std::thread::yield_now();
             }
         };
-        recv()?;
         send_line(out, &Reply::Ready)?;
-        for i in 0..turns {
-            wait_recv()?;
-            recv()?;
-            let mut answer = SendWr::new(u64::from(i), SendOpcode::Send, vec![self.mr.sge(off, 8)]);
+        let last = turns.end;
+        for turn in turns {
+            wait_turn(turn)?;
+            self.mr.write(off + 64, &turn.to_le_bytes())?;
+            let mut answer = SendWr::new(
+                u64::from(turn),
+                SendOpcode::RdmaWrite,
+                vec![self.mr.sge(off + 64, 4)],
+            );
+            answer.remote_addr = addr;
+            answer.rkey = rkey;
             answer.flags = SendFlags::default();
             qp.post_send(answer)?;
         }
         if exit {
-            wait_recv()?;
-            // The ACK of that SEND may be held for an answer that never
+            wait_turn(last)?;
+            // The ACK of that WRITE may be held for an answer that never
             // comes: the device sends it as the process exits.
             std::process::exit(0);
         }

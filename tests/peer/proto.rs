@@ -16,7 +16,8 @@ pub const QKEY: u32 = 0x1111_1111;
 pub const PEER_MR_LEN: usize = 80 << 20;
 /// The peer's RC QPs: 0 has its own receive queue, 1 and 2 share the SRQ.
 pub const PEER_RC_QPS: usize = 3;
-/// Where in the peer's MR [`Cmd::PingPong`] receives and answers.
+/// Where in the peer's MR [`Cmd::PingPong`] is written to (its answer
+/// goes from 64 bytes further).
 pub const PINGPONG_OFF: u64 = 64 << 20;
 /// The initial PSN of the peer's QPs (the client's are its own choice).
 pub const PEER_PSN: u32 = 0x00a0_0000;
@@ -107,13 +108,21 @@ pub enum Cmd {
         off: u64,
         wait: Wait,
     },
-    /// A SEND ping-pong on RC QP 0: post a receive of 64 bytes at
-    /// [`PINGPONG_OFF`], answer `Ready`, then `turns` times wait for the
-    /// client's SEND (polling) and answer it with one of 8 bytes; then,
-    /// with `exit`, wait for one more and exit 0 at once, without
-    /// answering, closing or destroying anything. Answers `Word` with
-    /// the ACKs QP 0 held for its answers (`roxe stat`'s `acks_held`).
-    PingPong { turns: u32, exit: bool },
+    /// A WRITE ping-pong on RC QP 0, as perftest's `ib_write_lat` plays
+    /// it: answer `Ready`, then for each turn `t` in `first..first +
+    /// turns` spin until the 4-byte word at [`PINGPONG_OFF`] holds `t`
+    /// (little-endian; the client's WRITE), and answer with a WRITE of
+    /// `t` to the client's `addr` (`rkey`); then, with `exit`, wait for
+    /// `first + turns` and exit 0 at once, without answering, closing or
+    /// destroying anything. Answers `Word` with the ACKs QP 0 held for
+    /// its answers (`roxe stat`'s `acks_held`).
+    PingPong {
+        first: u32,
+        turns: u32,
+        exit: bool,
+        addr: u64,
+        rkey: u32,
+    },
     /// The device's counters.
     Stats,
     /// Answer `Ok` and exit 0.

@@ -112,7 +112,7 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "ROXE_ACK_HOLD",
         "roxe-ack-hold",
         "on|off",
-        "A QP playing ping-pong sends each ACK after its own answer, at most a few turnarounds later (default off)",
+        "A QP playing a WRITE ping-pong sends each ACK after its own answer, at most a few turnarounds later (default on)",
     ),
     (
         "ROXE_RX_COALESCE_US",

@@ -834,6 +834,11 @@ impl Cm {
         );
     }
 
+    /// Whether a MAD waits to be sent.
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
     /// The next MAD to send and its destination device.
     pub fn poll_transmit(&mut self) -> Option<(IpAddr, CmMad)> {
         self.tx.pop_front()

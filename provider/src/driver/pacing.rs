@@ -79,10 +79,9 @@ pub struct PacingConfig {
     /// off): a bulk stream wakes it once per interval instead of once per
     /// datagram. Latency-bound traffic never triggers it.
     pub rx_coalesce: Duration,
-    /// A QP playing ping-pong holds the ACK of each message it receives
-    /// until its own answer leaves, at most a few turnarounds
-    /// (`ROXE_ACK_HOLD`, default off until perftest's `ib_write_lat -R`
-    /// works with it; `EngineConfig::hold_acks`): a peer
+    /// A QP playing a WRITE ping-pong holds the ACK of each WRITE it
+    /// receives until its own answer leaves, at most a few turnarounds
+    /// (`ROXE_ACK_HOLD`, default on; `EngineConfig::hold_acks`): a peer
     /// that polls memory for the answer (`ib_write_lat`) then receives it
     /// in the `poll_cq` that waits for the ACK, not through a wake-up of
     /// its progress thread.
@@ -103,7 +102,7 @@ impl Default for PacingConfig {
             caller_hold: true,
             ack_clocked: true,
             payload_by_ref: true,
-            ack_hold: false,
+            ack_hold: true,
             rx_coalesce: Duration::from_micros(20),
             handover_window: Duration::from_micros(20),
         }

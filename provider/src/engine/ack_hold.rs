@@ -15,27 +15,36 @@
 //! (the ACK goes right after it, in the same batch), or at most
 //! [`AckHold::hold_time`]. The peer then receives the request first,
 //! inside the `poll_cq` that waits for the ACK, and finds the bytes in
-//! memory when it looks. When the answer completes a receive at the peer
-//! (a SEND or WRITE_WITH_IMM), the ACK goes just before it instead: the
-//! peer's send completion then still precedes the receive completion of
-//! the answer, an order programs rely on
-//! (`Qp::next_message_completes_a_receive`); a WRITE leaves no completion
-//! at the peer to show the order. A program whose answer waits for that
-//! very ACK
-//! (one thread driving both ends: send, poll the send CQ, only then
-//! answer) answers quickly too, but every hold it meets runs out; each
-//! that does doubles the streak needed before the next hold.
+//! memory when it looks.
+//!
+//! Only the ACK of a message that leaves no completion here (a WRITE) is
+//! held: a program that receives SENDs polls its CQ, so it receives in
+//! its own thread, and its peer may wait for the ACK of its SEND before
+//! the next step (perftest's server completes its last SEND before it
+//! listens for the next connection). Nothing else the program sends
+//! overtakes a held ACK either: another QP's request or a CM MAD goes
+//! after it (`Engine::release_overtaken_acks`), since the program may
+//! have sent it because the held message arrived. When the answer
+//! completes a receive at the peer (a SEND or WRITE_WITH_IMM), the ACK
+//! goes just before it instead: the peer's send completion then still
+//! precedes the receive completion of the answer, an order programs rely
+//! on (`Qp::next_message_completes_a_receive`); a WRITE leaves no
+//! completion at the peer to show the order. A program whose answer
+//! waits for that very ACK (one thread driving both ends: send, poll the
+//! send CQ, only then answer) answers quickly too, but every hold it
+//! meets runs out; each that does, or that is overtaken, doubles the
+//! streak needed before the next hold.
 //!
 //! A delayed ACK is standard (a responder may coalesce and delay its ACKs,
 //! well within any requester's timeout), but only a roxe peer on this host
 //! gains from it: rxe and NICs receive whatever their program does, so
 //! towards them (and towards other hosts, which may be either) nothing is
-//! held. Only a plain ACK of a SEND or WRITE waits; NAKs, duplicates'
-//! re-ACKs, READ responses and atomic ACKs never do, and neither does
-//! anything while this QP has more than one message of its own
-//! unacknowledged (streams in both directions are not a ping-pong). An
-//! ACK held when the QP is destroyed or the process exits still goes
-//! (`Engine::destroy_qp`, `driver/exit.rs`).
+//! held. Only a plain ACK waits; NAKs, duplicates' re-ACKs, READ
+//! responses and atomic ACKs never do, and neither does anything while
+//! this QP has more than one message of its own unacknowledged (streams
+//! in both directions are not a ping-pong). An ACK held when the QP is
+//! destroyed or the process exits still goes (`Engine::destroy_qp`,
+//! `driver/exit.rs`).
 
 use super::Nanos;
 
@@ -81,14 +90,21 @@ pub(crate) struct AckHold {
 }
 
 impl AckHold {
-    /// A message that asked for an ACK was received and executed at `now`.
-    pub fn message_received(&mut self, now: Nanos) {
+    /// A message that asked for an ACK was received and executed at `now`;
+    /// `completes_receive`: it left a receive completion (a SEND or
+    /// WRITE_WITH_IMM). The program polls its CQ for such a message, so
+    /// its own thread receives the next packet and nothing is gained by
+    /// holding; the peer, meanwhile, may wait for that ACK before its
+    /// next step (perftest's server completes its last SEND before it
+    /// listens for the next connection). Only the ACK of a message that
+    /// leaves no trace but memory (a WRITE) is held.
+    pub fn message_received(&mut self, now: Nanos, completes_receive: bool) {
         if self.received_at.is_some() {
             // Two messages without an answer between: not a ping-pong.
             self.streak = 0;
         }
         self.received_at = Some(now);
-        self.unheld = true;
+        self.unheld = !completes_receive;
     }
 
     /// This QP's requester sent the first packet of a new message at `now`.
@@ -169,7 +185,7 @@ mod tests {
         let mut t = 0;
         for _ in 0..HOLD_STREAK {
             assert!(!h.ping_pong());
-            h.message_received(t);
+            h.message_received(t, false);
             t += 5_000;
             h.message_sent(t);
             t += 30_000;
@@ -177,13 +193,13 @@ mod tests {
         assert!(h.ping_pong());
         assert_eq!(h.hold_time(), MIN_HOLD, "4 x 5 us is the floor");
         // Two messages in without an answer: a stream coming in.
-        h.message_received(t);
-        h.message_received(t + 1);
+        h.message_received(t, false);
+        h.message_received(t + 1, false);
         assert!(!h.ping_pong());
         // A slow answer is not a turn.
         let mut slow = AckHold::default();
         for _ in 0..HOLD_STREAK {
-            slow.message_received(t);
+            slow.message_received(t, false);
             t += MAX_TURNAROUND + 1;
             slow.message_sent(t);
         }
@@ -191,7 +207,7 @@ mod tests {
         // Sending without having received: a stream going out.
         let mut out = AckHold::default();
         for _ in 0..HOLD_STREAK {
-            out.message_received(t);
+            out.message_received(t, false);
             out.message_sent(t + 1);
         }
         assert!(out.ping_pong());
@@ -204,7 +220,7 @@ mod tests {
         let mut h = AckHold::default();
         let mut t = 0;
         let turn = |h: &mut AckHold, t: &mut Nanos| {
-            h.message_received(*t);
+            h.message_received(*t, false);
             *t += 5_000;
             h.message_sent(*t);
             *t += 30_000;
@@ -232,16 +248,31 @@ mod tests {
     }
 
     #[test]
+    fn a_message_that_completes_a_receive_is_never_held() {
+        let mut h = AckHold::default();
+        for i in 0..10 {
+            h.message_received(i * 50_000, true);
+            h.message_sent(i * 50_000 + 5_000);
+        }
+        assert!(h.ping_pong(), "a ping-pong of SENDs is still one");
+        h.message_received(500_000, true);
+        assert!(!h.may_begin());
+        h.message_sent(505_000);
+        h.message_received(550_000, false);
+        assert!(h.may_begin(), "a WRITE's ACK may be held");
+    }
+
+    #[test]
     fn the_hold_follows_the_turnaround_within_its_bounds() {
         let mut h = AckHold::default();
         for i in 0..10 {
-            h.message_received(i * 200_000);
+            h.message_received(i * 200_000, false);
             h.message_sent(i * 200_000 + 25_000);
         }
         assert_eq!(h.hold_time(), 100_000);
         let mut slow = AckHold::default();
         for i in 0..10 {
-            slow.message_received(i * 200_000);
+            slow.message_received(i * 200_000, false);
             slow.message_sent(i * 200_000 + 90_000);
         }
         assert_eq!(slow.hold_time(), MAX_HOLD);

@@ -89,8 +89,8 @@ pub struct EngineConfig {
     /// nothing (it lacks the packet after the one resent: an older roxe).
     /// Off: both sides speak plain go-back-N.
     pub keep_early: bool,
-    /// A QP playing ping-pong holds the ACK of each message it receives
-    /// until its own next request leaves, or a few turnarounds
+    /// A QP playing a WRITE ping-pong holds the ACK of each WRITE it
+    /// receives until its own next request leaves, or a few turnarounds
     /// (`ack_hold.rs`): a peer polling memory then receives that request
     /// in the `poll_cq` that waits for the ACK. Off: ACKs go at once.
     pub hold_acks: bool,

@@ -215,6 +215,12 @@ pub struct Engine {
     /// Destroyed QPs that still owe their peer the ACK they held for an
     /// answer (`ack_hold.rs`): the next pass sends it, then they go.
     parting: Vec<Qp>,
+    /// QPs that began a hold (`ack_hold.rs`) and may still hold; ones
+    /// whose hold ended otherwise are dropped when next looked at.
+    ack_holders: Vec<u32>,
+    /// QPs whose held ACK was overtaken (`release_overtaken_acks`): the
+    /// next pass sends it before anything else.
+    overtaken: Vec<u32>,
     /// Asynchronous events not yet taken by the driver.
     events: Vec<QpEvent>,
     /// The Communication Manager behind QP1 (rdma_cm's protocol).
@@ -311,6 +317,8 @@ impl Engine {
             held: BTreeSet::new(),
             window_waiters: BTreeSet::new(),
             parting: Vec::new(),
+            ack_holders: Vec::new(),
+            overtaken: Vec::new(),
             events: Vec::new(),
             cm: crate::cm::Cm::new(crate::cm::CmConfig {
                 ca_guid: u64::from_be_bytes([
@@ -481,6 +489,40 @@ impl Engine {
                 return Some(t);
             }
             self.parting.pop();
+        }
+        None
+    }
+
+    /// The program sent something other than `except`'s answer (another
+    /// QP's request, a CM MAD): every ACK held for an answer goes first,
+    /// since the program may have sent it because the held message
+    /// arrived, and its peer may wait for that ACK before it can take
+    /// the new packet (perftest's server completes its last SEND over
+    /// the first connection before it listens for the second one). A hold
+    /// overtaken counts as one that ran out.
+    pub(super) fn release_overtaken_acks(&mut self, except: Option<u32>) {
+        if self.ack_holders.is_empty() {
+            return;
+        }
+        for qpn in std::mem::take(&mut self.ack_holders) {
+            if Some(qpn) == except {
+                self.ack_holders.push(qpn);
+            } else if self.drive_qp(qpn, Qp::release_overtaken_ack) == Some(true) {
+                self.overtaken.push(qpn);
+            }
+        }
+    }
+
+    /// The next ACK of an overtaken hold (`release_overtaken_acks`).
+    fn overtaken_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(&qpn) = self.overtaken.last() {
+            if let Some(t) = self
+                .drive_qp(qpn, |q, cx| q.reply_transmit(cx, buf))
+                .flatten()
+            {
+                return Some(t);
+            }
+            self.overtaken.pop();
         }
         None
     }

@@ -513,6 +513,7 @@ impl Engine {
 
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> VerbsResult<()> {
+        self.release_overtaken_acks(Some(qpn));
         self.verb_on_qp("ibv_post_send", qpn, |q, cx| q.post_send(cx, wr))
     }
 

@@ -727,6 +727,18 @@ impl Qp {
         held && self.resp.only_an_ack()
     }
 
+    /// The program sent something else before this QP's answer
+    /// (`Engine::release_overtaken_acks`): the ACK goes now, and the hold
+    /// counts as one that ran out. True if one was held.
+    pub fn release_overtaken_ack(&mut self, _cx: &mut QpCtx) -> bool {
+        let held = self.ack_hold.until().is_some();
+        if held {
+            self.ack_hold.ran_out();
+            self.timers.stop(Timer::AckHold);
+        }
+        held && self.resp.only_an_ack()
+    }
+
     /// Whether the next message to start completes a receive at the peer
     /// (a SEND or WRITE_WITH_IMM). Its ACK then goes first, as it would
     /// have without a hold: the peer's send completion comes before the

@@ -165,6 +165,12 @@ impl Engine {
             // Nothing to wait for (any more): what was held goes now.
             self.scheduled.append(&mut self.held);
         }
+        if self.cm.has_transmit() {
+            self.release_overtaken_acks(None);
+        }
+        if let Some(t) = self.overtaken_transmit(buf) {
+            return Some(self.seal_packet(t, buf));
+        }
         if let Some(t) = self.gsi_transmit(buf) {
             return Some(self.seal_packet(t, buf));
         }
@@ -182,15 +188,20 @@ impl Engine {
                 .or_else(|| self.scheduled.first())?;
             next = qpn.wrapping_add(1);
             let mut held = false;
-            if let Some(t) = self
+            let mut holds_ack = false;
+            let t = self
                 .drive_qp(qpn, |q, cx| {
                     cx.payload_by_ref = by_ref;
                     let t = q.poll_transmit(cx, now, buf, hold_new);
                     held = cx.held_new;
+                    holds_ack = q.ack_hold.until().is_some();
                     t
                 })
-                .flatten()
-            {
+                .flatten();
+            if holds_ack && !self.ack_holders.contains(&qpn) {
+                self.ack_holders.push(qpn);
+            }
+            if let Some(t) = t {
                 self.tx_cursor = next;
                 return Some(self.seal_packet(t, buf));
             }

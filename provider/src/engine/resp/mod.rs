@@ -413,7 +413,8 @@ impl Qp {
         if pkt.bth().ack_req() && is_send_or_write(op) && self.resp.epsn != p {
             self.resp.ack(p);
             if op.ends_message() {
-                self.ack_hold.message_received(cx.now);
+                let completes_receive = op.operation() == Operation::Send || op.has_immediate();
+                self.ack_hold.message_received(cx.now, completes_receive);
             }
         }
         true
