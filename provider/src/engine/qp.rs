@@ -730,7 +730,7 @@ impl Qp {
     /// The program sent something else before this QP's answer
     /// (`Engine::release_overtaken_acks`): the ACK goes now, and the hold
     /// counts as one that ran out. True if one was held.
-    pub fn release_overtaken_ack(&mut self, _cx: &mut QpCtx) -> bool {
+    pub fn release_overtaken_ack(&mut self) -> bool {
         let held = self.ack_hold.until().is_some();
         if held {
             self.ack_hold.ran_out();
