@@ -188,7 +188,11 @@ fn one_whole_message_does_not_coalesce() {
     for _ in 0..5 {
         write_burst(&a, &b, 1);
     }
-    assert_eq!(coalesced(&b), 0);
+    // A loaded machine may split one message over two bursts once (the
+    // fresh-clone CI saw it once in many runs): that burst rightly
+    // coalesces. Taking whole messages for a stream coalesces after each.
+    let n = coalesced(&b);
+    assert!(n <= 1, "{n} of 5 whole messages coalesced");
 }
 
 #[test]

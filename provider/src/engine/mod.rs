@@ -507,7 +507,7 @@ impl Engine {
         for qpn in std::mem::take(&mut self.ack_holders) {
             if Some(qpn) == except {
                 self.ack_holders.push(qpn);
-            } else if self.drive_qp(qpn, |q, _| q.release_overtaken_ack()) == Some(true) {
+            } else if self.drive_and_schedule(qpn, |q, _| q.release_overtaken_ack()) == Some(true) {
                 self.overtaken.push(qpn);
             }
         }
