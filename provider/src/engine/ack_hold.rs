@@ -170,6 +170,12 @@ impl AckHold {
     /// starts again only after a longer streak.
     pub fn ran_out(&mut self) {
         self.until = None;
+        self.missed();
+    }
+
+    /// A hold went unanswered (ran out, or was overtaken): holding starts
+    /// again only after a longer streak.
+    pub fn missed(&mut self) {
         self.streak = 0;
         self.misses = (self.misses + 1).min(MAX_MISSES);
     }

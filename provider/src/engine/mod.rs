@@ -215,7 +215,8 @@ pub struct Engine {
     /// Destroyed QPs that still owe their peer the ACK they held for an
     /// answer (`ack_hold.rs`): the next pass sends it, then they go.
     parting: Vec<Qp>,
-    /// QPs that began a hold (`ack_hold.rs`) and may still hold; ones
+    /// QPs that began a hold (`ack_hold.rs`: a hold begins only in a
+    /// transmit pass, which lists its QP here) and may still hold; ones
     /// whose hold ended otherwise are dropped when next looked at.
     ack_holders: Vec<u32>,
     /// QPs whose held ACK was overtaken (`release_overtaken_acks`): the
@@ -530,11 +531,7 @@ impl Engine {
     /// Every ACK held for an answer goes with the next pass (the process
     /// is exiting: nothing will answer).
     pub fn release_held_acks(&mut self) {
-        let holding: Vec<u32> = (self.qps.values())
-            .filter(|q| q.ack_hold.until().is_some())
-            .map(|q| q.qpn)
-            .collect();
-        for qpn in holding {
+        for qpn in std::mem::take(&mut self.ack_holders) {
             self.drive_and_schedule(qpn, |q, _| q.release_held_ack());
         }
     }

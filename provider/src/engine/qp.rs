@@ -731,12 +731,10 @@ impl Qp {
     /// (`Engine::release_overtaken_acks`): the ACK goes now, and the hold
     /// counts as one that ran out. True if one was held.
     pub fn release_overtaken_ack(&mut self) -> bool {
-        let held = self.ack_hold.until().is_some();
-        if held {
-            self.ack_hold.ran_out();
-            self.timers.stop(Timer::AckHold);
+        if self.ack_hold.until().is_some() {
+            self.ack_hold.missed();
         }
-        held && self.resp.only_an_ack()
+        self.release_held_ack()
     }
 
     /// Whether the next message to start completes a receive at the peer
