@@ -50,6 +50,8 @@ struct Seen {
     ieth: Option<u32>,
     /// A PSN-sequence NAK.
     sequence_nak: bool,
+    /// The BTH's PSN.
+    psn: Option<u32>,
 }
 
 impl Seen {
@@ -69,6 +71,7 @@ impl Seen {
                         roxe_provider::wire::NakCode::PsnSequenceError,
                     )
             }),
+            psn: p.as_ref().map(|p| p.bth().psn().value()),
         }
     }
 }
@@ -4885,6 +4888,128 @@ fn a_lost_resend_between_roxe_peers_is_probed_alone() {
     assert_eq!((st.tx_retransmits, st.timeouts), (4, 0));
     assert!(st.probes >= 1);
     assert!(net.now - start < 100_000_000, "{} ns", net.now - start);
+}
+
+/// Between roxe peers a WRITE packet that arrives beyond a gap is written
+/// to memory on arrival, only its headers kept (its place follows from its
+/// PSN): while a lost packet is missing, the bytes of the WRITE after it
+/// are in place already, and so are those of a second WRITE after its
+/// kept FIRST. When that FIRST is lost too, the second WRITE's packets
+/// have no known place and are kept whole: nothing lands in the first
+/// WRITE's range or elsewhere. Once the gap is filled both WRITEs complete
+/// byte-exact.
+#[test]
+fn write_packets_beyond_a_gap_are_written_on_arrival() {
+    const KIB: usize = 1024;
+    for lose_second_first in [false, true] {
+        let (mut net, a, b) = pair_with_a_measured_round_trip(51);
+        let data = pattern(51, 64 * KIB);
+        fill(&mut net, a, 0, &data);
+        let before = read(&net, b, 4096, 200 * KIB);
+        // The 10th middle of the first WRITE (and every resend of it) is
+        // lost until the check below; with `lose_second_first`, the
+        // second WRITE's FIRST (sent once: it is never resent before the
+        // gap is repaired) too.
+        let lost_psn = std::rc::Rc::new(std::cell::Cell::new(None));
+        let lost = lost_psn.clone();
+        let (mut middles, mut firsts) = (0, 0);
+        net.drop_if = Some(Box::new(move |s: &Seen| {
+            if s.from != 0 {
+                return false;
+            }
+            match s.opcode {
+                Some(Opcode::RcWriteMiddle) if lost.get().is_none() => {
+                    middles += 1;
+                    if middles == 10 {
+                        lost.set(s.psn);
+                    }
+                    middles == 10
+                }
+                Some(Opcode::RcWriteFirst) => {
+                    firsts += 1;
+                    lose_second_first && firsts == 2
+                }
+                _ => s.psn.is_some() && s.psn == lost.get(),
+            }
+        }));
+        // 32 packets each (1 KiB MTU): FIRST, 30 MIDDLEs, LAST.
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 32 * KIB as u32, b, 4096),
+        );
+        let second_at = 4096 + 160 * KIB as u64;
+        post(
+            &mut net,
+            a,
+            rdma_wr(
+                a,
+                3,
+                SendOpcode::RdmaWrite,
+                32 * KIB as u64,
+                32 * KIB as u32,
+                b,
+                second_at,
+            ),
+        );
+        // The first WRITE's 21 packets after the lost one; with its FIRST
+        // kept, the second WRITE's 31 after that FIRST.
+        let placed = if lose_second_first { 21 } else { 21 + 31 };
+        net.run_until(100_000, |net| {
+            net.engines[b.e].stats().rx_placed_early >= placed
+        });
+        // Let everything sent so far arrive: nothing more is placed.
+        let settle_until = net.now + 1_000_000;
+        net.run_until(100_000, |net| net.now >= settle_until);
+        let what = format!("second WRITE's FIRST lost: {lose_second_first}");
+        assert_eq!(net.engines[b.e].stats().rx_placed_early, placed, "{what}");
+        let now = read(&net, b, 4096, 200 * KIB);
+        // (Compared with `==`: a failure would print 200 KiB.)
+        let same = |a: &[u8], b: &[u8]| a == b;
+        assert!(
+            same(&now[..10 * KIB], &data[..10 * KIB]),
+            "{what}: the first WRITE's packets before the gap are executed"
+        );
+        assert!(
+            same(&now[10 * KIB..11 * KIB], &before[10 * KIB..11 * KIB]),
+            "{what}: the lost packet's bytes are not there yet"
+        );
+        assert!(
+            same(&now[11 * KIB..32 * KIB], &data[11 * KIB..32 * KIB]),
+            "{what}: the rest of the first WRITE is in place"
+        );
+        let second = (second_at as usize) - 4096;
+        if lose_second_first {
+            assert!(
+                same(&now[32 * KIB..], &before[32 * KIB..]),
+                "{what}: nothing else is written"
+            );
+        } else {
+            assert!(
+                same(&now[second + KIB..second + 32 * KIB], &data[33 * KIB..]),
+                "{what}: the second WRITE after its FIRST is in place"
+            );
+            assert!(
+                same(
+                    &now[32 * KIB..second + KIB],
+                    &before[32 * KIB..second + KIB]
+                ),
+                "{what}: nothing else is written"
+            );
+        }
+        net.drop_if = None;
+        let wcs = wait_wcs(&mut net, a, 2);
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success),
+            "{what}: {wcs:?}"
+        );
+        let done = read(&net, b, 4096, 200 * KIB);
+        assert!(same(&done[..32 * KIB], &data[..32 * KIB]), "{what}");
+        assert!(
+            same(&done[second..second + 32 * KIB], &data[32 * KIB..]),
+            "{what}"
+        );
+    }
 }
 
 /// Between roxe peers the packets of a recovery go out twice: the

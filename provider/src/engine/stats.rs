@@ -9,6 +9,9 @@ use std::net::IpAddr;
 pub struct Stats {
     /// Packets handed to `handle_packet`.
     pub rx_packets: u64,
+    /// WRITE packets kept beyond a gap (between roxe peers) whose payload
+    /// was written to memory on arrival, only their headers kept.
+    pub rx_placed_early: u64,
     /// Dropped: not a well-formed RoCEv2 packet.
     pub rx_malformed: u64,
     /// Dropped: ICRC mismatch.

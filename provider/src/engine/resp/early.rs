@@ -7,8 +7,17 @@
 //! (`Requester::resend_one`); this responder replays what it kept through
 //! the ordinary in-order path, every check included, as if the packets had
 //! just arrived in order.
+//!
+//! A packet that continues the WRITE in progress has a known place:
+//! `pmtu` bytes per PSN after the bytes written so far. Its payload is
+//! written there on arrival (`Qp::place_early`) and only its headers are
+//! kept: the replay then writes nothing (`payload_in_place`). Nothing
+//! changes on the wire. The bytes land inside the range the WRITE's RETH
+//! was checked for, whose content is undefined until the WRITE completes,
+//! and it completes only after every packet before this one has been
+//! placed in order, each where it belongs.
 
-use roxe_wire::Psn;
+use roxe_wire::{Psn, RethRepr};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,21 +28,77 @@ const MAX_PROCESS_BYTES: usize = 64 << 20;
 /// Bytes kept by every QP of this process.
 static PROCESS_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+/// What is kept of one packet.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Early {
+    /// The packet as received.
+    Packet(Vec<u8>),
+    /// A packet whose payload was placed on arrival: its headers (BTH on,
+    /// before the payload) and ICRC, its payload's length, and the offset
+    /// in its message the payload went to.
+    Placed {
+        head: Vec<u8>,
+        icrc: [u8; roxe_wire::ICRC_LEN],
+        payload_len: usize,
+        offset: u64,
+    },
+}
+
+impl Early {
+    /// Bytes it holds.
+    fn len(&self) -> usize {
+        match self {
+            Early::Packet(b) => b.len(),
+            Early::Placed { head, icrc, .. } => head.len() + icrc.len(),
+        }
+    }
+}
+
 /// The early packets of one QP, by PSN.
 #[derive(Debug, Default)]
 pub(crate) struct EarlyPackets {
-    by_psn: HashMap<u32, Vec<u8>>,
+    by_psn: HashMap<u32, Early>,
     bytes: usize,
+    /// The latest WRITE FIRST kept, and its RETH: where the packets after
+    /// it go until the WRITE it starts is the one in progress.
+    write_first: Option<(Psn, RethRepr)>,
 }
 
 impl EarlyPackets {
+    /// Whether a packet with PSN `psn` would be kept now: none is kept for
+    /// it yet and the per-QP bound leaves room.
+    pub fn has_room_for(&self, psn: Psn) -> bool {
+        self.by_psn.len() < MAX_PACKETS && !self.by_psn.contains_key(&psn.value())
+    }
+
     /// Keep a copy of packet `bytes` (PSN `psn`); false (nothing kept)
     /// when one is kept for that PSN already or the bounds are reached.
     pub fn keep(&mut self, psn: Psn, bytes: &[u8]) -> bool {
-        if self.by_psn.len() >= MAX_PACKETS || self.by_psn.contains_key(&psn.value()) {
+        self.keep_entry(psn, bytes.len(), || Early::Packet(bytes.to_vec()))
+    }
+
+    /// Keep what is left of a packet whose payload was placed (see
+    /// [`Early::Placed`]); false as [`keep`](Self::keep).
+    pub fn keep_placed(
+        &mut self,
+        psn: Psn,
+        head: &[u8],
+        icrc: [u8; roxe_wire::ICRC_LEN],
+        payload_len: usize,
+        offset: u64,
+    ) -> bool {
+        self.keep_entry(psn, head.len() + icrc.len(), || Early::Placed {
+            head: head.to_vec(),
+            icrc,
+            payload_len,
+            offset,
+        })
+    }
+
+    fn keep_entry(&mut self, psn: Psn, n: usize, entry: impl FnOnce() -> Early) -> bool {
+        if !self.has_room_for(psn) {
             return false;
         }
-        let n = bytes.len();
         let reserved = PROCESS_BYTES
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 (used + n <= MAX_PROCESS_BYTES).then_some(used + n)
@@ -43,24 +108,39 @@ impl EarlyPackets {
             return false;
         }
         self.bytes += n;
-        self.by_psn.insert(psn.value(), bytes.to_vec());
+        self.by_psn.insert(psn.value(), entry());
         true
     }
 
-    /// Take the packet kept for `psn`.
-    pub fn take(&mut self, psn: Psn) -> Option<Vec<u8>> {
-        let b = self.by_psn.remove(&psn.value())?;
-        self.release(b.len());
-        Some(b)
+    /// A WRITE FIRST with PSN `psn` and RETH `reth` was kept.
+    pub fn kept_write_first(&mut self, psn: Psn, reth: RethRepr) {
+        if self.write_first.is_none_or(|(f, _)| psn.is_after(f)) {
+            self.write_first = Some((psn, reth));
+        }
+    }
+
+    /// The latest WRITE FIRST kept, before `psn`.
+    pub fn write_first_before(&self, psn: Psn) -> Option<(Psn, RethRepr)> {
+        self.write_first.filter(|(f, _)| f.is_before(psn))
+    }
+
+    /// Take what is kept for `psn`.
+    pub fn take(&mut self, psn: Psn) -> Option<Early> {
+        let e = self.by_psn.remove(&psn.value())?;
+        self.release(e.len());
+        Some(e)
     }
 
     /// Forget the packets before `epsn` (executed already, or duplicates).
     pub fn forget_before(&mut self, epsn: Psn) {
+        if self.write_first.is_some_and(|(f, _)| f.is_before(epsn)) {
+            self.write_first = None;
+        }
         let mut freed = 0;
-        self.by_psn.retain(|&p, b| {
+        self.by_psn.retain(|&p, e| {
             let keep = !Psn::new(p).is_before(epsn);
             if !keep {
-                freed += b.len();
+                freed += e.len();
             }
             keep
         });
@@ -69,6 +149,7 @@ impl EarlyPackets {
 
     /// Forget every packet.
     pub fn clear(&mut self) {
+        self.write_first = None;
         self.by_psn.clear();
         let n = self.bytes;
         self.release(n);
@@ -107,8 +188,23 @@ mod tests {
         assert!(!e.keep(Psn::new(10), &[2; 100]), "one per PSN");
         assert!(e.keep(Psn::new(12), &[3; 50]));
         assert!(e.keep(Psn::new(0xFF_FFFF), &[4; 10]));
+        assert!(e.keep_placed(Psn::new(13), &[5; 12], [6; 4], 4096, 8192));
+        assert!(
+            !e.keep(Psn::new(13), &[7; 4112]),
+            "one per PSN, placed or not"
+        );
+        assert_eq!(e.bytes, 176, "a placed packet holds its headers and ICRC");
+        assert_eq!(
+            e.take(Psn::new(13)).unwrap(),
+            Early::Placed {
+                head: vec![5; 12],
+                icrc: [6; 4],
+                payload_len: 4096,
+                offset: 8192
+            }
+        );
         assert_eq!(e.bytes, 160);
-        assert_eq!(e.take(Psn::new(10)).unwrap(), vec![1; 100]);
+        assert_eq!(e.take(Psn::new(10)).unwrap(), Early::Packet(vec![1; 100]));
         assert_eq!(e.take(Psn::new(10)), None);
         // 0xFFFFFF is before 5 across the wrap; 12 is not.
         e.forget_before(Psn::new(5));

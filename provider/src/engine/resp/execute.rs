@@ -189,7 +189,9 @@ impl Qp {
         if written + n > total || (ends && written + n != total) {
             return Err(NakCode::InvalidRequest);
         }
+        // Placed when it arrived beyond a gap (`keep.rs`).
         if n > 0
+            && !self.resp.payload_in_place
             && cx
                 .memory
                 .remote_write(rkey, by, va.wrapping_add(written), payload)

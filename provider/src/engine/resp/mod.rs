@@ -9,6 +9,7 @@
 mod check;
 mod early;
 mod execute;
+mod keep;
 mod reply;
 
 use super::qp::{Qp, QpCtx, RecvWqe};
@@ -110,6 +111,12 @@ pub(crate) struct Responder {
     /// SEND/WRITE packets beyond a gap, kept for a roxe requester on this
     /// host (`Qp::keeps_early`).
     early: early::EarlyPackets,
+    /// The packet being executed is one kept beyond a gap whose payload
+    /// was placed when it arrived (`keep.rs`): its own payload bytes are
+    /// stale, and nothing is written for it.
+    payload_in_place: bool,
+    /// Where a placed packet is put back together for its replay.
+    shadow: Vec<u8>,
 }
 
 impl Responder {
@@ -123,6 +130,8 @@ impl Responder {
             replies: VecDeque::new(),
             uc_drop: false,
             early: early::EarlyPackets::default(),
+            payload_in_place: false,
+            shadow: Vec::new(),
         }
     }
 
@@ -273,8 +282,7 @@ impl Qp {
         if d > 0 {
             let keeps = self.keeps_early(cx, pkt.opcode());
             self.sequence_nak(cx, p, keeps);
-            let kept =
-                keeps && d < early::MAX_PACKETS as i32 && self.resp.early.keep(p, pkt.as_bytes());
+            let kept = keeps && d < early::MAX_PACKETS as i32 && self.keep_early(cx, pkt, d);
             if !kept {
                 self.drop_packet(cx, DropReason::PsnGap);
             }
@@ -329,45 +337,6 @@ impl Qp {
             got = %got,
             "PSN gap: sequence-error NAK sent"
         );
-    }
-
-    /// The packet with PSN `filled` went through the in-order path with
-    /// packets kept beyond it: they follow, in PSN order, as far as they
-    /// reach; what they placed is acknowledged, and a further gap NAKed.
-    fn replay_early(&mut self, cx: &mut QpCtx, filled: Psn) {
-        let mut last = filled;
-        loop {
-            if self.resp.epsn == last {
-                // Not consumed (an RNR NAK): the requester resends from here.
-                self.resp.early.clear();
-                return;
-            }
-            let e = self.resp.epsn;
-            let Some(bytes) = self.resp.early.take(e) else {
-                break;
-            };
-            // Well formed and its ICRC checked when it arrived.
-            let Ok(pkt) = Packet::new_checked(&bytes[..]) else {
-                break;
-            };
-            if !self.rc_in_order(cx, &pkt) {
-                self.resp.early.clear();
-                return;
-            }
-            last = e;
-        }
-        let epsn = self.resp.epsn;
-        self.resp.early.forget_before(epsn);
-        if !self.resp.early.is_empty() {
-            if last != filled {
-                self.resp.ack(epsn - 1);
-            }
-            self.sequence_nak(cx, epsn, true);
-        } else if last != filled {
-            // Everything the requester sent is here: this ACK is all it
-            // waits for, and a lost one would cost it a probe.
-            self.resp.ack_twice(epsn - 1);
-        }
     }
 
     /// The request packet `pkt` carries the PSN expected: execute it and
