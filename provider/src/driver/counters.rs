@@ -26,6 +26,9 @@ pub struct DriverStats {
     /// Those made in a caller's thread by a `poll_cq` that found nothing
     /// ([`Device::progress_here`](super::Device::progress_here)), not by the progress thread.
     pub rx_caller_batches: u64,
+    /// Those made between the batches of a long transmit pass
+    /// (`Shared::receive_in_pass`).
+    pub rx_in_pass: u64,
     /// `ROXE_ICRC=raw`: packets from the raw socket dropped before the
     /// engine because they are not a whole IPv4 UDP datagram to the device
     /// (a fragment, a bad IPv4 header checksum, inconsistent lengths). The

@@ -5,7 +5,7 @@
 //! CM and asynchronous events are delivered; the progress thread is woken
 //! if the engine now has an earlier timer than the one it sleeps towards.
 
-use super::batch::TxBatch;
+use super::batch::{TxBatch, MAX_BATCH};
 use super::device::ROCEV2_PORT;
 use super::fault::Faults;
 use super::shared::{earliest, CmEventSink, Core, Shared};
@@ -27,7 +27,7 @@ impl Shared {
         ack_clocked: bool,
     ) -> Option<MutexGuard<'_, TxBatch>> {
         self.run_deferred(core);
-        let now = self.now();
+        let mut now = self.now();
         let Core {
             engine,
             tx_buf,
@@ -35,6 +35,7 @@ impl Shared {
             tap,
             channels,
             event_sinks,
+            stats,
             ..
         } = core;
         let mut txg: Option<MutexGuard<'_, TxBatch>> = None;
@@ -56,6 +57,13 @@ impl Shared {
                     Some(tx) => {
                         if tx.is_full() {
                             tx.flush(socks);
+                            // A pass may send a window (hundreds of µs):
+                            // the ACKs and NAKs that came meanwhile are
+                            // handled before the next batch, not after
+                            // the pass, so a NAKed packet is resent now.
+                            if self.receive_in_pass(engine, tap, stats) {
+                                now = self.now();
+                            }
                         }
                         let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
                             break;
@@ -93,15 +101,24 @@ impl Shared {
                 // Each packet through the injector, one at a time; what it
                 // lets through (now or later) joins the batch.
                 let tx = txg.insert(self.tx.lock());
-                let mut emit = |p: &[u8], dst: IpAddr, sport: u16| {
-                    if let Some(t) = tap.as_mut() {
-                        t.write(self.addr, sport, dst, ROCEV2_PORT, p);
-                    }
-                    tx.push(socks, p, dst, sock_of(sport));
-                };
-                f.release_due(now, &mut emit);
+                f.release_due(now, &mut |p, dst, sport| {
+                    self.emit_let_through(tap, tx, p, dst, sport)
+                });
+                let mut since_receive = 0;
                 while let Some(t) = engine.poll_transmit(now, tx_buf) {
-                    f.submit(now, &mut tx_buf[..t.len], t.dst, t.src_port, &mut emit);
+                    let p = &mut tx_buf[..t.len];
+                    f.submit(now, p, t.dst, t.src_port, &mut |p, dst, sport| {
+                        self.emit_let_through(tap, tx, p, dst, sport)
+                    });
+                    // As above, a batch's worth of packets apart.
+                    since_receive += 1;
+                    if since_receive == MAX_BATCH {
+                        since_receive = 0;
+                        tx.flush(socks);
+                        if self.receive_in_pass(engine, tap, stats) {
+                            now = self.now();
+                        }
+                    }
                 }
             }
         }
@@ -151,5 +168,26 @@ impl Shared {
             }
         }
         txg
+    }
+
+    /// A packet the fault injector lets through: to the capture and the
+    /// batch, on the socket of its source port.
+    fn emit_let_through(
+        &self,
+        tap: &mut Option<super::tap::Tap>,
+        tx: &mut TxBatch,
+        p: &[u8],
+        dst: IpAddr,
+        sport: u16,
+    ) {
+        if let Some(t) = tap.as_mut() {
+            t.write(self.addr, sport, dst, ROCEV2_PORT, p);
+        }
+        let sock = self
+            .send_ports
+            .iter()
+            .position(|&q| q == sport)
+            .unwrap_or(0) as u8;
+        tx.push(&self.send[..], p, dst, sock);
     }
 }

@@ -3,10 +3,12 @@
 //! engine under the device lock, its shape told to the pacer.
 
 use super::batch::RxBatch;
+use super::counters::DriverStats;
 use super::device::ROCEV2_PORT;
 use super::pacing::Burst;
 use super::raw::{self, RawBatch, RawSkip};
 use super::shared::{Core, Shared};
+use super::tap::Tap;
 use crate::engine::{Engine, Nanos};
 use parking_lot::MutexGuard;
 use std::net::{IpAddr, Ipv4Addr};
@@ -76,9 +78,60 @@ impl Shared {
         let Some(n) = self.received(rx.recv(&self.socket), guard) else {
             return false;
         };
-        let core = self.locked(guard);
+        let Core {
+            engine, tap, stats, ..
+        } = self.locked(guard);
+        self.handle_burst(rx, n, engine, tap, stats, handle);
+        n == super::batch::MAX_BATCH
+    }
+
+    /// Inside a transmit pass, the device lock held (`after_work`, between
+    /// batches): receive one burst from the UDP socket, if no other thread
+    /// is receiving, and hand it to the engine. A pass that sends a window
+    /// takes hundreds of microseconds; without this, an ACK or NAK that
+    /// came meanwhile waited for the whole pass (measured: a NAK 150-300
+    /// µs at the median under 1% loss, 40-90 µs with it). Not with a raw
+    /// receive socket (`receive_raw`'s bursts). True if packets were
+    /// handled.
+    pub(super) fn receive_in_pass(
+        &self,
+        engine: &mut Engine,
+        tap: &mut Option<Tap>,
+        stats: &mut DriverStats,
+    ) -> bool {
+        if self.raw.is_some() {
+            return false;
+        }
+        let Some(mut rx) = self.rx.try_lock() else {
+            return false;
+        };
+        match rx.recv(&self.socket) {
+            Ok(0) => false,
+            Ok(n) => {
+                stats.rx_in_pass += 1;
+                self.handle_burst(&rx, n, engine, tap, stats, Engine::handle_segment);
+                true
+            }
+            Err(_) => {
+                stats.rx_errors += 1;
+                false
+            }
+        }
+    }
+
+    /// Hand the `n` datagrams `rx` received to the engine, each packet to
+    /// `handle`, and tell the pacer the burst's shape.
+    fn handle_burst(
+        &self,
+        rx: &RxBatch,
+        n: usize,
+        engine: &mut Engine,
+        tap: &mut Option<Tap>,
+        stats: &mut DriverStats,
+        handle: fn(&mut Engine, Nanos, IpAddr, u16, &[u8], usize),
+    ) {
         let now = self.now();
-        core.stats.rx_batches += 1;
+        stats.rx_batches += 1;
         let mut messages = 0u32;
         let (mut bytes, mut packets) = (0usize, 0usize);
         let mut last_ends = false;
@@ -86,7 +139,7 @@ impl Shared {
             let (from, d, seg) = rx.get(k);
             bytes += d.len();
             let Some(from) = from else {
-                core.stats.rx_errors += 1;
+                stats.rx_errors += 1;
                 continue;
             };
             // GRO: equal packets (the last may be shorter) as one.
@@ -94,9 +147,8 @@ impl Shared {
                 .chunks(if seg == 0 { d.len().max(1) } else { seg })
                 .enumerate()
             {
-                core.stats.rx_datagrams += 1;
+                stats.rx_datagrams += 1;
                 if let Some(st) = &self.steering {
-                    let engine = &core.engine;
                     // From a sending socket: an answer is not RoCEv2 and
                     // must not leave from port 4791.
                     let answer = |a: &[u8]| {
@@ -107,13 +159,13 @@ impl Shared {
                     }
                 }
                 packets += 1;
-                if let Some(t) = core.tap.as_mut() {
+                if let Some(t) = tap.as_mut() {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
                 last_ends = ends_message(p);
                 messages += u32::from(last_ends);
-                handle(&mut core.engine, now, from.ip(), from.port(), p, i);
+                handle(engine, now, from.ip(), from.port(), p, i);
             }
         }
         self.pacer.burst(
@@ -125,7 +177,6 @@ impl Shared {
                 last_ends,
             },
         );
-        n == super::batch::MAX_BATCH
     }
 
     /// `ROXE_ICRC=raw`: discard what the UDP socket received, then receive

@@ -147,7 +147,7 @@ impl super::shared::Shared {
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
              progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
              tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={} probes={} \
-             rx_placed_early={}",
+             rx_in_pass={} rx_placed_early={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -179,6 +179,7 @@ impl super::shared::Shared {
             self.steering.as_ref().map_or(0, |s| s.misrouted()),
             self.steering.as_ref().map_or(0, |s| s.probe_rounds()),
             e.probes,
+            d.rx_in_pass,
             e.rx_placed_early,
         );
         for q in core.engine.qp_snapshots() {
