@@ -40,10 +40,7 @@ impl Shared {
         } = core;
         let mut txg: Option<MutexGuard<'_, TxBatch>> = None;
         let socks = &self.send[..];
-        // Which socket sends from a packet's source port (the engine took
-        // it from this pool, in this order).
-        let ports = &self.send_ports;
-        let sock_of = |sport: u16| ports.iter().position(|&p| p == sport).unwrap_or(0) as u8;
+        let sock_of = |sport: u16| self.sock_of(sport);
         match faults.as_mut() {
             None => loop {
                 // Large payloads leave straight from registered memory:
@@ -183,11 +180,15 @@ impl Shared {
         if let Some(t) = tap.as_mut() {
             t.write(self.addr, sport, dst, ROCEV2_PORT, p);
         }
-        let sock = self
-            .send_ports
+        tx.push(&self.send[..], p, dst, self.sock_of(sport));
+    }
+
+    /// Which socket sends from source port `sport` (the engine took it
+    /// from this pool, in this order).
+    fn sock_of(&self, sport: u16) -> u8 {
+        self.send_ports
             .iter()
             .position(|&q| q == sport)
-            .unwrap_or(0) as u8;
-        tx.push(&self.send[..], p, dst, sock);
+            .unwrap_or(0) as u8
     }
 }

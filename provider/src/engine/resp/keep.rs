@@ -116,6 +116,7 @@ impl Qp {
     /// reach; what they placed is acknowledged, and a further gap NAKed.
     pub(super) fn replay_early(&mut self, cx: &mut QpCtx, filled: Psn) {
         let mut last = filled;
+        let mut dropped = false;
         loop {
             if self.resp.epsn == last {
                 // Not consumed (an RNR NAK): the requester resends from here.
@@ -129,6 +130,7 @@ impl Qp {
             let Some(executed) = self.replay_one(cx, kept) else {
                 // Placed for another offset than the message is at (never
                 // expected): treated as missing, so NAKed and resent.
+                dropped = true;
                 break;
             };
             if !executed {
@@ -139,7 +141,7 @@ impl Qp {
         }
         let epsn = self.resp.epsn;
         self.resp.early.forget_before(epsn);
-        if !self.resp.early.is_empty() {
+        if dropped || !self.resp.early.is_empty() {
             if last != filled {
                 self.resp.ack(epsn - 1);
             }
