@@ -4894,10 +4894,10 @@ fn a_lost_resend_between_roxe_peers_is_probed_alone() {
 /// to memory on arrival, only its headers kept (its place follows from its
 /// PSN): while a lost packet is missing, the bytes of the WRITE after it
 /// are in place already, and so are those of a second WRITE after its
-/// kept FIRST. When that FIRST is lost too, the second WRITE's packets
-/// have no known place and are kept whole: nothing lands in the first
-/// WRITE's range or elsewhere. Once the gap is filled both WRITEs complete
-/// byte-exact.
+/// kept FIRST (its LAST padded: the replay puts the pad back). When that
+/// FIRST is lost too, the second WRITE's packets have no known place and
+/// are kept whole: nothing lands in the first WRITE's range or elsewhere.
+/// Once the gap is filled both WRITEs complete byte-exact.
 #[test]
 fn write_packets_beyond_a_gap_are_written_on_arrival() {
     const KIB: usize = 1024;
@@ -4938,6 +4938,8 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
             a,
             rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 32 * KIB as u32, b, 4096),
         );
+        // The second ends in a pad (its LAST carries 1 KiB - 3 bytes).
+        let second_len = 32 * KIB - 3;
         let second_at = 4096 + 160 * KIB as u64;
         post(
             &mut net,
@@ -4947,7 +4949,7 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
                 3,
                 SendOpcode::RdmaWrite,
                 32 * KIB as u64,
-                32 * KIB as u32,
+                second_len as u32,
                 b,
                 second_at,
             ),
@@ -4986,7 +4988,10 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
             );
         } else {
             assert!(
-                same(&now[second + KIB..second + 32 * KIB], &data[33 * KIB..]),
+                same(
+                    &now[second + KIB..second + second_len],
+                    &data[33 * KIB..32 * KIB + second_len]
+                ),
                 "{what}: the second WRITE after its FIRST is in place"
             );
             assert!(
@@ -4997,8 +5002,16 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
                 "{what}: nothing else is written"
             );
         }
+        let naks_before = net.engines[b.e].stats().naks_sent;
         net.drop_if = None;
         let wcs = wait_wcs(&mut net, a, 2);
+        // Every placed packet replayed: no NAK but the one for the lost
+        // second FIRST, which the replay stops at.
+        assert_eq!(
+            net.engines[b.e].stats().naks_sent - naks_before,
+            u64::from(lose_second_first),
+            "{what}: NAKs after the gap was filled"
+        );
         assert!(
             wcs.iter().all(|w| w.status == WcStatus::Success),
             "{what}: {wcs:?}"
@@ -5006,7 +5019,10 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
         let done = read(&net, b, 4096, 200 * KIB);
         assert!(same(&done[..32 * KIB], &data[..32 * KIB]), "{what}");
         assert!(
-            same(&done[second..second + 32 * KIB], &data[32 * KIB..]),
+            same(
+                &done[second..second + second_len],
+                &data[32 * KIB..32 * KIB + second_len]
+            ),
             "{what}"
         );
     }

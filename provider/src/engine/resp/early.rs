@@ -8,14 +8,15 @@
 //! the ordinary in-order path, every check included, as if the packets had
 //! just arrived in order.
 //!
-//! A packet that continues the WRITE in progress has a known place:
-//! `pmtu` bytes per PSN after the bytes written so far. Its payload is
-//! written there on arrival (`Qp::place_early`) and only its headers are
-//! kept: the replay then writes nothing (`payload_in_place`). Nothing
-//! changes on the wire. The bytes land inside the range the WRITE's RETH
-//! was checked for, whose content is undefined until the WRITE completes,
-//! and it completes only after every packet before this one has been
-//! placed in order, each where it belongs.
+//! A WRITE packet has a known place: `pmtu` bytes per PSN after the bytes
+//! written so far of the WRITE in progress, or after a kept FIRST of a
+//! later one. Its payload is written there on arrival (`Qp::place_early`)
+//! and only its headers, pad and ICRC are kept: the replay then writes
+//! nothing (`payload_in_place`). Nothing changes on the wire. The bytes
+//! land inside the range the WRITE's RETH names, whose content is
+//! undefined until the WRITE completes, and it completes only after every
+//! packet before this one has been executed in order, each where it
+//! belongs.
 
 use roxe_wire::{Psn, RethRepr};
 use std::collections::HashMap;
@@ -34,11 +35,12 @@ pub(crate) enum Early {
     /// The packet as received.
     Packet(Vec<u8>),
     /// A packet whose payload was placed on arrival: its headers (BTH on,
-    /// before the payload) and ICRC, its payload's length, and the offset
-    /// in its message the payload went to.
+    /// before the payload), what follows the payload (pad and ICRC), the
+    /// payload's length, and the offset in its message the payload went
+    /// to.
     Placed {
         head: Vec<u8>,
-        icrc: [u8; roxe_wire::ICRC_LEN],
+        tail: Vec<u8>,
         payload_len: usize,
         offset: u64,
     },
@@ -49,7 +51,7 @@ impl Early {
     fn len(&self) -> usize {
         match self {
             Early::Packet(b) => b.len(),
-            Early::Placed { head, icrc, .. } => head.len() + icrc.len(),
+            Early::Placed { head, tail, .. } => head.len() + tail.len(),
         }
     }
 }
@@ -83,13 +85,13 @@ impl EarlyPackets {
         &mut self,
         psn: Psn,
         head: &[u8],
-        icrc: [u8; roxe_wire::ICRC_LEN],
+        tail: &[u8],
         payload_len: usize,
         offset: u64,
     ) -> bool {
-        self.keep_entry(psn, head.len() + icrc.len(), || Early::Placed {
+        self.keep_entry(psn, head.len() + tail.len(), || Early::Placed {
             head: head.to_vec(),
-            icrc,
+            tail: tail.to_vec(),
             payload_len,
             offset,
         })
@@ -188,17 +190,20 @@ mod tests {
         assert!(!e.keep(Psn::new(10), &[2; 100]), "one per PSN");
         assert!(e.keep(Psn::new(12), &[3; 50]));
         assert!(e.keep(Psn::new(0xFF_FFFF), &[4; 10]));
-        assert!(e.keep_placed(Psn::new(13), &[5; 12], [6; 4], 4096, 8192));
+        assert!(e.keep_placed(Psn::new(13), &[5; 12], &[6; 4], 4096, 8192));
         assert!(
             !e.keep(Psn::new(13), &[7; 4112]),
             "one per PSN, placed or not"
         );
-        assert_eq!(e.bytes, 176, "a placed packet holds its headers and ICRC");
+        assert_eq!(
+            e.bytes, 176,
+            "a placed packet holds its headers, pad and ICRC"
+        );
         assert_eq!(
             e.take(Psn::new(13)).unwrap(),
             Early::Placed {
                 head: vec![5; 12],
-                icrc: [6; 4],
+                tail: vec![6; 4],
                 payload_len: 4096,
                 offset: 8192
             }

@@ -26,14 +26,13 @@ impl Qp {
         };
         let bytes = pkt.as_bytes();
         let payload_len = pkt.payload().len();
-        let head = &bytes[..pkt.header_len()];
-        let Ok(icrc) = bytes[bytes.len() - roxe_wire::ICRC_LEN..].try_into() else {
-            return false;
-        };
+        let (head, rest) = bytes.split_at(pkt.header_len());
+        // Pad and ICRC: the payload is `header_len..header_len + payload_len`.
+        let tail = &rest[payload_len..];
         cx.stats.rx_placed_early += 1;
         self.resp
             .early
-            .keep_placed(p, head, icrc, payload_len, offset)
+            .keep_placed(p, head, tail, payload_len, offset)
     }
 
     /// Place the payload of `pkt`, a WRITE MIDDLE or LAST packet `ahead`
@@ -164,7 +163,7 @@ impl Qp {
             }
             Early::Placed {
                 head,
-                icrc,
+                tail,
                 payload_len,
                 offset,
             } => {
@@ -173,10 +172,10 @@ impl Qp {
                 }
                 // The packet again, its payload's bytes stale (never read).
                 let mut shadow = std::mem::take(&mut self.resp.shadow);
-                let n = head.len() + payload_len + icrc.len();
+                let n = head.len() + payload_len + tail.len();
                 shadow.resize(shadow.len().max(n), 0);
                 shadow[..head.len()].copy_from_slice(&head);
-                shadow[n - icrc.len()..n].copy_from_slice(&icrc);
+                shadow[n - tail.len()..n].copy_from_slice(&tail);
                 let executed = Packet::new_checked(&shadow[..n]).ok().map(|pkt| {
                     self.resp.payload_in_place = true;
                     let executed = self.rc_in_order(cx, &pkt);
