@@ -89,8 +89,8 @@ impl Shared {
     /// batches): receive one burst from the UDP socket, if no other thread
     /// is receiving, and hand it to the engine. A pass that sends a window
     /// takes hundreds of microseconds; without this, an ACK or NAK that
-    /// came meanwhile waited for the whole pass (measured: a NAK 150-300
-    /// µs at the median under 1% loss, 40-90 µs with it). Not with a raw
+    /// came meanwhile waited for the whole pass (docs/PERFORMANCE.md,
+    /// session 17: the wait for a NAK at 1% loss). Not with a raw
     /// receive socket (`receive_raw`'s bursts). True if packets were
     /// handled.
     pub(super) fn receive_in_pass(
