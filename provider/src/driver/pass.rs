@@ -9,7 +9,7 @@ use super::batch::{TxBatch, MAX_BATCH};
 use super::device::ROCEV2_PORT;
 use super::fault::Faults;
 use super::shared::{earliest, CmEventSink, Core, Shared};
-use crate::engine::TxPass;
+use crate::engine::{Engine, Nanos, TxPass};
 use parking_lot::MutexGuard;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
@@ -39,8 +39,6 @@ impl Shared {
             ..
         } = core;
         let mut txg: Option<MutexGuard<'_, TxBatch>> = None;
-        let socks = &self.send[..];
-        let sock_of = |sport: u16| self.sock_of(sport);
         match faults.as_mut() {
             None => loop {
                 // Large payloads leave straight from registered memory:
@@ -53,19 +51,15 @@ impl Shared {
                     // The engine writes straight into the batch.
                     Some(tx) => {
                         if tx.is_full() {
-                            tx.flush(socks);
-                            // A pass may send a window (hundreds of µs):
-                            // the ACKs and NAKs that came meanwhile are
-                            // handled before the next batch, not after
-                            // the pass, so a NAKed packet is resent now.
-                            if self.receive_in_pass(engine, tap, stats) {
-                                now = self.now();
-                            }
+                            self.flush_and_receive(tx, engine, tap, stats, &mut now);
                         }
                         let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
                             break;
                         };
-                        (t, tx.commit(t.len, t.dst, sock_of(t.src_port), t.payload))
+                        (
+                            t,
+                            tx.commit(t.len, t.dst, self.sock_of(t.src_port), t.payload),
+                        )
                     }
                     // The first packet: the batch is taken only if there
                     // is one (a pass that sends nothing does not wait for
@@ -75,7 +69,7 @@ impl Shared {
                             break;
                         };
                         let tx = txg.insert(self.tx.lock());
-                        let sock = sock_of(t.src_port);
+                        let sock = self.sock_of(t.src_port);
                         (t, tx.commit_copy(tx_buf, t.len, t.dst, sock, t.payload))
                     }
                 };
@@ -107,14 +101,10 @@ impl Shared {
                     f.submit(now, p, t.dst, t.src_port, &mut |p, dst, sport| {
                         self.emit_let_through(tap, tx, p, dst, sport)
                     });
-                    // As above, a batch's worth of packets apart.
                     since_receive += 1;
                     if since_receive == MAX_BATCH {
                         since_receive = 0;
-                        tx.flush(socks);
-                        if self.receive_in_pass(engine, tap, stats) {
-                            now = self.now();
-                        }
+                        self.flush_and_receive(tx, engine, tap, stats, &mut now);
                     }
                 }
             }
@@ -165,6 +155,24 @@ impl Shared {
             }
         }
         txg
+    }
+
+    /// A batch's worth of the pass is out: send it, then receive. A pass
+    /// may send a window (hundreds of µs); the ACKs and NAKs that came
+    /// meanwhile are handled before the next batch, not after the pass, so
+    /// a NAKed packet is resent now. `now` moves on if packets came.
+    fn flush_and_receive(
+        &self,
+        tx: &mut TxBatch,
+        engine: &mut Engine,
+        tap: &mut Option<super::tap::Tap>,
+        stats: &mut super::counters::DriverStats,
+        now: &mut Nanos,
+    ) {
+        tx.flush(&self.send[..]);
+        if self.receive_in_pass(engine, tap, stats) {
+            *now = self.now();
+        }
     }
 
     /// A packet the fault injector lets through: to the capture and the
