@@ -20,6 +20,7 @@
 
 use roxe_wire::{Psn, RethRepr};
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -149,9 +150,14 @@ impl EarlyPackets {
     }
 
     fn keep_entry(&mut self, psn: Psn, n: usize, entry: impl FnOnce() -> Early) -> bool {
-        if !self.has_room_for(psn) {
+        if self.by_psn.len() >= MAX_PACKETS {
             return false;
         }
+        // One lookup for the check and the insert (this runs for about
+        // half of all packets at 1 % loss).
+        let Entry::Vacant(slot) = self.by_psn.entry(psn.value()) else {
+            return false;
+        };
         let reserved = PROCESS_BYTES
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 (used + n <= MAX_PROCESS_BYTES).then_some(used + n)
@@ -161,7 +167,7 @@ impl EarlyPackets {
             return false;
         }
         self.bytes += n;
-        self.by_psn.insert(psn.value(), entry());
+        slot.insert(entry());
         true
     }
 
