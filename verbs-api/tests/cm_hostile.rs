@@ -101,8 +101,10 @@ impl Sender {
     }
 }
 
-/// One forged MAD.
-fn forged(rng: &mut Rng, service_id: u64, sidr_service_id: u64) -> Vec<u8> {
+/// One forged MAD. `slot`: the server process's slot on its address,
+/// which half of the guessed comm IDs name (on a shared address the
+/// others are steered away before the CM, as another process's).
+fn forged(rng: &mut Rng, service_id: u64, sidr_service_id: u64, slot: u8) -> Vec<u8> {
     let mut mad = vec![0u8; wcm::MAD_LEN];
     rng.fill(&mut mad);
     let cm_header = |attr_id: u16, tid: u64| MadHeaderRepr::cm(attr_id, tid);
@@ -154,6 +156,10 @@ fn forged(rng: &mut Rng, service_id: u64, sidr_service_id: u64) -> Vec<u8> {
             ];
             let a = attrs[rng.below(attrs.len() as u64) as usize];
             cm_header(a, rng.next()).emit(&mut mad).unwrap();
+            if rng.below(2) == 0 {
+                // The remote comm ID's top byte: the slot it belongs to.
+                mad[REMOTE_COMM_ID_AT] = slot;
+            }
             mad
         }
     }
@@ -173,6 +179,18 @@ fn steered_away(ctx: &Context) -> u64 {
     ctx.soft_device()
         .expect("a soft device")
         .misrouted_dropped()
+}
+
+/// Where a CM message's remote comm ID starts in its MAD.
+const REMOTE_COMM_ID_AT: usize = 28;
+
+/// The device's process slot on its address: a QPN's bits 16..23, and
+/// the top byte of every comm ID it chooses.
+fn slot_of(ctx: &Context) -> u8 {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq, &cq)).unwrap();
+    (qp.qp_num() >> 16) as u8
 }
 
 /// Forged MADs the CM has accounted for.
@@ -217,6 +235,7 @@ fn flood(
     client_addr: Ipv4Addr,
     service_id: u64,
     sidr_service_id: u64,
+    server_slot: u8,
 ) -> Flood {
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
@@ -231,7 +250,7 @@ fn flood(
             // Paced: a burst, then a pause, so no socket buffer overflows
             // and every packet is accounted for.
             for _ in 0..16 {
-                let mad = forged(&mut rng, service_id, sidr_service_id);
+                let mad = forged(&mut rng, service_id, sidr_service_id, server_slot);
                 psn = psn.wrapping_add(1) & 0xFF_FFFF;
                 match rng.below(4) {
                     0 => {
@@ -315,6 +334,7 @@ fn a_real_connection_completes_under_forged_cm_mads() {
         client_addr,
         rdma_cm::service_id(rdma_cm::PS_TCP, port),
         rdma_cm::service_id(rdma_cm::PS_UDP, udp_port),
+        slot_of(&sctx),
     );
     // Let the flood run a while before and during the handshake.
     std::thread::sleep(Duration::from_millis(200));
