@@ -68,6 +68,26 @@ impl Faults {
         p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 
+    /// Whether the spec only drops packets (no duplicates, corruption,
+    /// reordering or delay): then a packet needs no bytes of its own to
+    /// pass through, and the device sends it as it would without the
+    /// injector (payload by reference, ACK-clocked passes), asking only
+    /// [`lose`](Self::lose). A loss figure then measures recovery, not the
+    /// injector's copies.
+    pub fn drops_only(&self) -> bool {
+        let s = &self.spec;
+        s.dup == 0.0 && s.reorder == 0.0 && s.corrupt == 0.0 && s.delay_ns == 0
+    }
+
+    /// Whether to drop the next packet, for a [`drops_only`](Self::drops_only)
+    /// spec: the same draw as [`submit`](Self::submit) makes for it, so a
+    /// seed drops the same packets either way.
+    pub fn lose(&mut self) -> bool {
+        let lost = self.chance(self.spec.loss);
+        self.stats.lost += u64::from(lost);
+        lost
+    }
+
     /// Pass one packet through: `send` is called for every copy to send now
     /// (zero, one or two); copies to send later are kept until
     /// [`release_due`](Self::release_due).
@@ -190,6 +210,43 @@ mod tests {
             let both = a.iter().zip(&b).filter(|(x, y)| **x && **y).count();
             // Independent at 20%: about 40 of 1,000 lost on both sides.
             assert!((15..80).contains(&both), "{other}: {both} lost on both");
+        }
+    }
+
+    #[test]
+    fn a_loss_only_spec_drops_the_same_packets_without_the_bytes() {
+        let spec = FaultSpec {
+            loss: 0.1,
+            seed: 9,
+            ..FaultSpec::default()
+        };
+        let mut f = Faults::new(spec, "127.0.9.11".parse().unwrap());
+        assert!(f.drops_only());
+        let by_verdict: Vec<bool> = (0..2_000).map(|_| f.lose()).collect();
+        assert_eq!(by_verdict, losses(spec, "127.0.9.11", 2_000));
+        assert_eq!(
+            f.stats().lost,
+            by_verdict.iter().filter(|l| **l).count() as u64
+        );
+        for other in [
+            FaultSpec { dup: 0.1, ..spec },
+            FaultSpec {
+                reorder: 0.1,
+                ..spec
+            },
+            FaultSpec {
+                corrupt: 0.1,
+                ..spec
+            },
+            FaultSpec {
+                delay_ns: 1,
+                ..spec
+            },
+        ] {
+            assert!(
+                !Faults::new(other, "::1".parse().unwrap()).drops_only(),
+                "{other:?}"
+            );
         }
     }
 

@@ -39,7 +39,10 @@ impl Shared {
             ..
         } = core;
         let mut txg: Option<MutexGuard<'_, TxBatch>> = None;
-        match faults.as_mut() {
+        // Without an injector, or with one that only drops packets (asked
+        // once the engine has made each one; a dropped packet is never
+        // committed to the batch), packets go the same way.
+        match faults.as_mut().filter(|f| !f.drops_only()) {
             None => loop {
                 // Large payloads leave straight from registered memory:
                 // see `Shared::tx` for why they stay valid until sent.
@@ -56,6 +59,9 @@ impl Shared {
                         let Some(t) = engine.poll_transmit_pass(now, tx.slot(), pass) else {
                             break;
                         };
+                        if faults.as_mut().is_some_and(|f| f.lose()) {
+                            continue;
+                        }
                         (
                             t,
                             tx.commit(t.len, t.dst, self.sock_of(t.src_port), t.payload),
@@ -68,6 +74,9 @@ impl Shared {
                         let Some(t) = engine.poll_transmit_pass(now, tx_buf, pass) else {
                             break;
                         };
+                        if faults.as_mut().is_some_and(|f| f.lose()) {
+                            continue;
+                        }
                         let tx = txg.insert(self.tx.lock());
                         let sock = self.sock_of(t.src_port);
                         (t, tx.commit_copy(tx_buf, t.len, t.dst, sock, t.payload))
