@@ -4856,6 +4856,59 @@ fn a_lost_packet_between_roxe_peers_is_resent_alone() {
     }
 }
 
+/// Between roxe peers several packets lost in one window cost one round
+/// trip together, not one each: the responder reports each gap that a
+/// later arrival shows (an ACK carrying `HOLE_REPORT_CREDITS`, the missing
+/// PSN in its MSN field) and the requester resends them all at once. The
+/// sequence NAK names only the first; without the reports the others
+/// would be NAKed one by one as the replay reached them, a round trip
+/// apiece. Three losses in a 64 KiB WRITE take less extra time than one
+/// and a half single losses; each lost packet leaves twice, nothing else.
+#[test]
+fn lost_packets_of_one_window_are_repaired_in_one_round_trip() {
+    let mut took = Vec::new();
+    for lost in [&[][..], &[10][..], &[10, 20, 30][..]] {
+        let (mut net, a, b) = pair_with_a_measured_round_trip(52);
+        let data = pattern(52, 64 * 1024);
+        fill(&mut net, a, 0, &data);
+        let mut middles = 0;
+        let lose = lost.to_vec();
+        net.drop_if = Some(Box::new(move |s: &Seen| {
+            if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
+                middles += 1;
+                return lose.contains(&middles);
+            }
+            false
+        }));
+        let start = net.now;
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 2, SendOpcode::RdmaWrite, 0, 64 * 1024, b, 4096),
+        );
+        assert_eq!(wait_wcs(&mut net, a, 1)[0].status, WcStatus::Success);
+        took.push(net.now - start);
+        assert_eq!(read(&net, b, 4096, data.len()), data, "{lost:?}");
+        let st = net.engines[a.e].stats();
+        assert_eq!(st.timeouts, 0, "{lost:?}");
+        assert_eq!(st.tx_retransmits, 2 * lost.len() as u64, "{lost:?}");
+        let counters = |s: Side| {
+            net.engines[s.e]
+                .qp_snapshots()
+                .into_iter()
+                .find(|q| q.qpn == s.qpn)
+                .unwrap()
+                .counters
+        };
+        let holes = lost.len().saturating_sub(1) as u64;
+        assert_eq!(counters(b).holes_reported, holes, "{lost:?}");
+        assert_eq!(counters(a).holes_resent, holes, "{lost:?}");
+    }
+    let (one, three) = (took[1] - took[0], took[2] - took[0]);
+    println!("extra time: one loss {one} ns, three losses {three} ns");
+    assert!(2 * three < 3 * one, "one loss +{one} ns, three +{three} ns");
+}
+
 /// Between roxe peers a lost resend (both of its copies, or both copies
 /// of the NAK) is repaired by a probe that resends the oldest
 /// unacknowledged packet alone: the responder fills the gap from it and
@@ -5005,12 +5058,25 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
         let naks_before = net.engines[b.e].stats().naks_sent;
         net.drop_if = None;
         let wcs = wait_wcs(&mut net, a, 2);
-        // Every placed packet replayed: no NAK but the one for the lost
-        // second FIRST, which the replay stops at.
+        // Every placed packet replayed, and no NAK: a lost second FIRST
+        // was reported as a hole when the packets after it came, and its
+        // resend is kept before the replay reaches it.
         assert_eq!(
             net.engines[b.e].stats().naks_sent - naks_before,
-            u64::from(lose_second_first),
+            0,
             "{what}: NAKs after the gap was filled"
+        );
+        let holes = net.engines[b.e]
+            .qp_snapshots()
+            .into_iter()
+            .find(|q| q.qpn == b.qpn)
+            .unwrap()
+            .counters
+            .holes_reported;
+        assert_eq!(
+            holes,
+            u64::from(lose_second_first),
+            "{what}: holes reported"
         );
         assert!(
             wcs.iter().all(|w| w.status == WcStatus::Success),

@@ -192,7 +192,8 @@ impl super::shared::Shared {
                 "qp qpn={} type={} state={} peer={peer} dest_qpn={dest_qpn} next_psn={} \
                  una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
                  rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
-                 rnr_naks_received={} probes={} fast_retransmits={} acks_held={} srtt_us={} loss_window={} drops={}",
+                 rnr_naks_received={} probes={} fast_retransmits={} holes_reported={} holes_resent={} \
+                 acks_held={} srtt_us={} loss_window={} drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -211,6 +212,8 @@ impl super::shared::Shared {
                 q.counters.rnr_naks_received,
                 q.counters.probes,
                 q.counters.fast_retransmits,
+                q.counters.holes_reported,
+                q.counters.holes_resent,
                 q.counters.acks_held,
                 q.srtt_ns
                     .map_or("-".to_string(), |n| format!("{:.1}", n as f64 / 1000.0)),

@@ -187,6 +187,20 @@ impl Completer {
     }
 }
 
+/// The PSN a hole report names (`resp::HOLE_REPORT_CREDITS`), if `pkt`
+/// is one.
+fn hole_reported(pkt: &Packet<&[u8]>) -> Option<Psn> {
+    if pkt.opcode().operation() != Operation::Acknowledge {
+        return None;
+    }
+    let aeth = pkt.aeth()?;
+    matches!(
+        aeth.syndrome,
+        AethSyndrome::Ack { credits } if credits == super::resp::HOLE_REPORT_CREDITS
+    )
+    .then(|| Psn::new(aeth.msn))
+}
+
 impl Qp {
     /// Deliver, in order, the completions of finished WQEs at the front of
     /// the send queue.
@@ -340,6 +354,24 @@ impl Qp {
         false
     }
 
+    /// A roxe responder on this host reported `hole` missing beyond the
+    /// gap it NAKed: that packet alone goes again, without a retry spent
+    /// or the window cut (the NAK before it did both for this loss
+    /// episode). Ignored unless the responder is one that keeps what
+    /// follows a gap and `hole` was sent and is not acknowledged.
+    fn resend_hole(&mut self, cx: &QpCtx, hole: Psn) {
+        if !self.peer_keeps_early(cx)
+            || hole.is_before(self.comp.una)
+            || !hole.is_before(self.req.first_unsent())
+        {
+            return;
+        }
+        if self.req.resend_hole(&self.sq, hole) {
+            self.counters.holes_resent += 1;
+            tracing::debug!(qpn = format_args!("{:#x}", self.qpn), psn = %hole, "reported hole resent alone");
+        }
+    }
+
     /// A retry from `r` after a NAK or an implied one (`selective`: the
     /// packet carrying `r` alone), or fail with RETRY_EXC_ERR when no
     /// retry is left.
@@ -390,6 +422,13 @@ impl Qp {
             return;
         }
         let p = pkt.bth().psn();
+        if let Some(hole) = hole_reported(pkt) {
+            self.resend_hole(cx, hole);
+            if p.is_before(self.comp.una) {
+                // Its cumulative part tells nothing new.
+                return;
+            }
+        }
         // Only responses to PSNs in flight count: [una, next_psn).
         if p.is_before(self.comp.una) || !p.is_before(self.req.next_psn()) {
             self.drop_packet(cx, DropReason::PsnOutOfWindow);
@@ -438,6 +477,7 @@ impl Qp {
             // retransmission timer.
             self.comp.catch_up_una(&self.sq, self.req.next_psn());
             self.rtt.acked_before(self.comp.una, now);
+            self.req.acked_before(self.comp.una);
             let path = self.path_window(cx);
             self.loss_window
                 .acked(una_before.distance(self.comp.una).max(0), path);
@@ -494,6 +534,14 @@ impl Qp {
                     self.refill_retries();
                 }
                 self.retire_finished(cx);
+                if self.req.sent_alone(p) {
+                    // A hole reported and resent already: the responder's
+                    // replay reached it before that resend arrived. Should
+                    // both copies of the resend be lost, a probe resends
+                    // it (the oldest unacknowledged packet by then) a few
+                    // round trips on.
+                    return;
+                }
                 let selective = self.resends_hole_alone(cx, p);
                 self.retry_or_fail(cx, p, selective);
             }

@@ -218,6 +218,11 @@ pub struct QpCounters {
     /// Go-back-N started by a sequence NAK: a loss repaired a round trip
     /// after it, without a timer.
     pub fast_retransmits: u64,
+    /// Responder: PSNs reported missing to a roxe requester on this host
+    /// beyond the one a sequence NAK names (`resp::HOLE_REPORT_CREDITS`).
+    pub holes_reported: u64,
+    /// Requester: packets resent alone on such a report.
+    pub holes_resent: u64,
     /// ACKs held for this QP's own answer, as in a ping-pong
     /// (`ack_hold.rs`).
     pub acks_held: u64,

@@ -20,6 +20,7 @@ use crate::types::WcStatus;
 use crate::wr::{SendFlags, SendOpcode};
 use roxe_wire::packet::emit_headers;
 use roxe_wire::{BthRepr, ExtHeaders, Psn, ICRC_LEN};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 /// Unacknowledged PSNs allowed in flight towards a peer on another host:
@@ -60,7 +61,17 @@ pub(crate) struct Requester {
     /// The packet resent alone goes out once more before the cursor
     /// resumes (`resend_one`).
     resend_twice: bool,
+    /// PSNs a roxe responder reported missing while a packet was being
+    /// resent alone (`resend_hole`): each is resent alone, in turn, before
+    /// the cursor resumes.
+    holes: VecDeque<Psn>,
+    /// The latest PSNs that left resent alone (`sent_alone`).
+    sent_alone: VecDeque<Psn>,
 }
+
+/// Most reported holes waiting for their resend; a report beyond them is
+/// left to the sequence NAK that follows once the gap before it fills.
+const MAX_QUEUED_HOLES: usize = 64;
 
 impl Requester {
     pub fn new() -> Self {
@@ -73,6 +84,8 @@ impl Requester {
             ack_req_next: false,
             resume: None,
             resend_twice: false,
+            holes: VecDeque::new(),
+            sent_alone: VecDeque::new(),
         }
     }
 
@@ -88,6 +101,7 @@ impl Requester {
         self.pkt_index = 0;
         self.resume = None;
         self.resend_twice = false;
+        self.holes.clear();
     }
 
     /// For the completer: one past the last PSN assigned. Responses at
@@ -103,15 +117,31 @@ impl Requester {
     pub fn rewind_to(&mut self, sq: &SendQueue, r: Psn) -> bool {
         self.resume = None;
         self.resend_twice = false;
+        self.holes.clear();
         self.move_to(sq, r)
     }
 
     /// For the completer, after a sequence NAK from a responder that kept
     /// what followed the gap (`EngineConfig::keep_early`): the packet
     /// carrying PSN `r` leaves again, asking for an ACK, and the cursor
-    /// then goes on where it was. False (nothing moved) when no unfinished
-    /// WQE holds `r`.
+    /// then goes on where it was. While another packet is being resent
+    /// alone, `r` follows it (the oldest first). False (nothing moved)
+    /// when no unfinished WQE holds `r`.
     pub fn resend_one(&mut self, sq: &SendQueue, r: Psn) -> bool {
+        if self.resume.is_some() {
+            // Another packet is being resent alone: this one follows it,
+            // and the cursor still goes back to where it was before both.
+            let held = sq.iter().any(|w| w.holds_psn(r) && w.done.is_none());
+            if held && !self.holes.contains(&r) && self.holes.len() < MAX_QUEUED_HOLES {
+                // The oldest missing packet first: the responder's in-order
+                // progress waits for it.
+                match self.holes.front() {
+                    Some(f) if r.is_before(*f) => self.holes.push_front(r),
+                    _ => self.holes.push_back(r),
+                }
+            }
+            return held;
+        }
         let back = (self.wqe_index, self.pkt_index);
         if !self.move_to(sq, r) {
             return false;
@@ -123,6 +153,40 @@ impl Requester {
         // silently); two copies make that one loss in 10,000 at 1%.
         self.resend_twice = true;
         true
+    }
+
+    /// For the completer, on a hole report (`resp::HOLE_REPORT_CREDITS`):
+    /// the packet carrying `r` is resent alone, now or after the packets
+    /// being resent alone already. False when it will not be (no
+    /// unfinished WQE holds it, it waits already, or too many wait).
+    pub fn resend_hole(&mut self, sq: &SendQueue, r: Psn) -> bool {
+        if self.resume.is_some()
+            && (self.holes.contains(&r) || self.holes.len() >= MAX_QUEUED_HOLES)
+        {
+            return false;
+        }
+        self.resend_one(sq, r)
+    }
+
+    /// Whether the packet under the cursor is one resent alone: it goes
+    /// whatever the window (it was inside it when first sent, and the
+    /// oldest missing packet may wait behind it).
+    #[inline]
+    pub fn resending_alone(&self) -> bool {
+        self.resume.is_some()
+    }
+
+    /// Whether the packet carrying `p` left resent alone lately (one of
+    /// the last [`MAX_QUEUED_HOLES`] so resent) and is not acknowledged.
+    pub fn sent_alone(&self, p: Psn) -> bool {
+        self.sent_alone.contains(&p)
+    }
+
+    /// For the completer: everything before `una` is acknowledged.
+    pub fn acked_before(&mut self, una: Psn) {
+        if !self.sent_alone.is_empty() {
+            self.sent_alone.retain(|p| !p.is_before(una));
+        }
     }
 
     /// One past the highest PSN ever sent.
@@ -199,6 +263,7 @@ impl Requester {
     /// Back to where the cursor was before `resend_one`, if it moved.
     fn resume_cursor(&mut self) {
         self.resend_twice = false;
+        self.holes.clear();
         if let Some((w, k)) = self.resume.take() {
             self.wqe_index = w;
             self.pkt_index = k;
@@ -253,8 +318,12 @@ impl Requester {
     /// Packet `pkt` left: the cursor moves past it. Whether it had been
     /// sent before (a retransmission).
     #[inline]
-    fn advance(&mut self, pkt: &NextPacket) -> bool {
+    fn advance(&mut self, sq: &SendQueue, pkt: &NextPacket) -> bool {
         if self.resume.is_some() && std::mem::take(&mut self.resend_twice) {
+            if self.sent_alone.len() >= MAX_QUEUED_HOLES {
+                self.sent_alone.pop_front();
+            }
+            self.sent_alone.push_back(pkt.psn);
             self.ack_req_next = true;
             return true;
         }
@@ -266,6 +335,16 @@ impl Requester {
         let again = pkt.psn.is_before(self.first_unsent_psn);
         if !again {
             self.first_unsent_psn = pkt.psn.next();
+        }
+        if self.resume.is_some() {
+            // A packet resent alone left: the next hole reported, if any.
+            while let Some(h) = self.holes.pop_front() {
+                if h.is_before(self.first_unsent_psn) && self.move_to(sq, h) {
+                    self.ack_req_next = true;
+                    self.resend_twice = true;
+                    return again;
+                }
+            }
         }
         self.resume_cursor();
         again
@@ -646,7 +725,10 @@ impl Qp {
             self.req.pkt_index
         };
         let psn = w.first_psn + index;
-        if limits.reliable && self.comp.una().distance(psn) >= limits.window {
+        if limits.reliable
+            && self.comp.una().distance(psn) >= limits.window
+            && !self.req.resending_alone()
+        {
             return None;
         }
         Some(NextPacket {
@@ -663,7 +745,7 @@ impl Qp {
     /// runs; an unreliable message completes with its last packet.
     #[inline(always)]
     fn packet_sent(&mut self, cx: &mut QpCtx, now: Nanos, pkt: &NextPacket, limits: &SendLimits) {
-        let again = self.req.advance(pkt);
+        let again = self.req.advance(&self.sq, pkt);
         if again {
             cx.stats.tx_retransmits += 1;
             self.counters.tx_retransmits += 1;

@@ -114,6 +114,8 @@ pub(crate) struct EarlyPackets {
     /// The latest WRITE FIRST kept, and its RETH: where the packets after
     /// it go until the WRITE it starts is the one in progress.
     write_first: Option<(Psn, RethRepr)>,
+    /// The highest PSN that arrived beyond the gap ([`new_holes`](Self::new_holes)).
+    highest: Option<Psn>,
 }
 
 impl EarlyPackets {
@@ -171,6 +173,22 @@ impl EarlyPackets {
         true
     }
 
+    /// Packet `psn` arrived beyond the gap at `epsn` (NAKed): the PSNs it
+    /// shows missing that no earlier arrival showed, as (first, count).
+    /// Those between `epsn` and the first packet beyond it, then those
+    /// between the highest arrival so far and a later one.
+    pub fn new_holes(&mut self, epsn: Psn, psn: Psn) -> Option<(Psn, u32)> {
+        let from = match self.highest {
+            Some(h) if h.is_after(epsn) => h.next(),
+            _ => epsn.next(),
+        };
+        if self.highest.is_none_or(|h| psn.is_after(h)) {
+            self.highest = Some(psn);
+        }
+        psn.is_after(from)
+            .then(|| (from, from.distance(psn).unsigned_abs()))
+    }
+
     /// A WRITE FIRST with PSN `psn` and RETH `reth` was kept.
     pub fn kept_write_first(&mut self, psn: Psn, reth: RethRepr) {
         if self.write_first.is_none_or(|(f, _)| psn.is_after(f)) {
@@ -209,6 +227,7 @@ impl EarlyPackets {
     /// Forget every packet.
     pub fn clear(&mut self) {
         self.write_first = None;
+        self.highest = None;
         self.by_psn.clear();
         let n = self.bytes;
         self.release(n);

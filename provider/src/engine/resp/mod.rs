@@ -72,6 +72,24 @@ enum Resource {
     },
 }
 
+/// The AETH credit code that marks an ACK as a hole report, sent only to
+/// a roxe requester on this host (`keeps_early`): its PSN is the last one
+/// received in order, as in any ACK, and its MSN field carries a PSN that
+/// a packet arriving beyond the gap shows missing, so that the requester
+/// resends every lost packet of a window in one round trip instead of one
+/// per round trip (a sequence NAK names only the first). A requester that
+/// knows nothing of it reads a plain cumulative ACK, true as such.
+pub(crate) const HOLE_REPORT_CREDITS: u8 = 30;
+
+/// Most holes one arrival reports; a longer run of losses is NAKed, hole by
+/// hole, as the replay reaches it.
+const MAX_HOLES_REPORTED: u32 = 16;
+
+/// Whether `syndrome` is a plain ACK (not a NAK, not a hole report).
+fn plain_ack(syndrome: AethSyndrome) -> bool {
+    matches!(syndrome, AethSyndrome::Ack { credits } if credits != HOLE_REPORT_CREDITS)
+}
+
 /// A response waiting to be sent.
 #[derive(Debug, Clone, Copy)]
 enum Reply {
@@ -170,14 +188,23 @@ impl Responder {
             syndrome: AethSyndrome::ACK,
             msn: self.msn,
         };
-        if let Some(Reply::Ack {
-            syndrome: AethSyndrome::Ack { .. },
-            ..
-        }) = self.replies.back()
-        {
-            self.replies.pop_back();
+        if let Some(&Reply::Ack { syndrome, .. }) = self.replies.back() {
+            if plain_ack(syndrome) {
+                self.replies.pop_back();
+            }
         }
         self.replies.push_back(reply);
+    }
+
+    /// Queue a hole report for `hole` (see [`HOLE_REPORT_CREDITS`]).
+    fn hole_report(&mut self, hole: Psn) {
+        self.replies.push_back(Reply::Ack {
+            psn: self.epsn - 1,
+            syndrome: AethSyndrome::Ack {
+                credits: HOLE_REPORT_CREDITS,
+            },
+            msn: hole.value(),
+        });
     }
 
     /// Queue an ACK twice (a later `ack` merges with the second copy
@@ -201,13 +228,7 @@ impl Responder {
     /// `ack_hold.rs`).
     pub(super) fn only_an_ack(&self) -> bool {
         self.replies.len() == 1
-            && matches!(
-                self.replies.front(),
-                Some(Reply::Ack {
-                    syndrome: AethSyndrome::Ack { .. },
-                    ..
-                })
-            )
+            && matches!(self.replies.front(), Some(&Reply::Ack { syndrome, .. }) if plain_ack(syndrome))
     }
 
     fn remember(&mut self, r: Resource, depth: u8) {
@@ -282,6 +303,9 @@ impl Qp {
         if d > 0 {
             let keeps = self.keeps_early(cx, pkt.opcode());
             self.sequence_nak(cx, p, keeps);
+            if keeps {
+                self.report_holes(p);
+            }
             let kept = keeps && d < early::MAX_PACKETS as i32 && self.keep_early(cx, pkt, d);
             if !kept {
                 self.drop_packet(cx, DropReason::PsnGap);
@@ -337,6 +361,19 @@ impl Qp {
             got = %got,
             "PSN gap: sequence-error NAK sent"
         );
+    }
+
+    /// Packet `got` arrived beyond the gap: report the PSNs it shows
+    /// missing beyond the one NAKed (the requester resends each alone).
+    fn report_holes(&mut self, got: Psn) {
+        let r = &mut self.resp;
+        let Some((first, n)) = r.early.new_holes(r.epsn, got) else {
+            return;
+        };
+        for k in 0..n.min(MAX_HOLES_REPORTED) {
+            r.hole_report(first + k);
+        }
+        self.counters.holes_reported += u64::from(n.min(MAX_HOLES_REPORTED));
     }
 
     /// The request packet `pkt` carries the PSN expected: execute it and
