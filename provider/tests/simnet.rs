@@ -6,7 +6,8 @@
 //! Run alone: `cargo test -p roxe-provider --test simnet`.
 
 use roxe_provider::engine::{
-    CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpInitAttr, SrqId, Transmit, TxPass,
+    CqId, DropReason, Engine, EngineConfig, Nanos, QpCap, QpCounters, QpInitAttr, SrqId, Transmit,
+    TxPass,
 };
 use roxe_provider::memory::{MrInfo, Sge};
 use roxe_provider::qp_attr::{AttrMask, Mtu, QpAttr, QpState, QpType};
@@ -4682,6 +4683,16 @@ fn pair_with_a_measured_round_trip(seed: u64) -> (Net, Side, Side) {
     (net, a, b)
 }
 
+/// The traffic counters of `s`'s QP.
+fn qp_counters(net: &Net, s: Side) -> QpCounters {
+    net.engines[s.e]
+        .qp_snapshots()
+        .into_iter()
+        .find(|q| q.qpn == s.qpn)
+        .map(|q| q.counters)
+        .unwrap()
+}
+
 fn retries_left(net: &Net, s: Side) -> u8 {
     net.engines[s.e]
         .qp_snapshots()
@@ -4892,17 +4903,9 @@ fn lost_packets_of_one_window_are_repaired_in_one_round_trip() {
         let st = net.engines[a.e].stats();
         assert_eq!(st.timeouts, 0, "{lost:?}");
         assert_eq!(st.tx_retransmits, 2 * lost.len() as u64, "{lost:?}");
-        let counters = |s: Side| {
-            net.engines[s.e]
-                .qp_snapshots()
-                .into_iter()
-                .find(|q| q.qpn == s.qpn)
-                .unwrap()
-                .counters
-        };
         let holes = lost.len().saturating_sub(1) as u64;
-        assert_eq!(counters(b).holes_reported, holes, "{lost:?}");
-        assert_eq!(counters(a).holes_resent, holes, "{lost:?}");
+        assert_eq!(qp_counters(&net, b).holes_reported, holes, "{lost:?}");
+        assert_eq!(qp_counters(&net, a).holes_resent, holes, "{lost:?}");
     }
     let (one, three) = (took[1] - took[0], took[2] - took[0]);
     println!("extra time: one loss {one} ns, three losses {three} ns");
@@ -4941,16 +4944,9 @@ fn a_lost_read_response_is_asked_again_once() {
     let wcs = wait_wcs(&mut net, a, READS as usize);
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
     assert_eq!(read(&net, a, 0, src.len()), src);
-    let q = net.engines[a.e]
-        .qp_snapshots()
-        .into_iter()
-        .find(|q| q.qpn == a.qpn)
-        .unwrap();
-    assert_eq!(q.counters.timeouts, 0);
-    assert_eq!(
-        q.counters.fast_retransmits, 1,
-        "go-backs for one lost response"
-    );
+    let q = qp_counters(&net, a);
+    assert_eq!(q.timeouts, 0);
+    assert_eq!(q.fast_retransmits, 1, "go-backs for one lost response");
 }
 
 /// Between roxe peers a lost resend (both of its copies, or both copies
@@ -5110,13 +5106,7 @@ fn write_packets_beyond_a_gap_are_written_on_arrival() {
             0,
             "{what}: NAKs after the gap was filled"
         );
-        let holes = net.engines[b.e]
-            .qp_snapshots()
-            .into_iter()
-            .find(|q| q.qpn == b.qpn)
-            .unwrap()
-            .counters
-            .holes_reported;
+        let holes = qp_counters(&net, b).holes_reported;
         assert_eq!(
             holes,
             u64::from(lose_second_first),

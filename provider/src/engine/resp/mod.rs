@@ -370,10 +370,11 @@ impl Qp {
         let Some((first, n)) = r.early.new_holes(r.epsn, got) else {
             return;
         };
-        for k in 0..n.min(MAX_HOLES_REPORTED) {
+        let n = n.min(MAX_HOLES_REPORTED);
+        for k in 0..n {
             r.hole_report(first + k);
         }
-        self.counters.holes_reported += u64::from(n.min(MAX_HOLES_REPORTED));
+        self.counters.holes_reported += u64::from(n);
     }
 
     /// The request packet `pkt` carries the PSN expected: execute it and
