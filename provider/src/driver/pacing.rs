@@ -25,6 +25,7 @@
 //! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`] | a single post's message waits for an ACK; a notification is armed |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
+//! | a busy-polling progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
 //!
 //! Several threads call it at once, so its state is atomics; each rule
 //! reads and writes it in one place. The measurements behind each constant
@@ -490,6 +491,18 @@ impl Pacer {
         }
     }
 
+    /// A busy-polling progress thread's pass `received` packets or `sent`
+    /// some: whether it yields its core before the next pass. A pass that
+    /// found no work yields: with more spinning threads than cores (two
+    /// processes on two vCPUs, each program polling its CQ beside its own
+    /// busy progress thread) a plain spin kept the thread that had the
+    /// work off its core for a scheduler slice, 4.3 ms per message
+    /// (docs/PERFORMANCE.md, session 20). A pass that worked spins on: more
+    /// is likely to follow at once.
+    pub fn busy_pass_yields(&self, received: bool, sent: bool) -> bool {
+        self.config.busy_poll && !received && !sent
+    }
+
     /// The progress thread woke from its sleep.
     pub fn progress_woke(&self) {
         self.rx_coalescing.store(false, Ordering::Relaxed);
@@ -538,6 +551,19 @@ mod tests {
             messages: 2,
             last_ends: true,
         }
+    }
+
+    #[test]
+    fn a_busy_progress_thread_yields_only_after_a_pass_without_work() {
+        let busy = Pacer::new(PacingConfig {
+            busy_poll: true,
+            ..PacingConfig::default()
+        });
+        assert!(busy.busy_pass_yields(false, false));
+        assert!(!busy.busy_pass_yields(true, false));
+        assert!(!busy.busy_pass_yields(false, true));
+        // A sleeping progress thread never spins, so never yields either.
+        assert!(!pacer().busy_pass_yields(false, false));
     }
 
     #[test]

@@ -55,6 +55,7 @@ impl Shared {
                     self.send_batch(batch);
                 }
             }
+            let received = guard.is_some();
             let mut core = guard.unwrap_or_else(|| self.core.lock());
             core.stats.progress_wakeups += std::mem::take(&mut wakeups);
             core.stats.rx_coalesced += std::mem::take(&mut coalesced);
@@ -94,8 +95,13 @@ impl Shared {
             );
             if busy_poll {
                 MutexGuard::unlock_fair(core);
+                let sent = batch.as_ref().is_some_and(|b| !b.is_empty());
                 self.send_batch(batch);
-                std::hint::spin_loop();
+                if self.pacer.busy_pass_yields(received, sent) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             // Going idle: what the capture holds reaches the file, so it is

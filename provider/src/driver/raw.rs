@@ -24,7 +24,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::batch::{MAX_BATCH, RX_SLOT};
+use super::batch::{PageAligned, MAX_BATCH, RX_SLOT};
 
 /// Opening the raw socket was refused for want of `CAP_NET_RAW`. The
 /// [`io::Error`] `Device::open` returns carries it (kind
@@ -196,7 +196,7 @@ pub(crate) enum RawSkip {
 /// in `hdrs` point into `pool`, `iovs` and `names`, heap allocations owned
 /// by the struct that never move or shrink.
 pub(crate) struct RawBatch {
-    pool: Box<[u8]>,
+    pool: PageAligned,
     hdrs: Box<[libc::mmsghdr]>,
     iovs: Box<[libc::iovec]>,
     names: Box<[libc::sockaddr_ll]>,
@@ -212,7 +212,7 @@ impl RawBatch {
         // SAFETY: as above.
         let zero_name: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut rx = RawBatch {
-            pool: vec![0; MAX_BATCH * RX_SLOT].into_boxed_slice(),
+            pool: PageAligned::zeroed(MAX_BATCH * RX_SLOT),
             hdrs: vec![zero_hdr; MAX_BATCH].into_boxed_slice(),
             iovs: vec![zero_iov; MAX_BATCH].into_boxed_slice(),
             names: vec![zero_name; MAX_BATCH].into_boxed_slice(),

@@ -28,13 +28,16 @@
 //! `recvmmsg(2)` into a preallocated pool.
 //!
 //! `tx.rs` holds the transmit arena, `rx.rs` the receive pool, `direct.rs`
-//! the peers reached at their claim port beside rxe.
+//! the peers reached at their claim port beside rxe, `pages.rs` the
+//! page-aligned buffers both pools live in (why: its documentation).
 
 mod direct;
+mod pages;
 mod rx;
 mod tx;
 
 pub(crate) use direct::DirectPeers;
+pub(crate) use pages::PageAligned;
 pub(crate) use rx::recv_many;
 pub(crate) use rx::RxBatch;
 use std::time::Duration;

@@ -1,7 +1,10 @@
 //! The transmit arena: the packets of one pass, sent with `sendmmsg(2)`
 //! and UDP GSO (see the module documentation of `batch`).
 
-use super::{DirectPeers, GsoCmsg, MAX_BATCH, MAX_GSO_BYTES, MAX_GSO_SEGMENTS, SEND_WAIT, TX_SLOT};
+use super::{
+    DirectPeers, GsoCmsg, PageAligned, MAX_BATCH, MAX_GSO_BYTES, MAX_GSO_SEGMENTS, SEND_WAIT,
+    TX_SLOT,
+};
 use crate::engine::PayloadAt;
 use std::io;
 use std::mem::MaybeUninit;
@@ -109,7 +112,7 @@ pub(crate) struct TxCounters {
 
 /// The transmit arena: the packets of one progress pass, contiguous.
 pub(crate) struct TxBatch {
-    arena: Box<[u8]>,
+    arena: PageAligned,
     pkts: Vec<TxPkt>,
     /// Scratch for [`TxBatch::group_by_socket`] (kept: no allocation per
     /// flush).
@@ -156,7 +159,7 @@ impl TxBatch {
     /// if `gso` (see the module documentation).
     pub(crate) fn new(port: u16, gso: bool) -> TxBatch {
         TxBatch {
-            arena: vec![0; MAX_BATCH * TX_SLOT].into_boxed_slice(),
+            arena: PageAligned::zeroed(MAX_BATCH * TX_SLOT),
             pkts: Vec::with_capacity(MAX_BATCH),
             grouped: Vec::with_capacity(MAX_BATCH),
             end: 0,
