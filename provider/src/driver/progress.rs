@@ -147,8 +147,14 @@ impl Shared {
                 let _ = rustix::io::read(&self.hold_timer, &mut [0u8; 8]);
                 self.pacer.hold_expired();
             }
-            let mut drain = [0u8; 8];
-            let _ = rustix::io::read(&self.wake, &mut drain);
+            // Drained only when it woke the thread: a read of an empty
+            // eventfd after every datagram's wake-up is a wasted system
+            // call. A wake that comes after the poll returned is seen by
+            // the next poll, which then returns at once.
+            if !fds[1].revents().is_empty() {
+                let mut drain = [0u8; 8];
+                let _ = rustix::io::read(&self.wake, &mut drain);
+            }
             self.sleeping_until.store(0, Ordering::Release);
         }
     }
