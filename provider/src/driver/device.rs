@@ -312,7 +312,8 @@ impl Device {
     /// or with `caller_progress` off.
     pub fn progress_here(&self) -> bool {
         let s = &*self.shared;
-        let poll = s.pacer.empty_poll(s.now());
+        let now = s.now();
+        let poll = s.pacer.empty_poll(now);
         if !poll.receive {
             return false;
         }
@@ -331,7 +332,7 @@ impl Device {
             };
             let flags = rustix::time::TimerfdTimerFlags::empty();
             if rustix::time::timerfd_settime(&s.hold_timer, flags, &spec).is_ok() {
-                s.pacer.hold_armed();
+                s.pacer.hold_armed(now);
             }
         }
         if let Some(sleep) = poll.sleep {

@@ -151,13 +151,14 @@ impl PacingConfig {
 }
 
 /// How long a caller's empty poll keeps the socket from the progress
-/// thread; the caller re-arms the hold every [`HOLD_REARM_POLLS`] polls.
+/// thread; the caller re-arms the hold once [`HOLD_REARM_AFTER`] of it
+/// has passed.
 pub const CALLER_HOLD: Nanos = 100_000;
-/// Empty polls between re-arms of the hold: far fewer than fit in
-/// [`CALLER_HOLD`] (a poll is at least a `recvmmsg`), so a spinning caller
-/// never lets it lapse, and its timer is reprogrammed only every few tens
-/// of µs.
-pub const HOLD_REARM_POLLS: u32 = 64;
+/// When an empty poll re-arms the hold: half of [`CALLER_HOLD`], so a
+/// caller spinning on the CQ never lets it lapse, whatever its polls
+/// cost, and the timer is reprogrammed at most every 50 µs. (A count of
+/// 64 polls lapsed under UCX, whose polls come 2 µs or more apart.)
+pub const HOLD_REARM_AFTER: Nanos = CALLER_HOLD / 2;
 /// A receive burst that ends this many messages or more: the device
 /// receives a stream.
 pub const STREAM_BURST: u32 = 8;
@@ -240,8 +241,8 @@ pub struct Pacer {
     config: PacingConfig,
     /// A caller holds the socket.
     hold_on: AtomicBool,
-    /// Empty polls since the hold timer was armed.
-    hold_polls: AtomicU32,
+    /// When the hold timer was last armed (engine ns).
+    hold_armed_at: AtomicU64,
     /// Holds taken (from none).
     holds_taken: AtomicU64,
     /// The last burst ended [`STREAM_BURST`] messages or more.
@@ -272,7 +273,7 @@ impl Pacer {
         Pacer {
             config,
             hold_on: AtomicBool::new(false),
-            hold_polls: AtomicU32::new(0),
+            hold_armed_at: AtomicU64::new(0),
             holds_taken: AtomicU64::new(0),
             stream_in: AtomicBool::new(false),
             stream_out: AtomicBool::new(false),
@@ -357,7 +358,8 @@ impl Pacer {
         let arm_hold = (self.config.caller_hold
             && streaming
             && !(self.hold_on.load(Ordering::Acquire)
-                && self.hold_polls.fetch_add(1, Ordering::Relaxed) < HOLD_REARM_POLLS))
+                && now.saturating_sub(self.hold_armed_at.load(Ordering::Relaxed))
+                    < HOLD_REARM_AFTER))
             .then_some(Duration::from_nanos(CALLER_HOLD));
         // In a bulk stream a spinning caller sleeps out the rest of the
         // coalescing interval, leaving the core to the peer's sender, and
@@ -378,8 +380,8 @@ impl Pacer {
     /// The hold timer was (re-)armed as [`EmptyPoll::arm_hold`] asked: the
     /// caller holds the socket. (Set only once the timer is armed, so a
     /// hold never stands without the timer that ends it.)
-    pub fn hold_armed(&self) {
-        self.hold_polls.store(0, Ordering::Relaxed);
+    pub fn hold_armed(&self, now: Nanos) {
+        self.hold_armed_at.store(now, Ordering::Relaxed);
         if !self.hold_on.swap(true, Ordering::AcqRel) {
             self.holds_taken.fetch_add(1, Ordering::Relaxed);
         }
@@ -631,19 +633,38 @@ mod tests {
         );
         let e = p.empty_poll(1);
         assert_eq!(e.arm_hold, Some(Duration::from_nanos(CALLER_HOLD)));
-        p.hold_armed();
+        p.hold_armed(1);
         assert!(p.hold_on() && !p.progress_receives());
         assert_eq!(p.holds_taken(), 1);
-        // Re-armed only every HOLD_REARM_POLLS polls.
-        let rearms = (0..=HOLD_REARM_POLLS)
-            .filter(|&k| p.empty_poll(2 + Nanos::from(k)).arm_hold.is_some())
-            .count();
-        assert_eq!(rearms, 1);
+        // Re-armed once half the hold has passed, however many polls came
+        // meanwhile: polls 3 µs apart (UCX's) re-arm every 51 µs, so the
+        // hold never lapses.
+        let mut rearms = 0;
+        for k in 1..=100u64 {
+            let now = 1 + 3 * US * k;
+            if p.empty_poll(now).arm_hold.is_some() {
+                rearms += 1;
+                p.hold_armed(now);
+            }
+        }
+        assert_eq!(rearms, 5);
+        assert_eq!(p.holds_taken(), 1);
+        // Polls 1 µs apart re-arm no more often: twice in 100 µs.
+        p.hold_armed(1_000 * US);
+        let mut quick = 0;
+        for k in 1..=100u64 {
+            let now = 1_000 * US + k * US;
+            if p.empty_poll(now).arm_hold.is_some() {
+                quick += 1;
+                p.hold_armed(now);
+            }
+        }
+        assert_eq!(quick, 2);
         // The timer fired: the socket is the progress thread's.
         p.hold_expired();
         assert!(p.progress_receives());
         // While held, the progress thread sleeps without the socket.
-        p.hold_armed();
+        p.hold_armed(2_000 * US);
         assert!(!p.progress_sleep(10, None, false).watch_socket);
         assert!(p.caller_sleeps(), "arming a notification ends the hold");
         assert!(p.progress_receives());
@@ -669,7 +690,7 @@ mod tests {
     fn a_single_post_waiting_for_an_ack_ends_the_hold() {
         let p = pacer();
         p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
-        p.hold_armed();
+        p.hold_armed(0);
         assert!(p.verb_done(Verb::SinglePost, true, || load(20, 30, true)));
         // Not when nothing waits, or the pass was not clocked.
         assert!(!p.verb_done(Verb::SinglePost, true, || load(20, 30, false)));
