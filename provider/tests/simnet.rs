@@ -1324,6 +1324,19 @@ fn link(net: &mut Net, a: Side, b: Side, qp_type: QpType, mtu: Mtu) {
     connect(net, b, a, qp_type, mtu, 8, 7, 7);
 }
 
+/// Drop the packets with opcode `op` that engine `from` sends whose
+/// number among them (from 1) `lose` picks.
+fn drop_numbered(net: &mut Net, from: usize, op: Opcode, lose: impl Fn(u32) -> bool + 'static) {
+    let mut n = 0;
+    net.drop_if = Some(Box::new(move |s: &Seen| {
+        if s.from == from && s.opcode == Some(op) {
+            n += 1;
+            return lose(n);
+        }
+        false
+    }));
+}
+
 /// Drop the first packet with opcode `op`, whoever sends it.
 fn drop_first(net: &mut Net, op: Opcode) {
     let mut dropped = false;
@@ -4843,14 +4856,7 @@ fn a_lost_packet_between_roxe_peers_is_resent_alone() {
         }
         let data = pattern(48, 64 * 1024);
         fill(&mut net, a, 0, &data);
-        let mut middles = 0;
-        net.drop_if = Some(Box::new(move |s: &Seen| {
-            if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
-                middles += 1;
-                return middles == 10;
-            }
-            false
-        }));
+        drop_numbered(&mut net, 0, Opcode::RcWriteMiddle, |n| n == 10);
         post(
             &mut net,
             a,
@@ -4882,15 +4888,10 @@ fn lost_packets_of_one_window_are_repaired_in_one_round_trip() {
         let (mut net, a, b) = pair_with_a_measured_round_trip(52);
         let data = pattern(52, 64 * 1024);
         fill(&mut net, a, 0, &data);
-        let mut middles = 0;
         let lose = lost.to_vec();
-        net.drop_if = Some(Box::new(move |s: &Seen| {
-            if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
-                middles += 1;
-                return lose.contains(&middles);
-            }
-            false
-        }));
+        drop_numbered(&mut net, 0, Opcode::RcWriteMiddle, move |n| {
+            lose.contains(&n)
+        });
         let start = net.now;
         post(
             &mut net,
@@ -4925,14 +4926,7 @@ fn a_lost_read_response_is_asked_again_once() {
     const LEN: usize = 16 * 1024;
     let src = pattern(53, READS as usize * LEN);
     fill(&mut net, b, 8192, &src);
-    let mut middles = 0;
-    net.drop_if = Some(Box::new(move |s: &Seen| {
-        if s.from == 1 && s.opcode == Some(Opcode::RcReadResponseMiddle) {
-            middles += 1;
-            return middles == 1;
-        }
-        false
-    }));
+    drop_numbered(&mut net, 1, Opcode::RcReadResponseMiddle, |n| n == 1);
     for i in 0..READS {
         let off = i * LEN as u64;
         post(
@@ -4959,16 +4953,11 @@ fn a_lost_resend_between_roxe_peers_is_probed_alone() {
     let (mut net, a, b) = pair_with_a_measured_round_trip(49);
     let data = pattern(49, 64 * 1024);
     fill(&mut net, a, 0, &data);
-    let mut middles = 0;
-    net.drop_if = Some(Box::new(move |s: &Seen| {
-        if s.from == 0 && s.opcode == Some(Opcode::RcWriteMiddle) {
-            middles += 1;
-            // The 10th middle packet, and both copies of its resend (the
-            // 64 packets' 62 middles all go first).
-            return matches!(middles, 10 | 63 | 64);
-        }
-        false
-    }));
+    // The 10th middle packet, and both copies of its resend (the 64
+    // packets' 62 middles all go first).
+    drop_numbered(&mut net, 0, Opcode::RcWriteMiddle, |n| {
+        matches!(n, 10 | 63 | 64)
+    });
     let start = net.now;
     post(
         &mut net,

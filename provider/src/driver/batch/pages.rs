@@ -19,9 +19,10 @@ const PAGE: usize = 4096;
 /// The bytes never move (a boxed allocation), so pointers into them stay
 /// valid as long as the value lives.
 pub(crate) struct PageAligned {
+    /// [`PAGE`] bytes more than asked for; the bytes asked for start at
+    /// `start`, the first page boundary in it.
     buf: Box<[u8]>,
     start: usize,
-    len: usize,
 }
 
 impl PageAligned {
@@ -30,20 +31,26 @@ impl PageAligned {
         // `align_offset` on a `u8` pointer always succeeds (no `usize::MAX`)
         // and is below PAGE, so `start + len` fits in `buf`.
         let start = buf.as_ptr().align_offset(PAGE);
-        PageAligned { buf, start, len }
+        PageAligned { buf, start }
+    }
+
+    /// Where in `buf` the bytes asked for lie.
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.buf.len() - PAGE + self.start
     }
 }
 
 impl Deref for PageAligned {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        &self.buf[self.range()]
     }
 }
 
 impl DerefMut for PageAligned {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[self.start..self.start + self.len]
+        let r = self.range();
+        &mut self.buf[r]
     }
 }
 

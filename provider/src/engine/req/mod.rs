@@ -128,31 +128,7 @@ impl Requester {
     /// alone, `r` follows it (the oldest first). False (nothing moved)
     /// when no unfinished WQE holds `r`.
     pub fn resend_one(&mut self, sq: &SendQueue, r: Psn) -> bool {
-        if self.resume.is_some() {
-            // Another packet is being resent alone: this one follows it,
-            // and the cursor still goes back to where it was before both.
-            let held = sq.iter().any(|w| w.holds_psn(r) && w.done.is_none());
-            if held && !self.holes.contains(&r) && self.holes.len() < MAX_QUEUED_HOLES {
-                // The oldest missing packet first: the responder's in-order
-                // progress waits for it.
-                match self.holes.front() {
-                    Some(f) if r.is_before(*f) => self.holes.push_front(r),
-                    _ => self.holes.push_back(r),
-                }
-            }
-            return held;
-        }
-        let back = (self.wqe_index, self.pkt_index);
-        if !self.move_to(sq, r) {
-            return false;
-        }
-        self.resume = Some(back);
-        self.ack_req_next = true;
-        // A lost copy would be noticed only by a probe, milliseconds
-        // later (the responder NAKs a gap once and keeps the rest
-        // silently); two copies make that one loss in 10,000 at 1%.
-        self.resend_twice = true;
-        true
+        self.resend_alone(sq, r).is_some()
     }
 
     /// For the completer, on a hole report (`resp::HOLE_REPORT_CREDITS`):
@@ -160,12 +136,41 @@ impl Requester {
     /// being resent alone already. False when it will not be (no
     /// unfinished WQE holds it, it waits already, or too many wait).
     pub fn resend_hole(&mut self, sq: &SendQueue, r: Psn) -> bool {
-        if self.resume.is_some()
-            && (self.holes.contains(&r) || self.holes.len() >= MAX_QUEUED_HOLES)
-        {
-            return false;
+        self.resend_alone(sq, r) == Some(true)
+    }
+
+    /// [`resend_one`](Self::resend_one)'s work: `None` when no unfinished
+    /// WQE holds `r`; else whether `r` was sent for or queued (not when it
+    /// waits already or the queue is full).
+    fn resend_alone(&mut self, sq: &SendQueue, r: Psn) -> Option<bool> {
+        if self.resume.is_some() {
+            // Another packet is being resent alone: this one follows it,
+            // and the cursor still goes back to where it was before both.
+            if !sq.iter().any(|w| w.holds_psn(r) && w.done.is_none()) {
+                return None;
+            }
+            if self.holes.contains(&r) || self.holes.len() >= MAX_QUEUED_HOLES {
+                return Some(false);
+            }
+            // The oldest missing packet first: the responder's in-order
+            // progress waits for it.
+            match self.holes.front() {
+                Some(f) if r.is_before(*f) => self.holes.push_front(r),
+                _ => self.holes.push_back(r),
+            }
+            return Some(true);
         }
-        self.resend_one(sq, r)
+        let back = (self.wqe_index, self.pkt_index);
+        if !self.move_to(sq, r) {
+            return None;
+        }
+        self.resume = Some(back);
+        self.ack_req_next = true;
+        // A lost copy would be noticed only by a probe, milliseconds
+        // later (the responder NAKs a gap once and keeps the rest
+        // silently); two copies make that one loss in 10,000 at 1%.
+        self.resend_twice = true;
+        Some(true)
     }
 
     /// Whether the packet under the cursor is one resent alone: it goes
