@@ -136,6 +136,44 @@ fn a_burst_of_messages_makes_an_empty_poll_hold_the_socket() {
     );
 }
 
+/// A caller preempted between arming the hold's timer and taking the hold
+/// for longer than the hold lasts: the timer fired (and the progress
+/// thread saw it) before the hold was taken, so nothing but the caller can
+/// end it. The caller ends it, and a program that stops polling still gets
+/// its packets received. (Without that, `ib_write_lat`, which stops
+/// polling its CQ to spin on memory, stalled until its peer's retries ran
+/// out.)
+#[test]
+fn a_hold_taken_after_its_timer_fired_is_ended_by_the_caller() {
+    let (a, b) = pair(["chl-late-a", "chl-late-b"], true);
+    device(&b).pause_progress_thread(true);
+    post_recvs(&b, BURST);
+    send_list(&a, BURST, 0);
+    poll_n(&b, BURST);
+    // b now receives a stream: its next empty poll takes a hold, and waits
+    // three holds' time between arming the timer and taking it, while the
+    // progress thread runs and sees the timer fire.
+    device(&b).pause_progress_thread(false);
+    device(&b).delay_hold_taking(Duration::from_micros(300));
+    let before = holds(&b);
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    device(&b).delay_hold_taking(Duration::ZERO);
+    assert_eq!(holds(&b) - before, 1, "the empty poll took a hold");
+    assert!(
+        !device(&b).caller_hold_on(),
+        "a hold taken after its timer fired is ended at once"
+    );
+    // b stops polling: its progress thread receives the next SEND and
+    // ACKs it.
+    poll_n(&a, BURST);
+    post_recvs(&b, 1);
+    send_list(&a, 1, 100);
+    let wcs = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::Success, "{:?}", wcs[0]);
+    assert_eq!(wcs[0].wr_id, 100);
+}
+
 #[test]
 fn arming_a_notification_ends_the_hold() {
     let (a, b) = pair(["chn-a", "chn-b"], true);

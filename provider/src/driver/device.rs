@@ -261,6 +261,7 @@ impl Device {
             pacer: Pacer::new(pacing),
             hold_timer,
             progress_paused: AtomicBool::new(false),
+            hold_take_delay_us: AtomicU64::new(0),
             progress_parked: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
@@ -332,7 +333,14 @@ impl Device {
             };
             let flags = rustix::time::TimerfdTimerFlags::empty();
             if rustix::time::timerfd_settime(&s.hold_timer, flags, &spec).is_ok() {
+                let delay = s.hold_take_delay_us.load(Ordering::Relaxed);
+                if delay > 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(delay));
+                }
                 s.pacer.hold_armed(now);
+                if s.pacer.hold_outlived(now, s.now()) {
+                    s.end_hold();
+                }
             }
         }
         if let Some(sleep) = poll.sleep {

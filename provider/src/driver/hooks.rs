@@ -37,6 +37,14 @@ impl Device {
         BatchHold(self.shared.tx.lock())
     }
 
+    /// Make callers wait `delay` between arming the hold timer and taking
+    /// the hold, as a caller preempted there would (zero: no wait).
+    pub fn delay_hold_taking(&self, delay: Duration) {
+        self.shared
+            .hold_take_delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
+    }
+
     /// Whether a caller holds the socket now (`Pacer::empty_poll`).
     pub fn caller_hold_on(&self) -> bool {
         self.shared.pacer.hold_on()

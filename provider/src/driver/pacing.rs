@@ -379,12 +379,26 @@ impl Pacer {
 
     /// The hold timer was (re-)armed as [`EmptyPoll::arm_hold`] asked: the
     /// caller holds the socket. (Set only once the timer is armed, so a
-    /// hold never stands without the timer that ends it.)
+    /// hold never stands without the timer that ends it, unless that
+    /// timer fired first: [`hold_outlived`](Self::hold_outlived).)
     pub fn hold_armed(&self, now: Nanos) {
         self.hold_armed_at.store(now, Ordering::Relaxed);
         if !self.hold_on.swap(true, Ordering::AcqRel) {
             self.holds_taken.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a hold whose timer was armed at `armed_at` (then taken with
+    /// [`hold_armed`](Self::hold_armed)) must be ended by the caller at
+    /// `now`: a caller preempted for a whole hold between arming the
+    /// timer and taking the hold may have taken it after the timer fired
+    /// and the progress thread ended it. Nothing would end it then, and a
+    /// program that stops polling the CQ (one waiting on memory) would
+    /// leave its datagrams unreceived for as long as it waits. Before
+    /// `armed_at` + [`CALLER_HOLD`] the timer has not fired, and its
+    /// firing ends the hold taken.
+    pub fn hold_outlived(&self, armed_at: Nanos, now: Nanos) -> bool {
+        now.saturating_sub(armed_at) >= CALLER_HOLD
     }
 
     /// End a caller's hold; true if there was one (the progress thread is
@@ -662,6 +676,13 @@ mod tests {
         assert_eq!(quick, 2);
         // The timer fired: the socket is the progress thread's.
         p.hold_expired();
+        assert!(p.progress_receives());
+        // A caller preempted between arming the timer and taking the hold
+        // may take it after the timer fired: it ends the hold itself.
+        p.hold_armed(1_500 * US);
+        assert!(!p.hold_outlived(1_500 * US, 1_500 * US + CALLER_HOLD - 1));
+        assert!(p.hold_outlived(1_500 * US, 1_500 * US + CALLER_HOLD));
+        assert!(p.end_hold());
         assert!(p.progress_receives());
         // While held, the progress thread sleeps without the socket.
         p.hold_armed(2_000 * US);

@@ -110,6 +110,10 @@ pub(super) struct Shared {
     /// Tests: the progress thread does nothing while set
     /// ([`Device::pause_progress_thread`]).
     pub(super) progress_paused: AtomicBool,
+    /// Tests: microseconds a caller waits between arming the hold timer
+    /// and taking the hold, as a preempted caller would
+    /// ([`Device::delay_hold_taking`]).
+    pub(super) hold_take_delay_us: AtomicU64,
     /// The progress thread has seen `progress_paused` and does nothing.
     pub(super) progress_parked: AtomicBool,
     /// `roxe stat`'s socket (None where it could not be made).
