@@ -22,7 +22,7 @@
 //! | a verb's pass is ACK-clocked | [`Pacer::verb_pass`] | a single post's always; a poll's while [`POLL_CLOCKED_QUEUE`] messages are queued; never a post list's |
 //! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window and messages wait for the ACK: that caller sends them |
 //! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]) |
-//! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`] | a single post's message waits for an ACK; a notification is armed |
+//! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | a busy-polling progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
