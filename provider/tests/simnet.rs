@@ -1286,6 +1286,68 @@ fn reads_under_loss() {
     }
 }
 
+/// A duplicate READ request (a probe) that reaches the responder while
+/// that READ's responses are still being sent restarts them where it asks,
+/// as rxe replays its one resource: the rest is not sent twice.
+#[test]
+fn a_duplicate_read_request_restarts_the_responses_under_way() {
+    let mut net = Net::new(2, seed(), Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let src = pattern(4, 8 * 1024);
+    fill(&mut net, b, 0, &src);
+    let wr = rdma_wr(a, 1, SendOpcode::RdmaRead, 0, 8 * 1024, b, 0);
+    post(&mut net, a, wr);
+    let pass = TxPass {
+        ack_clocked: false,
+        payload_by_ref: false,
+    };
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    // Drive the engines by hand: the request, then three of its eight
+    // responses, then the same request again.
+    let t = net.engines[a.e]
+        .poll_transmit_pass(now, &mut buf, pass)
+        .expect("the READ request");
+    let request = assemble(&buf, &t);
+    let (a_addr, a_port) = (net.engines[a.e].addr(), t.src_port);
+    assert!(net.engines[a.e]
+        .poll_transmit_pass(now, &mut buf, pass)
+        .is_none());
+    net.engines[b.e].handle_packet(now, a_addr, a_port, &request);
+    let mut responses = Vec::new();
+    let mut take = |net: &mut Net, most: usize, responses: &mut Vec<(u32, Vec<u8>)>| {
+        for _ in 0..most {
+            let Some(t) = net.engines[b.e].poll_transmit_pass(now, &mut buf, pass) else {
+                break;
+            };
+            let bytes = assemble(&buf, &t);
+            let seen = Seen::parse(true, b.e, a.e, &bytes);
+            responses.push((seen.psn.unwrap(), bytes));
+        }
+    };
+    take(&mut net, 3, &mut responses);
+    assert_eq!(responses.len(), 3);
+    net.engines[b.e].handle_packet(now, a_addr, a_port, &request);
+    take(&mut net, 100, &mut responses);
+    let first = responses[0].0;
+    let psns: Vec<u32> = responses.iter().map(|(p, _)| p - first).collect();
+    assert_eq!(
+        psns,
+        [0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7],
+        "responses by PSN from the first"
+    );
+    // The requester takes the replayed run (and drops the first three's
+    // copies as duplicates): the READ completes with the bytes.
+    let b_addr = net.engines[b.e].addr();
+    for (_, bytes) in &responses {
+        net.engines[a.e].handle_packet(now, b_addr, a_port, bytes);
+    }
+    let wcs = poll(&mut net, a);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(read(&net, a, 0, src.len()), src);
+}
+
 // ---------------------------------------------------------------------
 // Helpers for the feature tests below.
 

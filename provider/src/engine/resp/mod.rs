@@ -224,6 +224,26 @@ impl Responder {
         });
     }
 
+    /// A duplicate READ request asks for the READ starting at `first` again
+    /// from its response `next`: if that READ's responses are still queued
+    /// or being sent, they restart there, and true. As rxe replays its one
+    /// resource from the PSN asked for: a second copy queued behind the
+    /// first would send the rest twice (a probe during a 1 MiB READ that
+    /// a descheduled responder had not started resent all 256 packets).
+    fn restart_read(&mut self, first: Psn, next: u32) -> bool {
+        let queued = self.replies.iter_mut().find_map(|reply| match reply {
+            Reply::Read { first: f, next, .. } if *f == first => Some(next),
+            _ => None,
+        });
+        match queued {
+            Some(at) => {
+                *at = next;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Whether the only reply queued is a plain ACK (one that may be held:
     /// `ack_hold.rs`).
     pub(super) fn only_an_ack(&self) -> bool {
@@ -475,6 +495,7 @@ impl Qp {
                 _ => None,
             });
         match found {
+            Some(Reply::Read { first, next, .. }) if r.restart_read(first, next) => {}
             Some(reply) => r.replies.push_back(reply),
             None => self.drop_packet(cx, DropReason::DuplicateUnanswerable),
         }
