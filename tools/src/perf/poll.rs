@@ -1,15 +1,16 @@
 //! Waiting for completions in `roxe perf`.
 //!
-//! The device's progress thread needs a core to receive, so a CQ poller
-//! spins briefly and then yields between empty polls; with `-e` it sleeps on
-//! a completion channel instead. Every wait ends at `--timeout`, and the
+//! A CQ poller spins bare, as perftest's do; with `-e` it sleeps on a
+//! completion channel instead. (A soft device's `Cq::poll` yields the core
+//! itself every 64 empty polls, and receives in the caller's thread: a
+//! PAUSE-and-yield backoff on top left the answer of a ping-pong to the
+//! progress thread and tripled `--lat` figures against perftest's.) Every wait ends at `--timeout`, and the
 //! CQ loops also watch the control connection, so a peer's failure stops
 //! both sides at once.
 
 use super::ctrl::Ctrl;
 use super::setup::Setup;
 use super::{ctx, Res};
-use crossbeam_utils::Backoff;
 use roxe_verbs::{CompChannel, Cq, WcOpcode, WcStatus, WorkCompletion};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ fn wc_error(wc: &WorkCompletion) -> String {
     )
 }
 
-/// Polls a CQ: spins, then yields the core, and every few milliseconds
+/// Polls a CQ: spins (or sleeps on the channel), and every few milliseconds
 /// checks the deadline and the control connection.
 pub struct Poller<'a> {
     cq: &'a Cq,
@@ -29,10 +30,6 @@ pub struct Poller<'a> {
     deadline: Instant,
     what: &'static str,
     idle: u32,
-    /// Spin, then yield the core (the device's progress thread may need
-    /// it); `None` on hardware, where the loop spins bare as perftest's
-    /// (PAUSE costs a VM exit in some hypervisors and emulators).
-    backoff: Option<Backoff>,
     next_check: Instant,
 }
 
@@ -45,7 +42,6 @@ impl<'a> Poller<'a> {
             deadline,
             what,
             idle: 0,
-            backoff: (!s.hardware).then(Backoff::new),
             next_check: Instant::now(),
         }
     }
@@ -68,9 +64,6 @@ impl<'a> Poller<'a> {
             }
             if n > 0 {
                 self.idle = 0;
-                if let Some(b) = &self.backoff {
-                    b.reset();
-                }
                 if let Some(bad) = buf[..n].iter().find(|w| w.status != WcStatus::Success) {
                     return Err(wc_error(bad));
                 }
@@ -78,19 +71,10 @@ impl<'a> Poller<'a> {
             }
             self.idle = self.idle.saturating_add(1);
             let sleeping = self.channel.is_some();
-            let yielding = match &self.backoff {
-                // Slept in the channel already.
-                _ if sleeping => false,
-                Some(b) => {
-                    b.snooze();
-                    b.is_completed()
-                }
-                None => false,
-            };
             // Reading the clock is not free everywhere (a syscall where the
             // clocksource is HPET, as in emulated guests): while spinning,
             // look at it every 1024 empty polls only.
-            if sleeping || yielding || self.idle & 1023 == 0 {
+            if sleeping || self.idle & 1023 == 0 {
                 let now = Instant::now();
                 if now >= self.next_check {
                     self.next_check = now + Duration::from_millis(5);

@@ -17,7 +17,7 @@ pub struct Setup {
     _pd: Pd,
     pub addr: std::net::IpAddr,
     /// A hardware device: nothing in this process needs the core, so a
-    /// poller spins without yielding (as perftest does).
+    /// loop polling memory spins without yielding (as perftest does).
     pub hardware: bool,
     /// The most READs and atomics outstanding a QP of the device may have
     /// each way (`max_qp_init_rd_atom`, `max_qp_rd_atom`).
