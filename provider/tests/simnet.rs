@@ -1348,6 +1348,70 @@ fn a_duplicate_read_request_restarts_the_responses_under_way() {
     assert_eq!(read(&net, a, 0, src.len()), src);
 }
 
+/// A duplicate request for a READ answered already goes ahead of the
+/// responses to later READs (PSN order): a requester that goes back (rxe)
+/// asks for those again right after it, and they restart behind it.
+#[test]
+fn a_replayed_read_goes_before_the_responses_to_later_reads() {
+    let mut net = Net::new(2, seed(), Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    fill(&mut net, b, 0, &pattern(5, 16 * 1024));
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 1, SendOpcode::RdmaRead, 0, 2048, b, 0),
+    );
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 2, SendOpcode::RdmaRead, 4096, 8192, b, 4096),
+    );
+    let pass = TxPass {
+        ack_clocked: false,
+        payload_by_ref: false,
+    };
+    let mut buf = vec![0u8; 9000];
+    let now = net.now;
+    let mut requests = Vec::new();
+    while let Some(t) = net.engines[a.e].poll_transmit_pass(now, &mut buf, pass) {
+        requests.push((t.src_port, assemble(&buf, &t)));
+    }
+    assert_eq!(requests.len(), 2, "two READ requests");
+    let a_addr = net.engines[a.e].addr();
+    let deliver = |net: &mut Net, (port, bytes): &(u16, Vec<u8>)| {
+        net.engines[b.e].handle_packet(now, a_addr, *port, bytes);
+    };
+    let mut take = |net: &mut Net, most: usize| -> Vec<u32> {
+        let mut psns = Vec::new();
+        for _ in 0..most {
+            let Some(t) = net.engines[b.e].poll_transmit_pass(now, &mut buf, pass) else {
+                break;
+            };
+            psns.push(
+                Seen::parse(true, b.e, a.e, &assemble(&buf, &t))
+                    .psn
+                    .unwrap(),
+            );
+        }
+        psns
+    };
+    deliver(&mut net, &requests[0]);
+    deliver(&mut net, &requests[1]);
+    // The first READ (PSNs 0-1) answered, the second (2-9) three packets in.
+    let sent = take(&mut net, 5);
+    let first = sent[0];
+    let rel = |v: Vec<u32>| v.into_iter().map(|p| p - first).collect::<Vec<_>>();
+    assert_eq!(rel(sent), [0, 1, 2, 3, 4]);
+    // rxe going back: both requests again, in order.
+    deliver(&mut net, &requests[0]);
+    deliver(&mut net, &requests[1]);
+    assert_eq!(
+        rel(take(&mut net, 100)),
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+        "the replay first, then the second READ from its start, once"
+    );
+}
+
 // ---------------------------------------------------------------------
 // Helpers for the feature tests below.
 

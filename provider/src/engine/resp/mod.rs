@@ -244,6 +244,30 @@ impl Responder {
         }
     }
 
+    /// Queue the replay of a finished READ or atomic ahead of the READ and
+    /// atomic responses queued for later requests: responses go in PSN
+    /// order, and a requester going back (rxe) asks for those later ones
+    /// again right after, which restarts them behind it.
+    fn queue_replay(&mut self, reply: Reply) {
+        let psn = match reply {
+            Reply::Read { first, .. } => first,
+            Reply::AtomicAck { psn, .. } => psn,
+            Reply::Ack { .. } => {
+                self.replies.push_back(reply);
+                return;
+            }
+        };
+        let later = self.replies.iter().position(|q| match *q {
+            Reply::Read { first, .. } => first.is_after(psn),
+            Reply::AtomicAck { psn: p, .. } => p.is_after(psn),
+            Reply::Ack { .. } => false,
+        });
+        match later {
+            Some(i) => self.replies.insert(i, reply),
+            None => self.replies.push_back(reply),
+        }
+    }
+
     /// Whether the only reply queued is a plain ACK (one that may be held:
     /// `ack_hold.rs`).
     pub(super) fn only_an_ack(&self) -> bool {
@@ -496,7 +520,7 @@ impl Qp {
             });
         match found {
             Some(Reply::Read { first, next, .. }) if r.restart_read(first, next) => {}
-            Some(reply) => r.replies.push_back(reply),
+            Some(reply) => r.queue_replay(reply),
             None => self.drop_packet(cx, DropReason::DuplicateUnanswerable),
         }
     }
