@@ -1,12 +1,11 @@
 //! Waiting for completions in `roxe perf`.
 //!
 //! A CQ poller spins bare, as perftest's do; with `-e` it sleeps on a
-//! completion channel instead. (A soft device's `Cq::poll` yields the core
-//! itself every 64 empty polls, and receives in the caller's thread: a
-//! PAUSE-and-yield backoff on top left the answer of a ping-pong to the
-//! progress thread and tripled `--lat` figures against perftest's.) Every wait ends at `--timeout`, and the
-//! CQ loops also watch the control connection, so a peer's failure stops
-//! both sides at once.
+//! completion channel instead. A soft device's `Cq::poll` receives in the
+//! caller's thread and yields the core every 64 empty polls itself; a
+//! backoff on top left a ping-pong's answer to the progress thread. Every
+//! wait ends at `--timeout`, and the CQ loops also watch the control
+//! connection, so a peer's failure stops both sides at once.
 
 use super::ctrl::Ctrl;
 use super::setup::Setup;

@@ -228,8 +228,7 @@ impl Responder {
     /// from its response `next`: if that READ's responses are still queued
     /// or being sent, they restart there, and true. As rxe replays its one
     /// resource from the PSN asked for: a second copy queued behind the
-    /// first would send the rest twice (a probe during a 1 MiB READ that
-    /// a descheduled responder had not started resent all 256 packets).
+    /// first would send the rest twice.
     fn restart_read(&mut self, first: Psn, next: u32) -> bool {
         let queued = self.replies.iter_mut().find_map(|reply| match reply {
             Reply::Read { first: f, next, .. } if *f == first => Some(next),
