@@ -115,6 +115,18 @@ enum Reply {
     },
 }
 
+impl Reply {
+    /// The PSN of the request a READ's responses or an atomic ACK answer
+    /// (an ACK answers no one request).
+    fn request_psn(&self) -> Option<Psn> {
+        match *self {
+            Reply::Read { first, .. } => Some(first),
+            Reply::AtomicAck { psn, .. } => Some(psn),
+            Reply::Ack { .. } => None,
+        }
+    }
+}
+
 /// Per-QP responder state.
 #[derive(Debug)]
 pub(crate) struct Responder {
@@ -248,18 +260,10 @@ impl Responder {
     /// order, and a requester going back (rxe) asks for those later ones
     /// again right after, which restarts them behind it.
     fn queue_replay(&mut self, reply: Reply) {
-        let psn = match reply {
-            Reply::Read { first, .. } => first,
-            Reply::AtomicAck { psn, .. } => psn,
-            Reply::Ack { .. } => {
-                self.replies.push_back(reply);
-                return;
-            }
-        };
-        let later = self.replies.iter().position(|q| match *q {
-            Reply::Read { first, .. } => first.is_after(psn),
-            Reply::AtomicAck { psn: p, .. } => p.is_after(psn),
-            Reply::Ack { .. } => false,
+        let later = reply.request_psn().and_then(|psn| {
+            self.replies
+                .iter()
+                .position(|q| q.request_psn().is_some_and(|p| p.is_after(psn)))
         });
         match later {
             Some(i) => self.replies.insert(i, reply),
