@@ -7,7 +7,7 @@ use crate::{
     hw, io, poll_readable, set_fd_nonblocking, soft, verbs, Context, CqId, Errno, Result, WcOpcode,
     WcStatus, WorkCompletion,
 };
-use roxe_provider::driver::Device;
+use roxe_provider::driver::{CallerReceive, Device, EMPTY_POLLS_BEFORE_YIELD};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -158,11 +158,6 @@ impl Drop for CqInner {
     }
 }
 
-/// After this many empty polls in a row, `Cq::poll` yields the CPU once: a
-/// program spinning on `poll_cq` must leave the progress thread (which
-/// delivers its completions) room to run on a small machine.
-const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
-
 impl SoftCq {
     /// `ibv_create_cq` on `dev`, its events going to `channel`.
     fn create(dev: &Arc<Device>, depth: u32, channel: Option<&soft::CompChannel>) -> Result<Self> {
@@ -193,14 +188,19 @@ impl SoftCq {
         // Nothing waiting: receive in this thread (no hand-over from the
         // progress thread for the completion), and without anything received
         // do not take the engine lock.
-        if waiting.load(Ordering::Acquire) == 0
-            && !(self.dev.progress_here() && waiting.load(Ordering::Acquire) > 0)
-        {
-            let n = self.empty_polls.fetch_add(1, Ordering::Relaxed);
-            if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1 {
-                std::thread::yield_now();
+        if waiting.load(Ordering::Acquire) == 0 {
+            let here = self.dev.progress_here();
+            if !(here == CallerReceive::Handled && waiting.load(Ordering::Acquire) > 0) {
+                // A program spinning on `poll_cq` leaves the progress thread
+                // room to run, when it has work this thread cannot do.
+                let n = self.empty_polls.fetch_add(1, Ordering::Relaxed);
+                if n % EMPTY_POLLS_BEFORE_YIELD == EMPTY_POLLS_BEFORE_YIELD - 1
+                    && self.dev.caller_yields(here)
+                {
+                    std::thread::yield_now();
+                }
+                return Ok(0);
             }
-            return Ok(0);
         }
         self.empty_polls.store(0, Ordering::Relaxed);
         Ok(self.dev.engine_for_poll().poll_cq_at(self.id, out, at)?)

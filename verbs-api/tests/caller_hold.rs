@@ -109,15 +109,36 @@ fn take_hold(a: &Side, b: &Side) -> u64 {
     poll_n(b, BURST);
     let before = holds(b);
     let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    let t0 = Instant::now();
     assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    TOOK.with(|t| t.set(t0.elapsed()));
     holds(b) - before
+}
+
+thread_local! {
+    /// How long `take_hold`'s empty poll took.
+    static TOOK: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Whether the hold `take_hold` took must still stand: its poll took less
+/// than a hold. A caller preempted for a whole hold inside the poll, as a
+/// loaded test machine may do, ends the hold at once
+/// (`a_hold_taken_after_its_timer_fired_is_ended_by_the_caller`).
+fn hold_must_stand() -> bool {
+    let took = TOOK.with(|t| t.get());
+    let stands = took < Duration::from_micros(100);
+    if !stands {
+        println!("the empty poll took {took:?}: the hold may have ended already");
+    }
+    stands
 }
 
 #[test]
 fn a_burst_of_messages_makes_an_empty_poll_hold_the_socket() {
     let (a, b) = pair(["ch-a", "ch-b"], true);
     assert_eq!(take_hold(&a, &b), 1, "the empty poll after the burst holds");
-    assert!(device(&b).caller_hold_on());
+    let on = device(&b).caller_hold_on();
+    assert!(on || !hold_must_stand());
     // A program that stops polling now: the hold's timer gives the socket
     // back to the progress thread, which receives the next SEND and ACKs
     // it (a's completion needs that ACK).
@@ -178,6 +199,7 @@ fn a_hold_taken_after_its_timer_fired_is_ended_by_the_caller() {
 fn arming_a_notification_ends_the_hold() {
     let (a, b) = pair(["chn-a", "chn-b"], true);
     assert_eq!(take_hold(&a, &b), 1);
+    assert!(device(&b).caller_hold_on() || !hold_must_stand());
     b.cq.req_notify(false).unwrap();
     assert!(
         !device(&b).caller_hold_on(),

@@ -47,7 +47,7 @@ use super::counters::{DeviceStats, DriverStats};
 use super::fault::Faults;
 use super::guard::EngineGuard;
 use super::lid::{addr_of_lid, lid_of};
-use super::pacing::{Pacer, PacingConfig, Verb};
+use super::pacing::{CallerReceive, Pacer, PacingConfig, Verb};
 use super::shared::{CmEventSink, Core, DeferredJob, EventSink, Shared};
 use super::steering::SharedAddress;
 use super::tap::Tap;
@@ -303,20 +303,19 @@ impl Device {
 
     /// Progress in the caller's thread, for a `poll_cq` that found nothing:
     /// receive one burst from the socket and handle it (completions, ACKs,
-    /// replies), unless another thread is receiving. True if packets were
-    /// handled. A completion then needs no hand-over from the progress
+    /// replies), unless another thread is receiving. A completion then needs no hand-over from the progress
     /// thread. That thread still sleeps on the socket too, unless the
     /// pacer lets this caller hold it (`Pacer::empty_poll`): callers may
     /// stop polling at any moment without saying so (perftest's
     /// `ib_write_lat` spins on its buffer between polls). Does nothing
     /// where the progress thread must receive (raw receive, `busy_poll`)
     /// or with `caller_progress` off.
-    pub fn progress_here(&self) -> bool {
+    pub fn progress_here(&self) -> CallerReceive {
         let s = &*self.shared;
         let now = s.now();
         let poll = s.pacer.empty_poll(now);
         if !poll.receive {
-            return false;
+            return CallerReceive::NotHere;
         }
         if let Some(hold) = poll.arm_hold {
             // The timer is armed before the hold is taken: a hold never
@@ -347,7 +346,7 @@ impl Device {
             std::thread::sleep(sleep);
         }
         let Some(mut rx) = s.rx.try_lock() else {
-            return false;
+            return CallerReceive::NotHere;
         };
         let mut guard = None;
         s.receive_udp(&mut rx, &mut guard);
@@ -358,10 +357,20 @@ impl Device {
                 let batch = s.after_work(&mut core, false);
                 MutexGuard::unlock_fair(core);
                 s.send_batch(batch);
-                true
+                CallerReceive::Handled
             }
-            None => false,
+            None => CallerReceive::Nothing,
         }
+    }
+
+    /// A caller spinning on a CQ found it empty
+    /// [`EMPTY_POLLS_BEFORE_YIELD`](super::pacing::EMPTY_POLLS_BEFORE_YIELD)
+    /// times in a row, its last [`progress_here`](Self::progress_here)
+    /// having done `last`: whether it yields its core to the progress
+    /// thread (`Pacer::caller_yields`).
+    pub fn caller_yields(&self, last: CallerReceive) -> bool {
+        let s = &*self.shared;
+        s.pacer.caller_yields(s.now(), last)
     }
 
     /// The program is about to sleep (a completion notification was
@@ -586,6 +595,7 @@ impl Device {
                 tx_gso_sends: tx.gso_sends,
                 tx_gso_refused: tx.gso_refused,
                 caller_holds: self.shared.pacer.holds_taken(),
+                caller_yields: self.shared.pacer.callers_yielded(),
                 rx_caller_coalesced: self.shared.pacer.callers_coalesced(),
                 ..core.stats
             },

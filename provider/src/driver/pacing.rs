@@ -26,6 +26,7 @@
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | a busy-polling progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
+//! | a caller spinning on an empty CQ yields its core | [`Pacer::caller_yields`] | every [`EMPTY_POLLS_BEFORE_YIELD`] empty polls, only if the progress thread has work the caller cannot do: a timer due, or receiving the caller could not do |
 //!
 //! Several threads call it at once, so its state is atomics; each rule
 //! reads and writes it in one place. The measurements behind each constant
@@ -178,6 +179,9 @@ pub const POLL_CLOCKED_QUEUE: usize = 8;
 pub const RX_BULK_BURST: usize = 32 * 1024;
 /// See [`RX_BULK_BURST`].
 pub const RX_BULK_PACKET: usize = 1024;
+/// A caller that polled one CQ this many times in a row without finding
+/// anything asks [`Pacer::caller_yields`] whether to yield its core.
+pub const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 /// How soon the progress thread sends what it left to a caller that did
 /// not poll again.
 pub const HANDOVER_FALLBACK: Duration = Duration::from_micros(50);
@@ -223,6 +227,20 @@ pub struct EmptyPoll {
     pub arm_hold: Option<Duration>,
 }
 
+/// What a caller's receive for an empty poll did
+/// ([`Device::progress_here`](super::Device::progress_here)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerReceive {
+    /// It handled packets.
+    Handled,
+    /// It found the socket empty.
+    Nothing,
+    /// It did not receive: caller progress is off (or impossible: raw
+    /// receive, a busy-polling progress thread), or another thread was
+    /// receiving.
+    NotHere,
+}
+
 /// How the progress thread sleeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sleep {
@@ -265,6 +283,13 @@ pub struct Pacer {
     rx_coalescing: AtomicBool,
     /// Sleeps callers took before receiving.
     caller_coalesced: AtomicU64,
+    /// The earliest timer the progress thread has to fire (engine ns;
+    /// `u64::MAX`: none): what it sleeps towards, lowered when a verb makes
+    /// an earlier one. Unlike `Shared::sleeping_until` it stays set while
+    /// the thread is awake, until it sleeps again.
+    progress_timer_at: AtomicU64,
+    /// Yields [`caller_yields`](Self::caller_yields) granted.
+    callers_yielded: AtomicU64,
 }
 
 impl Pacer {
@@ -284,6 +309,8 @@ impl Pacer {
             rx_bulk_at: AtomicU64::new(0),
             rx_coalescing: AtomicBool::new(false),
             caller_coalesced: AtomicU64::new(0),
+            progress_timer_at: AtomicU64::new(u64::MAX),
+            callers_yielded: AtomicU64::new(0),
         }
     }
 
@@ -519,6 +546,40 @@ impl Pacer {
         self.config.busy_poll && !received && !sent
     }
 
+    /// The progress thread goes to sleep with its earliest timer at
+    /// `deadline` (`None`: no timer).
+    pub fn progress_sleeps_towards(&self, deadline: Option<Nanos>) {
+        self.progress_timer_at
+            .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// A verb made a timer at `deadline`: if it is earlier than the one the
+    /// progress thread has to fire, it is now the one.
+    pub fn timer_made(&self, deadline: Nanos) {
+        if deadline < self.progress_timer_at.load(Ordering::Acquire) {
+            self.progress_timer_at.fetch_min(deadline, Ordering::AcqRel);
+        }
+    }
+
+    /// A caller found its CQ empty [`EMPTY_POLLS_BEFORE_YIELD`] times in a
+    /// row, at `now`, its last receive having done `last`. Whether it
+    /// yields its core: only to let the progress thread do what the
+    /// caller cannot, fire a timer that is due or receive. A yield
+    /// otherwise hands the core to a progress thread that a datagram woke
+    /// only to find the caller had taken it, and on Linux's EEVDF each
+    /// yield moves the caller's deadline a slice later, so that every later
+    /// wake-up of that thread preempts it (docs/PERFORMANCE.md, session
+    /// 23: UCX's progress loop, polling four CQs of which two never
+    /// complete, yielded 4,800 times a second).
+    pub fn caller_yields(&self, now: Nanos, last: CallerReceive) -> bool {
+        let yields =
+            last == CallerReceive::NotHere || now >= self.progress_timer_at.load(Ordering::Acquire);
+        if yields {
+            self.callers_yielded.fetch_add(1, Ordering::Relaxed);
+        }
+        yields
+    }
+
     /// The progress thread woke from its sleep.
     pub fn progress_woke(&self) {
         self.rx_coalescing.store(false, Ordering::Relaxed);
@@ -527,6 +588,11 @@ impl Pacer {
     /// Holds callers took (for `roxe stat`).
     pub fn holds_taken(&self) -> u64 {
         self.holds_taken.load(Ordering::Relaxed)
+    }
+
+    /// Yields callers spinning on a CQ took (for `roxe stat`).
+    pub fn callers_yielded(&self) -> u64 {
+        self.callers_yielded.load(Ordering::Relaxed)
     }
 
     /// Sleeps callers took before receiving (for `roxe stat`).
@@ -580,6 +646,34 @@ mod tests {
         assert!(!busy.busy_pass_yields(false, true));
         // A sleeping progress thread never spins, so never yields either.
         assert!(!pacer().busy_pass_yields(false, false));
+    }
+
+    #[test]
+    fn a_spinning_caller_yields_only_for_work_it_cannot_do() {
+        let p = pacer();
+        // No timer: a caller that receives for itself keeps its core.
+        assert!(!p.caller_yields(0, CallerReceive::Nothing));
+        assert!(
+            p.caller_yields(0, CallerReceive::NotHere),
+            "another thread receives"
+        );
+        assert!(!p.caller_yields(0, CallerReceive::Handled));
+        p.progress_sleeps_towards(Some(500 * US));
+        assert!(!p.caller_yields(499 * US, CallerReceive::Nothing));
+        assert!(
+            p.caller_yields(500 * US, CallerReceive::Nothing),
+            "the thread's timer is due"
+        );
+        // A verb's earlier timer counts from when it is made, a later one
+        // does not move it.
+        p.timer_made(200 * US);
+        p.timer_made(300 * US);
+        assert!(p.caller_yields(200 * US, CallerReceive::Nothing));
+        assert!(!p.caller_yields(199 * US, CallerReceive::Nothing));
+        // The thread fired it and sleeps with nothing due.
+        p.progress_sleeps_towards(None);
+        assert!(!p.caller_yields(10_000 * US, CallerReceive::Nothing));
+        assert_eq!(p.callers_yielded(), 3);
     }
 
     #[test]

@@ -158,6 +158,7 @@ impl Shared {
             faults.as_ref().and_then(Faults::next_release),
         );
         if let Some(d) = deadline {
+            self.pacer.timer_made(d);
             if d < self.sleeping_until.load(Ordering::Acquire) {
                 self.sleeping_until.store(0, Ordering::Release);
                 self.wake();
