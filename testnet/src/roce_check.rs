@@ -7,8 +7,12 @@
 //! first PSN it never sent; roce-check expects the packet after a
 //! retransmission to be the next PSN and reports a `psn-gap` (and, inside
 //! a WRITE, a `write-length`); it also counts a resent WRITE MIDDLE (a
-//! probe's) into the message's length again (`write-length`). So a capture passes when roce-check passes
-//! it strictly, or when its only warnings are those two kinds, it passes
+//! probe's) into the message's length again (`write-length`), and the
+//! responses of a READ replayed from a middle PSN (a requester asking
+//! again for the rest of a READ; the responder goes on with MIDDLE and
+//! LAST, as rxe does) into the READ's length again (`read-length`). So a
+//! capture passes when roce-check passes it strictly, or when its only
+//! warnings are those kinds, it passes
 //! without `--strict`, and [`roxe_wire::frontier`] finds that no
 //! requester ever sent a PSN before all earlier ones.
 
@@ -34,8 +38,8 @@ pub fn tool() -> Option<PathBuf> {
     Some(t)
 }
 
-/// Warnings an overtaken go-back causes in roce-check.
-const OVERTAKEN_GO_BACK: [&str; 2] = ["psn-gap", "write-length"];
+/// Warnings an overtaken go-back or a replayed READ causes in roce-check.
+const OVERTAKEN_GO_BACK: [&str; 3] = ["psn-gap", "write-length", "read-length"];
 
 /// Run `python3 TOOL --strict -q CAPTURE`; `Ok(report)` when it passes,
 /// or fails only on an overtaken go-back (then the report says so);
@@ -69,10 +73,13 @@ pub fn strict(tool: &Path, capture: &Path) -> Result<String, String> {
         .find_map(|l| l.trim().strip_prefix("warnings by kind: "))
         .map(|l| l.split(", ").filter_map(|k| k.split('=').next()).collect())
         .unwrap_or_default();
-    // Both kinds come of a retransmission: a go-back overtaken by an ACK
+    // These kinds come of a retransmission: a go-back overtaken by an ACK
     // (psn-gap), or a resent packet counted again into its WRITE's length
     // (write-length; a probe resends the highest PSN, which may be a
-    // MIDDLE). Without any retransmission they are real.
+    // MIDDLE), or a READ's responses replayed from a middle PSN, which as
+    // rxe's go on with MIDDLE and LAST and are counted into the READ's
+    // length again (read-length). Without any retransmission they are
+    // real.
     let retransmitted = report
         .lines()
         .find_map(|l| l.split("retransmitted packets: ").nth(1))
@@ -166,6 +173,89 @@ mod tests {
         let wrong = write_capture("wrong.pcap", 2048, &[0, 1, 2, 3]);
         assert!(strict(&t, &wrong).is_err());
         let clean = write_capture("clean.pcap", 1024, &[0, 1, 2, 3]);
+        assert!(strict(&t, &clean).is_ok());
+    }
+
+    /// A READ of `len` bytes at PSN 100 (4 responses of 256 bytes): the
+    /// request, the responses `before` (offsets from PSN 100), the
+    /// request asked again from each response in `again` on, then the
+    /// responses `after`.
+    fn read_capture(name: &str, len: u32, before: &[u32], again: &[u32], after: &[u32]) -> PathBuf {
+        let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+        let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
+        let payload = [7u8; 256];
+        let mut w = PcapWriter::new(Vec::new()).unwrap();
+        let mut buf = [0u8; 1024];
+        let mut emit = |from: IpAddr, to: IpAddr, pkt: &PacketRepr<'_>| {
+            let n =
+                build_datagram(&mut buf, from, to, 0xc000, 4791, IpFields::default(), pkt).unwrap();
+            w.write_ip(1, &buf[..n]).unwrap();
+        };
+        let request = |i: u32, len: u32| PacketRepr {
+            bth: BthRepr::new(Opcode::RcReadRequest, 0x11, Psn::new(100 + i)),
+            ext: ExtHeaders {
+                reth: Some(RethRepr {
+                    va: 0x1000 + u64::from(i) * 256,
+                    rkey: 7,
+                    dma_len: len,
+                }),
+                ..ExtHeaders::NONE
+            },
+            payload: &[],
+        };
+        let response = |i: u32| {
+            let op = match i {
+                0 => Opcode::RcReadResponseFirst,
+                3 => Opcode::RcReadResponseLast,
+                _ => Opcode::RcReadResponseMiddle,
+            };
+            PacketRepr {
+                bth: BthRepr::new(op, 0x22, Psn::new(100 + i)),
+                ext: ExtHeaders {
+                    aeth: op.headers().contains(roxe_wire::HeaderSet::AETH).then_some(
+                        roxe_wire::AethRepr {
+                            syndrome: roxe_wire::AethSyndrome::ACK,
+                            msn: 1,
+                        },
+                    ),
+                    ..ExtHeaders::NONE
+                },
+                payload: &payload,
+            }
+        };
+        emit(a, b, &request(0, len));
+        for &i in before {
+            emit(b, a, &response(i));
+        }
+        for &i in again {
+            emit(a, b, &request(i, len - 256 * i));
+        }
+        for &i in after {
+            emit(b, a, &response(i));
+        }
+        let dir = std::env::temp_dir().join(format!("roxe-roce-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
+        path
+    }
+
+    /// The requester asks again for a READ from its second response (a
+    /// probe, the rest late); the responder, which had sent the third
+    /// meanwhile, replays from there with MIDDLE and LAST (rxe's rule):
+    /// roce-check counts the replayed responses into the READ's length
+    /// again (read-length); accepted. A wrong length with nothing resent
+    /// is not.
+    #[test]
+    fn a_read_replayed_from_a_middle_psn_passes_but_a_wrong_length_does_not() {
+        let Some(t) = tool() else { return };
+        let replayed = read_capture("read-replayed.pcap", 1024, &[0, 1, 2], &[1], &[1, 2, 3]);
+        let ok = strict(&t, &replayed);
+        assert!(ok.is_ok(), "{ok:?}");
+        assert!(ok.unwrap().contains("read-length"));
+        let wrong = read_capture("read-wrong.pcap", 1024, &[0, 1, 2, 2, 3], &[], &[]);
+        assert!(strict(&t, &wrong).is_err());
+        let clean = read_capture("read-clean.pcap", 1024, &[0, 1, 2, 3], &[], &[]);
         assert!(strict(&t, &clean).is_ok());
     }
 }

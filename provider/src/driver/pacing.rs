@@ -26,7 +26,7 @@
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | a busy-polling progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
-//! | a caller spinning on an empty CQ yields its core | [`Pacer::caller_yields`] | every [`EMPTY_POLLS_BEFORE_YIELD`] empty polls, only if the progress thread has work the caller cannot do: a timer due, or receiving the caller could not do |
+//! | a caller spinning on an empty CQ yields its core | [`Pacer::caller_yields`] | every [`EMPTY_POLLS_BEFORE_YIELD`] empty polls, if the progress thread has work the caller cannot do (a timer due, receiving the caller could not do) or nothing came for [`QUIET_BEFORE_YIELD`] |
 //!
 //! Several threads call it at once, so its state is atomics; each rule
 //! reads and writes it in one place. The measurements behind each constant
@@ -182,6 +182,12 @@ pub const RX_BULK_PACKET: usize = 1024;
 /// A caller that polled one CQ this many times in a row without finding
 /// anything asks [`Pacer::caller_yields`] whether to yield its core.
 pub const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
+/// A caller spinning on an empty CQ yields its core once nothing has been
+/// received for this long ([`Pacer::caller_yields`]): longer than a
+/// ping-pong's turn on this host, so a ping-pong's caller keeps its core,
+/// and far shorter than a scheduler slice, which a peer sharing the core
+/// would otherwise wait out.
+pub const QUIET_BEFORE_YIELD: Nanos = 50_000;
 /// How soon the progress thread sends what it left to a caller that did
 /// not poll again.
 pub const HANDOVER_FALLBACK: Duration = Duration::from_micros(50);
@@ -290,6 +296,8 @@ pub struct Pacer {
     progress_timer_at: AtomicU64,
     /// Yields [`caller_yields`](Self::caller_yields) granted.
     callers_yielded: AtomicU64,
+    /// When the last receive burst was handed to the engine (engine ns).
+    last_burst_at: AtomicU64,
 }
 
 impl Pacer {
@@ -311,6 +319,7 @@ impl Pacer {
             caller_coalesced: AtomicU64::new(0),
             progress_timer_at: AtomicU64::new(u64::MAX),
             callers_yielded: AtomicU64::new(0),
+            last_burst_at: AtomicU64::new(0),
         }
     }
 
@@ -458,6 +467,7 @@ impl Pacer {
 
     /// A receive burst of `shape` was handed to the engine at `now`.
     pub fn burst(&self, now: Nanos, shape: Burst) {
+        self.last_burst_at.store(now, Ordering::Relaxed);
         self.stream_in
             .store(shape.messages >= STREAM_BURST, Ordering::Relaxed);
         let bulk = shape.bytes >= RX_BULK_BURST
@@ -546,34 +556,32 @@ impl Pacer {
         self.config.busy_poll && !received && !sent
     }
 
-    /// The progress thread goes to sleep with its earliest timer at
-    /// `deadline` (`None`: no timer).
-    pub fn progress_sleeps_towards(&self, deadline: Option<Nanos>) {
+    /// After a pass (any thread's, under the device lock): the engine's
+    /// earliest timer is now at `deadline` (`None`: none), which the
+    /// progress thread fires.
+    pub fn timers_at(&self, deadline: Option<Nanos>) {
         self.progress_timer_at
             .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
     }
 
-    /// A verb made a timer at `deadline`: if it is earlier than the one the
-    /// progress thread has to fire, it is now the one.
-    pub fn timer_made(&self, deadline: Nanos) {
-        if deadline < self.progress_timer_at.load(Ordering::Acquire) {
-            self.progress_timer_at.fetch_min(deadline, Ordering::AcqRel);
-        }
-    }
-
     /// A caller found its CQ empty [`EMPTY_POLLS_BEFORE_YIELD`] times in a
     /// row, at `now`, its last receive having done `last`. Whether it
-    /// yields its core: only to let the progress thread do what the
-    /// caller cannot, fire a timer that is due or receive. A yield
-    /// otherwise hands the core to a progress thread that a datagram woke
-    /// only to find the caller had taken it, and on Linux's EEVDF each
-    /// yield moves the caller's deadline a slice later, so that every later
-    /// wake-up of that thread preempts it (docs/PERFORMANCE.md, session
-    /// 23: UCX's progress loop, polling four CQs of which two never
-    /// complete, yielded 4,800 times a second).
+    /// yields its core: to let the progress thread do what the caller
+    /// cannot (fire a timer that is due, receive while the caller could
+    /// not), or when nothing has come for [`QUIET_BEFORE_YIELD`], so that
+    /// a peer process sharing this core (two programs spinning on two
+    /// vCPUs) gets to answer. A yield otherwise hands the core to a
+    /// progress thread that a datagram woke only to find the caller had
+    /// taken it, and on Linux's EEVDF each yield moves the caller's
+    /// deadline a slice later, so that every later wake-up of that thread
+    /// preempts it (docs/PERFORMANCE.md, session 23: UCX's progress loop,
+    /// polling four CQs of which two never complete, yielded 4,800 times a
+    /// second).
     pub fn caller_yields(&self, now: Nanos, last: CallerReceive) -> bool {
-        let yields =
-            last == CallerReceive::NotHere || now >= self.progress_timer_at.load(Ordering::Acquire);
+        let quiet = now.saturating_sub(self.last_burst_at.load(Ordering::Relaxed));
+        let yields = last == CallerReceive::NotHere
+            || now >= self.progress_timer_at.load(Ordering::Acquire)
+            || quiet >= QUIET_BEFORE_YIELD;
         if yields {
             self.callers_yielded.fetch_add(1, Ordering::Relaxed);
         }
@@ -651,28 +659,33 @@ mod tests {
     #[test]
     fn a_spinning_caller_yields_only_for_work_it_cannot_do() {
         let p = pacer();
-        // No timer: a caller that receives for itself keeps its core.
+        let came = |at| p.burst(at, Burst::default());
+        // No timer, packets coming: a caller that receives for itself
+        // keeps its core.
+        came(0);
         assert!(!p.caller_yields(0, CallerReceive::Nothing));
+        assert!(!p.caller_yields(0, CallerReceive::Handled));
         assert!(
             p.caller_yields(0, CallerReceive::NotHere),
             "another thread receives"
         );
-        assert!(!p.caller_yields(0, CallerReceive::Handled));
-        p.progress_sleeps_towards(Some(500 * US));
+        p.timers_at(Some(500 * US));
+        came(480 * US);
         assert!(!p.caller_yields(499 * US, CallerReceive::Nothing));
         assert!(
             p.caller_yields(500 * US, CallerReceive::Nothing),
-            "the thread's timer is due"
+            "a timer is due"
         );
-        // A verb's earlier timer counts from when it is made, a later one
-        // does not move it.
-        p.timer_made(200 * US);
-        p.timer_made(300 * US);
-        assert!(p.caller_yields(200 * US, CallerReceive::Nothing));
-        assert!(!p.caller_yields(199 * US, CallerReceive::Nothing));
-        // The thread fired it and sleeps with nothing due.
-        p.progress_sleeps_towards(None);
-        assert!(!p.caller_yields(10_000 * US, CallerReceive::Nothing));
+        // A pass moved the timer on: nothing is due.
+        p.timers_at(Some(900 * US));
+        assert!(!p.caller_yields(520 * US, CallerReceive::Nothing));
+        // Nothing has come for a while: a peer sharing the core may be
+        // waiting for it.
+        assert!(!p.caller_yields(480 * US + QUIET_BEFORE_YIELD - 1, CallerReceive::Nothing));
+        assert!(p.caller_yields(480 * US + QUIET_BEFORE_YIELD, CallerReceive::Nothing));
+        p.timers_at(None);
+        came(2_000 * US);
+        assert!(!p.caller_yields(2_010 * US, CallerReceive::Nothing));
         assert_eq!(p.callers_yielded(), 3);
     }
 

@@ -157,8 +157,8 @@ impl Shared {
             engine.poll_timeout(),
             faults.as_ref().and_then(Faults::next_release),
         );
+        self.pacer.timers_at(deadline);
         if let Some(d) = deadline {
-            self.pacer.timer_made(d);
             if d < self.sleeping_until.load(Ordering::Acquire) {
                 self.sleeping_until.store(0, Ordering::Release);
                 self.wake();

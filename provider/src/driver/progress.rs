@@ -112,7 +112,6 @@ impl Shared {
             }
             self.sleeping_until
                 .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
-            self.pacer.progress_sleeps_towards(deadline);
             MutexGuard::unlock_fair(core);
             self.send_batch(batch);
             let sleep = self.pacer.progress_sleep(self.now(), deadline, left);
