@@ -281,3 +281,33 @@ fn a_post_list_of_small_messages_in_flight_makes_the_sender_hold() {
     let (c, d) = pair(["chl-a", "chl-b"], true);
     assert_eq!(hold_after_sending(&c, &d, 16, 65536), 0, "64 KiB messages");
 }
+
+/// A program that took a hold and then stopped polling (descheduled)
+/// while its message's ACK waits in the socket: when the tail-loss probe's
+/// timer comes, the progress thread receives the ACK first and sends no
+/// probe. (A spurious probe of a READ that reached its responder after the
+/// READ's memory window was gone failed the responder's QP: the drop-in's
+/// `tutorial -w 1` test, under load in CI.)
+#[test]
+fn a_due_timer_receives_what_waits_before_it_probes() {
+    let (a, b) = pair(["chp-a", "chp-b"], true);
+    // A round trip measured first: the probe then waits its floor (1 ms).
+    post_recvs(&a, 2);
+    send_list(&b, 1, 1);
+    poll_n(&b, 1);
+    let probes = device(&b).stats().engine.probes;
+    device(&b).hold_socket_for(Duration::from_millis(50));
+    send_list(&b, 1, 2);
+    // a's progress thread receives the SEND and ACKs it; b's progress
+    // thread, not watching the socket, wakes for the probe's timer.
+    std::thread::sleep(Duration::from_millis(10));
+    assert_eq!(
+        device(&b).stats().engine.probes,
+        probes,
+        "a probe was sent for a message whose ACK waited in the socket"
+    );
+    assert!(device(&b).caller_hold_on(), "the hold still stands");
+    let mut wc = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 1, "the ACK was received");
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+}

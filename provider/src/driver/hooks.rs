@@ -45,6 +45,27 @@ impl Device {
             .store(delay.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Take a caller's hold on the socket for `hold` without receiving, as
+    /// a program that took one and then stopped polling (descheduled) does:
+    /// the progress thread neither receives nor watches the socket until
+    /// the hold's timer fires.
+    pub fn hold_socket_for(&self, hold: Duration) {
+        let s = &*self.shared;
+        let spec = rustix::time::Itimerspec {
+            it_interval: rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: rustix::time::Timespec {
+                tv_sec: hold.as_secs() as _,
+                tv_nsec: hold.subsec_nanos() as _,
+            },
+        };
+        let flags = rustix::time::TimerfdTimerFlags::empty();
+        rustix::time::timerfd_settime(&s.hold_timer, flags, &spec).expect("timerfd_settime");
+        s.pacer.hold_armed(s.now());
+    }
+
     /// Whether a caller holds the socket now (`Pacer::empty_poll`).
     pub fn caller_hold_on(&self) -> bool {
         self.shared.pacer.hold_on()

@@ -289,10 +289,10 @@ pub struct Pacer {
     rx_coalescing: AtomicBool,
     /// Sleeps callers took before receiving.
     caller_coalesced: AtomicU64,
-    /// The earliest timer the progress thread has to fire (engine ns;
-    /// `u64::MAX`: none): what it sleeps towards, lowered when a verb makes
-    /// an earlier one. Unlike `Shared::sleeping_until` it stays set while
-    /// the thread is awake, until it sleeps again.
+    /// The engine's earliest timer, which the progress thread fires
+    /// (engine ns; `u64::MAX`: none), as the last pass of any thread left
+    /// it. Unlike `Shared::sleeping_until` it stays set while the thread
+    /// is awake.
     progress_timer_at: AtomicU64,
     /// Yields [`caller_yields`](Self::caller_yields) granted.
     callers_yielded: AtomicU64,
@@ -657,7 +657,7 @@ mod tests {
     }
 
     #[test]
-    fn a_spinning_caller_yields_only_for_work_it_cannot_do() {
+    fn a_spinning_caller_yields_for_the_progress_threads_work_or_a_quiet_peer() {
         let p = pacer();
         let came = |at| p.burst(at, Burst::default());
         // No timer, packets coming: a caller that receives for itself

@@ -59,13 +59,24 @@ impl Shared {
             let mut core = guard.unwrap_or_else(|| self.core.lock());
             core.stats.progress_wakeups += std::mem::take(&mut wakeups);
             core.stats.rx_coalesced += std::mem::take(&mut coalesced);
-            let now = self.now();
-            if core
-                .engine
-                .poll_timeout()
-                .is_some_and(|d| now > d + LATE_TIMER)
-            {
+            let mut now = self.now();
+            let due = core.engine.poll_timeout().filter(|&d| now >= d);
+            if due.is_some_and(|d| now > d + LATE_TIMER) {
                 core.stats.timers_late += 1;
+            }
+            if due.is_some() && !received {
+                // What waits in the socket goes in before a timer fires,
+                // even while a caller holds it (one that stopped polling):
+                // a probe or a retransmission for packets whose answer sits
+                // unread was spurious, and a duplicate READ request that
+                // reaches a responder after the READ's memory is gone
+                // fails that QP.
+                let Core {
+                    engine, tap, stats, ..
+                } = &mut *core;
+                if self.receive_in_pass(engine, tap, stats) {
+                    now = self.now();
+                }
             }
             core.engine.handle_timeout(now);
             if now >= next_audit {

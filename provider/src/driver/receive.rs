@@ -86,8 +86,9 @@ impl Shared {
     }
 
     /// Inside a transmit pass, the device lock held (`after_work`, between
-    /// batches): receive one burst from the UDP socket, if no other thread
-    /// is receiving, and hand it to the engine. A pass that sends a window
+    /// batches), or in the progress thread before it fires a due timer:
+    /// receive one burst from the UDP socket, if no other thread is
+    /// receiving, and hand it to the engine. A pass that sends a window
     /// takes hundreds of microseconds; without this, an ACK or NAK that
     /// came meanwhile waited for the whole pass (docs/PERFORMANCE.md,
     /// session 17: the wait for a NAK at 1% loss). Not with a raw
