@@ -62,6 +62,8 @@ enum {
 	WRID_RECV_INV = 6,
 	WRID_SEND_INV = 7,
 	WRID_STALE = 8,
+	WRID_FENCE_RECV = 9,
+	WRID_FENCE_SEND = 10,
 };
 
 /* What each side tells the other over TCP. */
@@ -384,8 +386,10 @@ static uint32_t wait_completions(struct ibv_cq *cq, unsigned int want,
 				die("%s: unexpected completion, wr_id %" PRIu64 " (%s)",
 				    step, wc[i].wr_id, opcode_str(wc[i].opcode));
 			switch (wc[i].wr_id) {
-			case WRID_RECV: case WRID_RECV_INV: expect = IBV_WC_RECV; break;
-			case WRID_SEND: case WRID_SEND_INV: expect = IBV_WC_SEND; break;
+			case WRID_RECV: case WRID_RECV_INV: case WRID_FENCE_RECV:
+				expect = IBV_WC_RECV; break;
+			case WRID_SEND: case WRID_SEND_INV: case WRID_FENCE_SEND:
+				expect = IBV_WC_SEND; break;
 			case WRID_WRITE: expect = IBV_WC_RDMA_WRITE; break;
 			case WRID_BIND: expect = IBV_WC_BIND_MW; break;
 			default: expect = IBV_WC_RDMA_READ; break;
@@ -899,7 +903,27 @@ int main(int argc, char **argv)
 			die("the receive invalidated key 0x%08x, not our window's 0x%08x",
 			    inv, mw_key);
 	} else if (mw_type == 1) {
-		/* A type 1 window ends when it is deallocated (or rebound). */
+		/* A type 1 window ends when it is deallocated (or rebound). First
+		 * a zero-length SEND each way: once the peer's has arrived, so
+		 * has every request the peer sent before it, such as a late
+		 * duplicate of its READ through our window (a retransmission
+		 * that crossed its completion), which would otherwise find the
+		 * window gone and fail our QP. */
+		memset(&rwr, 0, sizeof(rwr));
+		rwr.wr_id = WRID_FENCE_RECV;
+		ret = ibv_post_recv(qp, &rwr, &bad_rwr);
+		if (ret)
+			die("ibv_post_recv(fence): %s", strerror(ret));
+		barrier(fd, 'F');
+		memset(&swr, 0, sizeof(swr));
+		swr.wr_id = WRID_FENCE_SEND;
+		swr.opcode = IBV_WR_SEND;
+		swr.send_flags = IBV_SEND_SIGNALED;
+		ret = ibv_post_send(qp, &swr, &bad_swr);
+		if (ret)
+			die("ibv_post_send(fence): %s", strerror(ret));
+		wait_completions(cq, 1u << WRID_FENCE_SEND | 1u << WRID_FENCE_RECV,
+				 "fence SEND", qp->qp_num);
 		ret = ibv_dealloc_mw(mw);
 		if (ret)
 			die("ibv_dealloc_mw: %s", strerror(ret));
