@@ -1,5 +1,5 @@
 //! What tests reach into a running device for (feature `testing`): stop
-//! its progress thread, hold its batch lock, see a caller's hold.
+//! its progress thread, hold its batch lock, take or see a caller's hold.
 
 use super::batch::TxBatch;
 use super::device::Device;
