@@ -123,14 +123,53 @@ mod tests {
     use roxe_wire::{BthRepr, ExtHeaders, Opcode, PacketRepr, Psn, RethRepr};
     use std::net::{IpAddr, Ipv4Addr};
 
+    /// Requester and responder addresses of the synthetic captures.
+    const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
+    const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
+
+    /// A pcap being written in memory, saved under this process's temp
+    /// directory.
+    struct Capture {
+        w: PcapWriter<Vec<u8>>,
+        buf: [u8; 1024],
+    }
+
+    impl Capture {
+        fn new() -> Capture {
+            Capture {
+                w: PcapWriter::new(Vec::new()).unwrap(),
+                buf: [0u8; 1024],
+            }
+        }
+
+        fn emit(&mut self, from: IpAddr, to: IpAddr, pkt: &PacketRepr<'_>) {
+            let n = build_datagram(
+                &mut self.buf,
+                from,
+                to,
+                0xc000,
+                4791,
+                IpFields::default(),
+                pkt,
+            )
+            .unwrap();
+            self.w.write_ip(1, &self.buf[..n]).unwrap();
+        }
+
+        fn save(self, name: &str) -> PathBuf {
+            let dir = std::env::temp_dir().join(format!("roxe-roce-check-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(name);
+            std::fs::write(&path, self.w.into_inner().unwrap()).unwrap();
+            path
+        }
+    }
+
     /// A WRITE of 4 packets of 256 bytes (RETH length `len`), its packets
     /// sent in the order of `psns` (offsets from PSN 100).
-    fn write_capture(name: &str, len: u32, psns: &[u32]) -> std::path::PathBuf {
-        let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
-        let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
+    fn write_capture(name: &str, len: u32, psns: &[u32]) -> PathBuf {
         let payload = [7u8; 256];
-        let mut w = PcapWriter::new(Vec::new()).unwrap();
-        let mut buf = [0u8; 1024];
+        let mut c = Capture::new();
         for &i in psns {
             let op = match i {
                 0 => Opcode::RcWriteFirst,
@@ -149,15 +188,9 @@ mod tests {
                 },
                 payload: &payload,
             };
-            let n =
-                build_datagram(&mut buf, a, b, 0xc000, 4791, IpFields::default(), &pkt).unwrap();
-            w.write_ip(1, &buf[..n]).unwrap();
+            c.emit(A, B, &pkt);
         }
-        let dir = std::env::temp_dir().join(format!("roxe-roce-check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
-        path
+        c.save(name)
     }
 
     /// A probe resends a MIDDLE of a WRITE: roce-check counts it into the
@@ -181,16 +214,8 @@ mod tests {
     /// request asked again from each response in `again` on, then the
     /// responses `after`.
     fn read_capture(name: &str, len: u32, before: &[u32], again: &[u32], after: &[u32]) -> PathBuf {
-        let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)); // testnet: allow (a packet written to a file)
-        let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)); // testnet: allow (a packet written to a file)
         let payload = [7u8; 256];
-        let mut w = PcapWriter::new(Vec::new()).unwrap();
-        let mut buf = [0u8; 1024];
-        let mut emit = |from: IpAddr, to: IpAddr, pkt: &PacketRepr<'_>| {
-            let n =
-                build_datagram(&mut buf, from, to, 0xc000, 4791, IpFields::default(), pkt).unwrap();
-            w.write_ip(1, &buf[..n]).unwrap();
-        };
+        let mut c = Capture::new();
         let request = |i: u32, len: u32| PacketRepr {
             bth: BthRepr::new(Opcode::RcReadRequest, 0x11, Psn::new(100 + i)),
             ext: ExtHeaders {
@@ -223,21 +248,17 @@ mod tests {
                 payload: &payload,
             }
         };
-        emit(a, b, &request(0, len));
+        c.emit(A, B, &request(0, len));
         for &i in before {
-            emit(b, a, &response(i));
+            c.emit(B, A, &response(i));
         }
         for &i in again {
-            emit(a, b, &request(i, len - 256 * i));
+            c.emit(A, B, &request(i, len - 256 * i));
         }
         for &i in after {
-            emit(b, a, &response(i));
+            c.emit(B, A, &response(i));
         }
-        let dir = std::env::temp_dir().join(format!("roxe-roce-check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
-        path
+        c.save(name)
     }
 
     /// The requester asks again for a READ from its second response (a

@@ -190,7 +190,7 @@ impl SoftCq {
         // do not take the engine lock.
         if waiting.load(Ordering::Acquire) == 0 {
             let here = self.dev.progress_here();
-            if !(here == CallerReceive::Handled && waiting.load(Ordering::Acquire) > 0) {
+            if here != CallerReceive::Handled || waiting.load(Ordering::Acquire) == 0 {
                 // A program spinning on `poll_cq` leaves the progress thread
                 // room to run, when it has work this thread cannot do.
                 let n = self.empty_polls.fetch_add(1, Ordering::Relaxed);

@@ -296,7 +296,9 @@ fn a_due_timer_receives_what_waits_before_it_probes() {
     send_list(&b, 1, 1);
     poll_n(&b, 1);
     let probes = device(&b).stats().engine.probes;
-    device(&b).hold_socket_for(Duration::from_millis(50));
+    device(&b)
+        .hold_socket_for(Duration::from_millis(50))
+        .unwrap();
     send_list(&b, 1, 2);
     // a's progress thread receives the SEND and ACKs it; b's progress
     // thread, not watching the socket, wakes for the probe's timer.

@@ -47,8 +47,9 @@ pub struct DriverStats {
     /// spinning on an empty CQ during a stream kept the socket from the
     /// progress thread.
     pub caller_holds: u64,
-    /// Yields callers spinning on an empty CQ took to let the progress
-    /// thread fire a due timer or receive for them (`Pacer::caller_yields`).
+    /// Yields callers spinning on an empty CQ took: for the progress
+    /// thread's work (a due timer, a receive the caller could not do) or
+    /// after a quiet spell (`Pacer::caller_yields`).
     pub caller_yields: u64,
     /// Sleeps the progress thread took without the socket after a bulk
     /// receive burst (`PacingConfig::rx_coalesce`).

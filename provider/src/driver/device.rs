@@ -303,8 +303,9 @@ impl Device {
 
     /// Progress in the caller's thread, for a `poll_cq` that found nothing:
     /// receive one burst from the socket and handle it (completions, ACKs,
-    /// replies), unless another thread is receiving. A completion then needs no hand-over from the progress
-    /// thread. That thread still sleeps on the socket too, unless the
+    /// replies), unless another thread is receiving. A completion then
+    /// needs no hand-over from the progress thread. That thread still
+    /// sleeps on the socket too, unless the
     /// pacer lets this caller hold it (`Pacer::empty_poll`): callers may
     /// stop polling at any moment without saying so (perftest's
     /// `ib_write_lat` spins on its buffer between polls). Does nothing
@@ -320,18 +321,7 @@ impl Device {
         if let Some(hold) = poll.arm_hold {
             // The timer is armed before the hold is taken: a hold never
             // stands without the timer that ends it.
-            let spec = rustix::time::Itimerspec {
-                it_interval: rustix::time::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: rustix::time::Timespec {
-                    tv_sec: hold.as_secs() as _,
-                    tv_nsec: hold.subsec_nanos() as _,
-                },
-            };
-            let flags = rustix::time::TimerfdTimerFlags::empty();
-            if rustix::time::timerfd_settime(&s.hold_timer, flags, &spec).is_ok() {
+            if s.arm_hold_timer(hold).is_ok() {
                 let delay = s.hold_take_delay_us.load(Ordering::Relaxed);
                 if delay > 0 {
                     std::thread::sleep(std::time::Duration::from_micros(delay));

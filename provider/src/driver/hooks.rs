@@ -49,21 +49,11 @@ impl Device {
     /// a program that took one and then stopped polling (descheduled) does:
     /// the progress thread neither receives nor watches the socket until
     /// the hold's timer fires.
-    pub fn hold_socket_for(&self, hold: Duration) {
+    pub fn hold_socket_for(&self, hold: Duration) -> std::io::Result<()> {
         let s = &*self.shared;
-        let spec = rustix::time::Itimerspec {
-            it_interval: rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: rustix::time::Timespec {
-                tv_sec: hold.as_secs() as _,
-                tv_nsec: hold.subsec_nanos() as _,
-            },
-        };
-        let flags = rustix::time::TimerfdTimerFlags::empty();
-        rustix::time::timerfd_settime(&s.hold_timer, flags, &spec).expect("timerfd_settime");
+        s.arm_hold_timer(hold)?;
         s.pacer.hold_armed(s.now());
+        Ok(())
     }
 
     /// Whether a caller holds the socket now (`Pacer::empty_poll`).

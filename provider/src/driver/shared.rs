@@ -125,6 +125,24 @@ impl Shared {
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
+    /// Arm the hold timer to fire once, `hold` from now (the timer that
+    /// ends a caller's hold on the socket).
+    pub(super) fn arm_hold_timer(&self, hold: std::time::Duration) -> std::io::Result<()> {
+        let spec = rustix::time::Itimerspec {
+            it_interval: rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: rustix::time::Timespec {
+                tv_sec: hold.as_secs() as _,
+                tv_nsec: hold.subsec_nanos() as _,
+            },
+        };
+        let flags = rustix::time::TimerfdTimerFlags::empty();
+        rustix::time::timerfd_settime(&self.hold_timer, flags, &spec)?;
+        Ok(())
+    }
+
     /// End a caller's hold on the socket now: the progress thread, asleep
     /// without the socket, is woken.
     pub(super) fn end_hold(&self) {
