@@ -290,7 +290,7 @@ fn a_post_list_of_small_messages_in_flight_makes_the_sender_hold() {
 /// `tutorial -w 1` test, under load in CI.)
 #[test]
 fn a_due_timer_receives_what_waits_before_it_probes() {
-    let (a, b) = pair(["chp-a", "chp-b"], true);
+    let (a, b) = pair(["chdue-a", "chdue-b"], true);
     // A round trip measured first: the probe then waits its floor (1 ms).
     post_recvs(&a, 2);
     send_list(&b, 1, 1);
