@@ -39,7 +39,7 @@
 //! use `AtomicU64::from_ptr`, each in one small `unsafe` block right after
 //! its range check.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -587,11 +587,11 @@ impl Region {
 #[derive(Debug)]
 pub struct MemoryTable {
     /// Live regions by key index (`key >> 8`).
-    regions: HashMap<u32, Region>,
+    regions: FxHashMap<u32, Region>,
     /// Live memory windows by key index (the same index space).
-    windows: HashMap<u32, Window>,
+    windows: FxHashMap<u32, Window>,
     /// Device memory buffers by handle.
-    dms: HashMap<u32, DmBuf>,
+    dms: FxHashMap<u32, DmBuf>,
     next_dm: u32,
     /// Key byte last used by each index (`key_bytes[index - 1]`).
     key_bytes: Vec<u8>,
@@ -620,9 +620,9 @@ impl MemoryTable {
     /// `1..=2^24 - 1`, the indices a key can hold).
     pub fn with_max_regions(max: u32) -> Self {
         MemoryTable {
-            regions: HashMap::new(),
-            windows: HashMap::new(),
-            dms: HashMap::new(),
+            regions: FxHashMap::default(),
+            windows: FxHashMap::default(),
+            dms: FxHashMap::default(),
             next_dm: 1,
             key_bytes: Vec::new(),
             key_rng: {

@@ -115,29 +115,133 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
 /// lives elsewhere, then pad): `roce` is their concatenation, and the
 /// first piece holds at least the BTH.
 pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], roce: &[&[u8]]) -> Result<u32> {
-    let (roce, rest) = match roce.split_first() {
-        Some((first, rest)) => (*first, rest),
-        None => (&[][..], &[][..]),
-    };
-    let mut pre = [0u8; MAX_IP_HEADER + UDP_HEADER_LEN + bth::HEADER_LEN];
+    continue_parts(prefix_crc(ip_header, udp_header)?, roce)
+}
+
+/// The CRC over the part of the ICRC's input before the BTH (masked LRH,
+/// IP header and UDP header): the state [`continue_parts`] goes on from.
+/// It depends only on the flow and the datagram's length, so callers that
+/// sign or check many packets keep it ([`Ipv4Prefixes`]).
+pub fn prefix_crc(ip_header: &[u8], udp_header: &[u8]) -> Result<u32> {
+    let mut pre = [0u8; MAX_IP_HEADER + UDP_HEADER_LEN];
     let mut ip = [0u8; MAX_IP_HEADER];
     let n = masked_ip_header(ip_header, &mut ip)?;
     need(udp_header, UDP_HEADER_LEN)?;
-    need(roce, bth::HEADER_LEN)?;
     pre[..n].copy_from_slice(&ip[..n]);
     pre[n..n + 6].copy_from_slice(&udp_header[..6]);
     pre[n + 6] = 0xFF; // UDP checksum
     pre[n + 7] = 0xFF;
-    let b = n + UDP_HEADER_LEN;
-    pre[b..b + bth::HEADER_LEN].copy_from_slice(&roce[..bth::HEADER_LEN]);
-    pre[b + 4] = 0xFF; // FECN, BECN, resv6
     let mut h = hasher(SEED);
-    h.update(&pre[..b + bth::HEADER_LEN]);
+    h.update(&pre[..n + UDP_HEADER_LEN]);
+    Ok(h.finalize())
+}
+
+/// The ICRC of a packet whose headers before the BTH gave `prefix`
+/// ([`prefix_crc`]), over `roce` in pieces as [`compute_parts`] takes it.
+pub fn continue_parts(prefix: u32, roce: &[&[u8]]) -> Result<u32> {
+    let (roce, rest) = match roce.split_first() {
+        Some((first, rest)) => (*first, rest),
+        None => (&[][..], &[][..]),
+    };
+    need(roce, bth::HEADER_LEN)?;
+    let mut bth_masked = [0u8; bth::HEADER_LEN];
+    bth_masked.copy_from_slice(&roce[..bth::HEADER_LEN]);
+    bth_masked[4] = 0xFF; // FECN, BECN, resv6
+    let mut h = hasher(prefix);
+    h.update(&bth_masked);
     h.update(&roce[bth::HEADER_LEN..]);
     for piece in rest {
         h.update(piece);
     }
     Ok(h.finalize())
+}
+
+/// The prefix CRC ([`prefix_crc`]) of an IPv4 datagram from an unconnected
+/// Linux socket (identification `ident`, DF set, no options) carrying
+/// `roce_len` bytes from the BTH to the end of the pad.
+pub fn ipv4_prefix_crc(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    ident: u16,
+    roce_len: usize,
+) -> Result<u32> {
+    let udp_len = UDP_HEADER_LEN + roce_len + ICRC_LEN;
+    let mut ip = [0u8; IPV4_HEADER_LEN];
+    Ipv4Repr {
+        src,
+        dst,
+        tos: 0,
+        ident,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: udp_len,
+    }
+    .emit(&mut ip)?;
+    let mut udp = [0u8; UDP_HEADER_LEN];
+    UdpRepr {
+        src_port,
+        dst_port,
+        payload_len: udp_len - UDP_HEADER_LEN,
+    }
+    .emit(&mut udp)?;
+    prefix_crc(&ip, &udp)
+}
+
+/// Prefix CRCs ([`ipv4_prefix_crc`], identification 0) of recent IPv4
+/// flows and lengths. A packet's ICRC otherwise starts by building and
+/// hashing 36 bytes of headers, as much work as a small packet's own bytes;
+/// the packets of a flow come in a few lengths. Direct-mapped: a flow that
+/// collides with another costs the computation, never a wrong value.
+#[derive(Debug, Clone)]
+pub struct Ipv4Prefixes {
+    /// (flow and length packed, with bit 31 set; prefix CRC). Key 0 is an
+    /// empty slot.
+    slots: Box<[(u128, u32); Self::SLOTS]>,
+}
+
+impl Default for Ipv4Prefixes {
+    fn default() -> Self {
+        Ipv4Prefixes {
+            slots: Box::new([(0, 0); Self::SLOTS]),
+        }
+    }
+}
+
+impl Ipv4Prefixes {
+    const SLOTS: usize = 64;
+
+    /// The prefix CRC of `roce_len` bytes from `src`:`src_port` to
+    /// `dst`:`dst_port` (identification 0, DF set).
+    pub fn get(
+        &mut self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        src_port: u16,
+        dst_port: u16,
+        roce_len: usize,
+    ) -> Result<u32> {
+        let Some(len) = u32::try_from(roce_len).ok().filter(|l| *l <= 0xFFFF) else {
+            // Longer than any IPv4 datagram: the error, uncached.
+            return ipv4_prefix_crc(src, dst, src_port, dst_port, 0, roce_len);
+        };
+        let key = u128::from(u32::from(src)) << 96
+            | u128::from(u32::from(dst)) << 64
+            | u128::from(src_port) << 48
+            | u128::from(dst_port) << 32
+            | u128::from(len | 1 << 31);
+        let folded = (key ^ key >> 64) as u64;
+        let folded = folded ^ folded >> 32;
+        let at = (folded ^ folded >> 16 ^ folded >> 6) as usize % Self::SLOTS;
+        let slot = &mut self.slots[at];
+        if slot.0 == key {
+            return Ok(slot.1);
+        }
+        let crc = ipv4_prefix_crc(src, dst, src_port, dst_port, 0, roce_len)?;
+        *slot = (key, crc);
+        Ok(crc)
+    }
 }
 
 /// The ICRC as stored on the wire (least significant byte first).
@@ -218,26 +322,8 @@ pub fn compute_ipv4_parts(
     roce: &[&[u8]],
 ) -> Result<u32> {
     let roce_len: usize = roce.iter().map(|p| p.len()).sum();
-    let udp_len = UDP_HEADER_LEN + roce_len + ICRC_LEN;
-    let mut ip = [0u8; IPV4_HEADER_LEN];
-    Ipv4Repr {
-        src,
-        dst,
-        tos: 0,
-        ident,
-        dont_frag: true,
-        ttl: 64,
-        payload_len: udp_len,
-    }
-    .emit(&mut ip)?;
-    let mut udp = [0u8; UDP_HEADER_LEN];
-    UdpRepr {
-        src_port,
-        dst_port,
-        payload_len: udp_len - UDP_HEADER_LEN,
-    }
-    .emit(&mut udp)?;
-    compute_parts(&ip, &udp, roce)
+    let prefix = ipv4_prefix_crc(src, dst, src_port, dst_port, ident, roce_len)?;
+    continue_parts(prefix, roce)
 }
 
 /// The reflected CRC-32 polynomial.
@@ -520,6 +606,39 @@ pub fn check_datagram(datagram: &[u8]) -> Result<IcrcCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_prefix_gives_the_icrc_computed_whole() {
+        // Flows that differ in one field each, more of them than the
+        // cache has slots, asked in turn twice: a hit must be the flow's
+        // own prefix, a miss recomputes it.
+        let mut flows = Vec::new();
+        for i in 0..40u8 {
+            let a = Ipv4Addr::new(127, 0, 0, 1 + i % 5);
+            let b = Ipv4Addr::new(127, 0, 1 + i % 3, 2);
+            flows.push((a, b, 0xC000 + u16::from(i % 7), 4791));
+            flows.push((b, a, 0xC000 + u16::from(i % 7), 4791));
+            flows.push((a, b, 0xC000 + u16::from(i % 7), 4792));
+        }
+        let body: Vec<u8> = (0..4200u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut kept = Ipv4Prefixes::default();
+        for round in 0..2 {
+            for (k, &(src, dst, sport, dport)) in flows.iter().enumerate() {
+                for len in [12, 12 + 64, 16 + 4096, 28 + (k % 9)] {
+                    let parts = [&body[..12], &body[12..len]];
+                    let whole = compute_ipv4_parts(src, dst, sport, dport, 0, &parts).unwrap();
+                    let prefix = kept.get(src, dst, sport, dport, len).unwrap();
+                    assert_eq!(
+                        continue_parts(prefix, &parts).unwrap(),
+                        whole,
+                        "round {round}, {src}:{sport} -> {dst}:{dport}, {len} bytes"
+                    );
+                }
+            }
+        }
+        // Longer than an IPv4 datagram: the error, as uncached.
+        assert!(kept.get(flows[0].0, flows[0].1, 1, 2, 70_000).is_err());
+    }
 
     #[test]
     fn an_icrc_over_pieces_equals_the_one_over_their_concatenation() {

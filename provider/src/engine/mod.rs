@@ -60,7 +60,8 @@ use crate::memory::MemoryTable;
 use crate::types::{Errno, VerbsError, VerbsResult};
 use qp::{Qp, QpCtx, Srq};
 use roxe_wire::{icrc, Psn};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 use tx::HoldNew;
 
@@ -175,13 +176,16 @@ pub struct Engine {
     clock: Nanos,
     /// Receive: ICRC changes of unseen IPv4 fields, per packet length.
     unseen_ipv4: icrc::RecentLengths<icrc::UnseenIpv4Fields>,
+    /// Send and receive: the ICRC's state after the IPv4 and UDP headers,
+    /// per flow and length.
+    icrc_prefixes: icrc::Ipv4Prefixes,
     memory: MemoryTable,
     next_pd: u32,
     pds: BTreeMap<u32, u32>,
     next_cq: u32,
-    cqs: HashMap<u32, CompletionQueue>,
+    cqs: FxHashMap<u32, CompletionQueue>,
     next_srq: u32,
-    srqs: HashMap<u32, Srq>,
+    srqs: FxHashMap<u32, Srq>,
     next_xrcd: u32,
     xrcds: BTreeSet<u32>,
     next_qpn: u32,
@@ -299,13 +303,14 @@ impl Engine {
             config,
             clock: 0,
             unseen_ipv4: Default::default(),
+            icrc_prefixes: Default::default(),
             memory: MemoryTable::new(),
             next_pd: 1,
             pds: BTreeMap::new(),
             next_cq: 1,
-            cqs: HashMap::new(),
+            cqs: FxHashMap::default(),
             next_srq: 1,
-            srqs: HashMap::new(),
+            srqs: FxHashMap::default(),
             next_xrcd: 1,
             xrcds: BTreeSet::new(),
             // QPN 0 and 1 are the special QPs; rxe starts numbering at 17.

@@ -25,7 +25,8 @@ use crate::qp_attr::{self, AttrMask, QpAttr, QpLimits, QpState, QpType};
 use crate::types::{Errno, VerbsResult, WcOpcode, WcStatus};
 use crate::wr::{RecvWr, SendOpcode, SendWr, WorkCompletion};
 use roxe_wire::{AckTimeout, Packet, Psn, Transport};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 /// A posted receive.
@@ -72,8 +73,8 @@ pub(crate) struct QpCtx<'a> {
     pub now: Nanos,
     pub config: &'a EngineConfig,
     pub memory: &'a mut MemoryTable,
-    pub cqs: &'a mut HashMap<u32, CompletionQueue>,
-    pub srqs: &'a mut HashMap<u32, Srq>,
+    pub cqs: &'a mut FxHashMap<u32, CompletionQueue>,
+    pub srqs: &'a mut FxHashMap<u32, Srq>,
     pub stats: &'a mut Stats,
     pub events: &'a mut Vec<QpEvent>,
     /// CQs a completion did not fit in during this call: afterwards the
@@ -100,8 +101,8 @@ impl<'a> QpCtx<'a> {
         now: Nanos,
         config: &'a EngineConfig,
         memory: &'a mut MemoryTable,
-        cqs: &'a mut HashMap<u32, CompletionQueue>,
-        srqs: &'a mut HashMap<u32, Srq>,
+        cqs: &'a mut FxHashMap<u32, CompletionQueue>,
+        srqs: &'a mut FxHashMap<u32, Srq>,
         stats: &'a mut Stats,
         events: &'a mut Vec<QpEvent>,
         loopback_unacked: i32,

@@ -146,7 +146,11 @@ impl Engine {
                 IcrcPolicy::Warn | IcrcPolicy::AssumeLinuxSender => {
                     // One CRC, for identification 0 with DF set (a Linux
                     // sender's datagram); the rest are deltas.
-                    let Ok(c0) = icrc::compute_ipv4(s, d, src_port, port, 0, body) else {
+                    let c0 = self
+                        .icrc_prefixes
+                        .get(s, d, src_port, port, body.len())
+                        .and_then(|prefix| icrc::continue_parts(prefix, &[body]));
+                    let Ok(c0) = c0 else {
                         return false;
                     };
                     let diff = c0 ^ pkt.icrc();
