@@ -6,11 +6,13 @@ use crate::engine::Stats;
 /// Driver-level counters (the engine's own are in [`Stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DriverStats {
-    /// Datagrams handed to the kernel.
+    /// Datagrams handed to the kernel (as on the wire: each segment of a
+    /// GSO send counts).
     pub tx_datagrams: u64,
     /// Datagrams the kernel refused (after waiting for buffer space).
     pub tx_errors: u64,
-    /// Datagrams received.
+    /// Datagrams received (as on the wire: each segment of a GRO run
+    /// counts; `rx_batches` counts the `recvmmsg` calls).
     pub rx_datagrams: u64,
     /// Receive errors other than "nothing to read" (and truncated datagrams).
     pub rx_errors: u64,
