@@ -247,6 +247,22 @@ static struct ibv_qp *make_qp(struct ctx *c, struct ibv_cq *scq, struct ibv_cq *
 	return qp;
 }
 
+/* ibv_destroy_qp in a thread of its own, and when it returned. */
+struct destroyer {
+	struct ibv_qp *qp;
+	int rc;
+	int done;
+};
+
+static void *destroy_in_thread(void *arg)
+{
+	struct destroyer *d = arg;
+
+	d->rc = ibv_destroy_qp(d->qp);
+	__atomic_store_n(&d->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
 static int to_init(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a = {
@@ -1280,6 +1296,73 @@ cq_ex_done:
 			ibv_ack_async_event(&ev);
 		rc = poll(&pfd, 1, 100);
 		check(rc == 0, "async.nothing_more", "poll returned %d: an unexpected event", rc);
+
+		/* An event whose QP is destroyed before the program reads it is
+		 * dropped (the kernel drops a destroyed object's unread events):
+		 * never handed out naming freed memory. */
+		{
+			struct ibv_qp_init_attr ia = {
+				.send_cq = ecq,
+				.recv_cq = ecq,
+				.srq = srq,
+				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
+				.qp_type = IBV_QPT_RC,
+			};
+			struct ibv_qp *gone = ibv_create_qp(c.pd, &ia);
+			int flags = fcntl(c.ctx->async_fd, F_GETFL);
+
+			if (!gone)
+				die("ibv_create_qp (srq, destroyed unread): %s", strerror(errno));
+			rc = to_init(gone) | ibv_modify_qp(gone, &to_err, IBV_QP_STATE);
+			check(rc == 0, "async.unread.modify_to_err", "returned %d", rc);
+			rc = poll(&pfd, 1, TIMEOUT_MS);
+			check(rc == 1, "async.unread.event_written", "poll returned %d", rc);
+			rc = ibv_destroy_qp(gone);
+			check(rc == 0, "async.unread.destroy_does_not_wait", "returned %d", rc);
+			fcntl(c.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+			memset(&ev, 0, sizeof(ev));
+			errno = 0;
+			rc = ibv_get_async_event(c.ctx, &ev);
+			check(rc == -1 && errno == EAGAIN, "async.unread.dropped",
+			      "rc %d errno %d, event %d for qp %p (destroyed: %p)", rc, errno,
+			      ev.event_type, (void *)ev.element.qp, (void *)gone);
+			if (rc == 0)
+				ibv_ack_async_event(&ev);
+			fcntl(c.ctx->async_fd, F_SETFL, flags);
+		}
+		/* ibv_destroy_qp waits until every event handed out for the QP
+		 * has been acknowledged (libibverbs' contract). */
+		{
+			struct ibv_qp_init_attr ia = {
+				.send_cq = ecq,
+				.recv_cq = ecq,
+				.srq = srq,
+				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
+				.qp_type = IBV_QPT_RC,
+			};
+			struct destroyer d = { .qp = ibv_create_qp(c.pd, &ia) };
+			pthread_t t;
+
+			if (!d.qp)
+				die("ibv_create_qp (srq, destroy waits): %s", strerror(errno));
+			rc = to_init(d.qp) | ibv_modify_qp(d.qp, &to_err, IBV_QP_STATE);
+			check(rc == 0, "async.ack_wait.modify_to_err", "returned %d", rc);
+			rc = poll(&pfd, 1, TIMEOUT_MS);
+			memset(&ev, 0, sizeof(ev));
+			rc = rc == 1 ? ibv_get_async_event(c.ctx, &ev) : -1;
+			check(rc == 0 && ev.element.qp == d.qp, "async.ack_wait.event",
+			      "rc %d, event %d for qp %p, expected %p", rc, ev.event_type,
+			      (void *)ev.element.qp, (void *)d.qp);
+			if (pthread_create(&t, NULL, destroy_in_thread, &d) != 0)
+				die("pthread_create");
+			usleep(200 * 1000);
+			check(!__atomic_load_n(&d.done, __ATOMIC_ACQUIRE), "async.ack_wait.destroy_waits",
+			      "ibv_destroy_qp returned %d before the event was acknowledged", d.rc);
+			if (rc == 0)
+				ibv_ack_async_event(&ev);
+			pthread_join(t, NULL);
+			check(d.rc == 0, "async.ack_wait.destroy_after_ack", "returned %d", d.rc);
+		}
 
 		rc = ibv_destroy_qp(es) | ibv_destroy_qp(ea) | ibv_destroy_qp(eb);
 		rc |= ibv_destroy_srq(srq) | ibv_destroy_cq(ecq);

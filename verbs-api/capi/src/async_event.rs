@@ -2,6 +2,9 @@
 //! a device's QP events into it as `ibv_async_event` records (with the
 //! context's `ibv_qp*`), `ibv_get_async_event` and `ibv_ack_async_event`.
 //! roxe raises `IBV_EVENT_SQ_DRAINED` and `IBV_EVENT_QP_LAST_WQE_REACHED`.
+//! An event whose QP was destroyed before it was read is dropped, and
+//! `ibv_destroy_qp` waits for the acknowledgement of every event handed
+//! out for its QP, as libibverbs over the kernel's uverbs does.
 
 use crate::abi::*;
 use crate::context::context;
@@ -98,18 +101,48 @@ pub unsafe extern "C" fn ibv_get_async_event(
         if event.is_null() {
             return fail_minus_one(libc::EINVAL);
         }
-        let mut rec = [0u8; RECORD];
-        // SAFETY: reading into a RECORD-byte stack buffer from our own pipe.
-        let n = unsafe { libc::read(c.async_read.as_raw_fd(), rec.as_mut_ptr().cast(), RECORD) };
-        if n != RECORD as isize {
-            // errno is read's (EAGAIN on a non-blocking pipe).
-            return -1;
+        loop {
+            let mut rec = [0u8; RECORD];
+            // SAFETY: reading into a RECORD-byte stack buffer from our own
+            // pipe.
+            let n =
+                unsafe { libc::read(c.async_read.as_raw_fd(), rec.as_mut_ptr().cast(), RECORD) };
+            if n != RECORD as isize {
+                // errno is read's (EAGAIN on a non-blocking pipe).
+                return -1;
+            }
+            // SAFETY: the pipe carries whole ibv_async_event records
+            // (written by `sink`).
+            let ev: ibv_async_event = unsafe { ptr::read_unaligned(rec.as_ptr().cast()) };
+            if names_qp(ev.event_type) && !handed_out_for_live_qp(&c.qps, ev.element) {
+                // Its QP was destroyed before the program read the event:
+                // dropped, as the kernel drops a destroyed QP's unread
+                // events, rather than handing out a freed pointer.
+                continue;
+            }
+            // SAFETY: event is the caller's.
+            unsafe { event.write(ev) };
+            return 0;
         }
-        // SAFETY: the pipe carries whole ibv_async_event records (written
-        // by `sink`); event is the caller's.
-        unsafe { event.write(ptr::read_unaligned(rec.as_ptr().cast())) };
-        0
     })
+}
+
+/// Whether `element` is a QP of this context that is still live, counting
+/// the event about to be handed out for it (`ibv_destroy_qp` waits for its
+/// acknowledgement). Under the QP map's lock, which `ibv_destroy_qp` takes
+/// to remove the QP before it reads the count.
+fn handed_out_for_live_qp(qps: &Mutex<HashMap<u32, usize>>, element: *mut c_void) -> bool {
+    let qps = qps.lock();
+    if !qps.values().any(|&p| p == element as usize) {
+        return false;
+    }
+    // SAFETY: the map holds only live `RoxeQp`s (inserted at create,
+    // removed under this lock before destroy frees them), and a QP's
+    // public struct is its container's address.
+    let qp = unsafe { &*element.cast::<crate::qp::RoxeQp>() };
+    qp.async_events_returned
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    true
 }
 
 /// QP events count in `qp->events_completed` (under `qp->mutex`), as in

@@ -15,7 +15,8 @@ use parking_lot::Mutex;
 use roxe_verbs::{AttrMask, Pd, Qp, QpAttr, QpInit, QpState, QpType, SendWr};
 use std::ffi::c_int;
 use std::mem::zeroed;
-use std::ptr::null_mut;
+use std::ptr::{self, null_mut};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Every QP carries the `ibv_qp_ex` layout (its `qp_base` first, so it is
 /// also an `ibv_qp`); `ibv_qp_to_qp_ex` hands it out only for QPs created
@@ -35,6 +36,10 @@ pub(crate) struct RoxeQp {
     _send_cq: Used<RoxeCq>,
     _recv_cq: Used<RoxeCq>,
     _srq: Option<Used<RoxeSrq>>,
+    /// Async events `ibv_get_async_event` handed out naming this QP
+    /// (counted under the context's QP map lock): `ibv_destroy_qp` waits
+    /// until the program has acknowledged as many.
+    pub(crate) async_events_returned: AtomicU32,
 }
 
 impl RoxeQp {
@@ -249,6 +254,7 @@ unsafe fn create_qp(
         _send_cq: Used::new(scq),
         _recv_cq: Used::new(rcq),
         _srq: srq.map(Used::new),
+        async_events_returned: AtomicU32::new(0),
     });
     // SAFETY: the PD's context is an open context.
     if let Some(c) = unsafe { context(p.context()) } {
@@ -275,10 +281,34 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return unsafe { crate::xrc::destroy_recv_qp(qp) };
     }
     let retire = |q: &RoxeQp| {
-        // Async events stop naming it.
+        // Async events stop naming it: none is written for it from now
+        // on, and one still unread is dropped by `ibv_get_async_event`
+        // (as the kernel drops a destroyed object's unread events).
         // SAFETY: a QP's context outlives it.
-        if let Some(c) = unsafe { context(q.context()) } {
-            c.qps.lock().remove(&q.qp.qp_num());
+        let returned = match unsafe { context(q.context()) } {
+            Some(c) => {
+                let mut qps = c.qps.lock();
+                qps.remove(&q.qp.qp_num());
+                q.async_events_returned.load(Ordering::Acquire)
+            }
+            None => 0,
+        };
+        // As libibverbs: wait until every event handed out naming this QP
+        // has been acknowledged, so no program thread still holds one that
+        // points at the QP about to be freed.
+        let qp = ptr::addr_of!(q.c.qp_base).cast_mut();
+        // SAFETY: the QP is live until freed after this closure; its mutex
+        // and cond were initialised at create, and `ibv_ack_async_event`
+        // counts acks under the same mutex and signals the same cond.
+        unsafe {
+            libc::pthread_mutex_lock(ptr::addr_of_mut!((*qp).mutex));
+            while (*qp).events_completed != returned {
+                libc::pthread_cond_wait(
+                    ptr::addr_of_mut!((*qp).cond),
+                    ptr::addr_of_mut!((*qp).mutex),
+                );
+            }
+            libc::pthread_mutex_unlock(ptr::addr_of_mut!((*qp).mutex));
         }
         Ok(())
     };
