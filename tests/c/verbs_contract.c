@@ -247,6 +247,23 @@ static struct ibv_qp *make_qp(struct ctx *c, struct ibv_cq *scq, struct ibv_cq *
 	return qp;
 }
 
+/* An RC QP on `srq`, its completions to `cq`. */
+static struct ibv_qp *make_srq_qp(struct ctx *c, struct ibv_cq *cq, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.srq = srq,
+		.cap = { .max_send_wr = 4, .max_send_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+	};
+	struct ibv_qp *qp = ibv_create_qp(c->pd, &ia);
+
+	if (!qp)
+		die("ibv_create_qp (srq): %s", strerror(errno));
+	return qp;
+}
+
 /* ibv_destroy_qp in a thread of its own, and when it returned. */
 struct destroyer {
 	struct ibv_qp *qp;
@@ -1265,18 +1282,7 @@ cq_ex_done:
 		srq = ibv_create_srq(c.pd, &sia);
 		if (!srq)
 			die("ibv_create_srq: %s", strerror(errno));
-		{
-			struct ibv_qp_init_attr ia = {
-				.send_cq = ecq,
-				.recv_cq = ecq,
-				.srq = srq,
-				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
-				.qp_type = IBV_QPT_RC,
-			};
-			es = ibv_create_qp(c.pd, &ia);
-			if (!es)
-				die("ibv_create_qp (srq): %s", strerror(errno));
-		}
+		es = make_srq_qp(&c, ecq, srq);
 		/* RESET -> ERR is not a legal transition (the kernel's
 		 * qp_state_table); INIT -> ERR is. */
 		rc = to_init(es);
@@ -1301,18 +1307,9 @@ cq_ex_done:
 		 * dropped (the kernel drops a destroyed object's unread events):
 		 * never handed out naming freed memory. */
 		{
-			struct ibv_qp_init_attr ia = {
-				.send_cq = ecq,
-				.recv_cq = ecq,
-				.srq = srq,
-				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
-				.qp_type = IBV_QPT_RC,
-			};
-			struct ibv_qp *gone = ibv_create_qp(c.pd, &ia);
+			struct ibv_qp *gone = make_srq_qp(&c, ecq, srq);
 			int flags = fcntl(c.ctx->async_fd, F_GETFL);
 
-			if (!gone)
-				die("ibv_create_qp (srq, destroyed unread): %s", strerror(errno));
 			rc = to_init(gone) | ibv_modify_qp(gone, &to_err, IBV_QP_STATE);
 			check(rc == 0, "async.unread.modify_to_err", "returned %d", rc);
 			rc = poll(&pfd, 1, TIMEOUT_MS);
@@ -1333,18 +1330,9 @@ cq_ex_done:
 		/* ibv_destroy_qp waits until every event handed out for the QP
 		 * has been acknowledged (libibverbs' contract). */
 		{
-			struct ibv_qp_init_attr ia = {
-				.send_cq = ecq,
-				.recv_cq = ecq,
-				.srq = srq,
-				.cap = { .max_send_wr = 4, .max_send_sge = 1 },
-				.qp_type = IBV_QPT_RC,
-			};
-			struct destroyer d = { .qp = ibv_create_qp(c.pd, &ia) };
+			struct destroyer d = { .qp = make_srq_qp(&c, ecq, srq) };
 			pthread_t t;
 
-			if (!d.qp)
-				die("ibv_create_qp (srq, destroy waits): %s", strerror(errno));
 			rc = to_init(d.qp) | ibv_modify_qp(d.qp, &to_err, IBV_QP_STATE);
 			check(rc == 0, "async.ack_wait.modify_to_err", "returned %d", rc);
 			rc = poll(&pfd, 1, TIMEOUT_MS);

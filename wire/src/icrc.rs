@@ -179,6 +179,12 @@ pub fn ipv4_prefix_crc(
         payload_len: udp_len,
     }
     .emit(&mut ip)?;
+    prefix_crc(&ip, &udp_header(src_port, dst_port, udp_len)?)
+}
+
+/// The UDP header of a RoCEv2 datagram of `udp_len` bytes (checksum 0: the
+/// ICRC masks it anyway).
+fn udp_header(src_port: u16, dst_port: u16, udp_len: usize) -> Result<[u8; UDP_HEADER_LEN]> {
     let mut udp = [0u8; UDP_HEADER_LEN];
     UdpRepr {
         src_port,
@@ -186,7 +192,7 @@ pub fn ipv4_prefix_crc(
         payload_len: udp_len - UDP_HEADER_LEN,
     }
     .emit(&mut udp)?;
-    prefix_crc(&ip, &udp)
+    Ok(udp)
 }
 
 /// Prefix CRCs ([`ipv4_prefix_crc`], identification 0) of recent IPv4
@@ -241,6 +247,20 @@ impl Ipv4Prefixes {
         let crc = ipv4_prefix_crc(src, dst, src_port, dst_port, 0, roce_len)?;
         *slot = (key, crc);
         Ok(crc)
+    }
+
+    /// [`compute_ipv4_parts`] with identification 0, from the kept prefix.
+    pub fn icrc(
+        &mut self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        src_port: u16,
+        dst_port: u16,
+        roce: &[&[u8]],
+    ) -> Result<u32> {
+        let roce_len = roce.iter().map(|p| p.len()).sum();
+        let prefix = self.get(src, dst, src_port, dst_port, roce_len)?;
+        continue_parts(prefix, roce)
     }
 }
 
@@ -573,14 +593,7 @@ pub fn compute_ipv6_parts(
         payload_len: udp_len,
     }
     .emit(&mut ip)?;
-    let mut udp = [0u8; UDP_HEADER_LEN];
-    UdpRepr {
-        src_port,
-        dst_port,
-        payload_len: udp_len - UDP_HEADER_LEN,
-    }
-    .emit(&mut udp)?;
-    compute_parts(&ip, &udp, roce)
+    compute_parts(&ip, &udp_header(src_port, dst_port, udp_len)?, roce)
 }
 
 /// Check the ICRC of a whole IP datagram (IPv4 or IPv6, then UDP, then RoCEv2).

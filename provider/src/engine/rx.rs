@@ -146,11 +146,7 @@ impl Engine {
                 IcrcPolicy::Warn | IcrcPolicy::AssumeLinuxSender => {
                     // One CRC, for identification 0 with DF set (a Linux
                     // sender's datagram); the rest are deltas.
-                    let c0 = self
-                        .icrc_prefixes
-                        .get(s, d, src_port, port, body.len())
-                        .and_then(|prefix| icrc::continue_parts(prefix, &[body]));
-                    let Ok(c0) = c0 else {
+                    let Ok(c0) = self.icrc_prefixes.icrc(s, d, src_port, port, &[body]) else {
                         return false;
                     };
                     let diff = c0 ^ pkt.icrc();

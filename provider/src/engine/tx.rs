@@ -235,10 +235,7 @@ impl Engine {
         let port = roxe_wire::ROCEV2_PORT;
         let c = match (self.config.addr, t.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let len = head.len() + payload.len() + tail.len();
-                self.icrc_prefixes
-                    .get(s, d, t.src_port, port, len)
-                    .and_then(|prefix| icrc::continue_parts(prefix, &parts))
+                self.icrc_prefixes.icrc(s, d, t.src_port, port, &parts)
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 icrc::compute_ipv6_parts(s, d, t.src_port, port, &parts)

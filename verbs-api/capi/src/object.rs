@@ -158,3 +158,26 @@ pub(crate) unsafe fn count_acked_events(
         libc::pthread_mutex_unlock(mutex);
     }
 }
+
+/// Wait until the object's acknowledged events reach `handed_out`, as a
+/// libibverbs destroy verb does: [`count_acked_events`] counts them under
+/// the same `mutex` and signals the same `cond`.
+///
+/// # Safety
+/// As for [`count_acked_events`].
+pub(crate) unsafe fn wait_for_acked_events(
+    mutex: *mut pthread_mutex_t,
+    cond: *mut pthread_cond_t,
+    completed: *const u32,
+    handed_out: u32,
+) {
+    // SAFETY: per the contract; the counter is read under the mutex its
+    // writer holds.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while *completed != handed_out {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
+}

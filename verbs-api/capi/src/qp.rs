@@ -7,7 +7,7 @@ use crate::abi::convert::{qp_attr_from_c, qp_attr_to_c};
 use crate::abi::*;
 use crate::context::context;
 use crate::cq::RoxeCq;
-use crate::object::{container_of, destroy, hand_out, Used};
+use crate::object::{container_of, destroy, hand_out, wait_for_acked_events, Used};
 use crate::pd::RoxePd;
 use crate::srq::RoxeSrq;
 use crate::{fail_null, guard};
@@ -299,16 +299,14 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let qp = ptr::addr_of!(q.c.qp_base).cast_mut();
         // SAFETY: the QP is live until freed after this closure; its mutex
         // and cond were initialised at create, and `ibv_ack_async_event`
-        // counts acks under the same mutex and signals the same cond.
+        // counts acks with `count_acked_events` on the same three members.
         unsafe {
-            libc::pthread_mutex_lock(ptr::addr_of_mut!((*qp).mutex));
-            while (*qp).events_completed != returned {
-                libc::pthread_cond_wait(
-                    ptr::addr_of_mut!((*qp).cond),
-                    ptr::addr_of_mut!((*qp).mutex),
-                );
-            }
-            libc::pthread_mutex_unlock(ptr::addr_of_mut!((*qp).mutex));
+            wait_for_acked_events(
+                ptr::addr_of_mut!((*qp).mutex),
+                ptr::addr_of_mut!((*qp).cond),
+                ptr::addr_of!((*qp).events_completed),
+                returned,
+            )
         }
         Ok(())
     };
