@@ -172,10 +172,10 @@ pub(crate) unsafe fn wait_for_acked_events(
     handed_out: u32,
 ) {
     // SAFETY: per the contract; the counter is read under the mutex its
-    // writer holds.
+    // writer holds, afresh after each wait (another thread writes it).
     unsafe {
         libc::pthread_mutex_lock(mutex);
-        while *completed != handed_out {
+        while completed.read_volatile() != handed_out {
             libc::pthread_cond_wait(cond, mutex);
         }
         libc::pthread_mutex_unlock(mutex);
