@@ -4222,36 +4222,45 @@ fn xrc_send_reaches_the_srq_its_xrceth_names() {
 /// The ACK-clocked pass after a single post (`poll_transmit_ack_clocked`):
 /// new messages start until 16 PSNs of the device's QPs are
 /// unacknowledged, then wait (with several QPs in flight, only messages of
-/// one packet wait); the next pass that is not ACK-clocked (what an
-/// arriving ACK, a timer or a poll triggers) sends them all, whichever QP
-/// its packet was for.
+/// one packet wait), and messages under 1 KiB already once two messages
+/// are; the next pass that is not ACK-clocked (what an arriving ACK, a
+/// timer or a poll triggers) sends them all, whichever QP its packet was
+/// for.
 #[test]
 fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
     use WcStatus::Success;
+    /// Packets engine 0 sends in one pass at `now`, ACK-clocked or not.
+    fn pass(net: &mut Net, now: Nanos, ack_clocked: bool) -> usize {
+        let mut buf = vec![0u8; 9000];
+        let mut sent = 0;
+        while if ack_clocked {
+            net.engines[0].poll_transmit_ack_clocked(now, &mut buf)
+        } else {
+            net.engines[0].poll_transmit(now, &mut buf)
+        }
+        .is_some()
+        {
+            sent += 1;
+        }
+        sent
+    }
     let mut net = Net::new(2, 53, Faults::default());
     let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
     let c = add_qp(&mut net, a, |_| {});
     let d = add_qp(&mut net, b, |_| {});
     link(&mut net, c, d, QpType::Rc, Mtu::Mtu1024);
-    let mut buf = vec![0u8; 9000];
-    let now = net.now;
-    let mut clocked = |net: &mut Net| {
-        let mut sent = 0;
-        while net.engines[0]
-            .poll_transmit_ack_clocked(now, &mut buf)
-            .is_some()
-        {
-            sent += 1;
-        }
-        sent
-    };
     // Nothing in flight (a ping-pong): a message goes at once.
     post(
         &mut net,
         c,
         rdma_wr(c, 98, SendOpcode::RdmaWrite, 0, 64, d, 0),
     );
-    assert_eq!(clocked(&mut net), 1, "a ping-pong's message goes at once");
+    let now = net.now;
+    assert_eq!(
+        pass(&mut net, now, true),
+        1,
+        "a ping-pong's message goes at once"
+    );
     assert_eq!(wait_wcs(&mut net, a, 1)[0].status, Success);
     let now = net.now;
     for i in 0..8u64 {
@@ -4263,7 +4272,7 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
         );
     }
     assert_eq!(
-        clocked(&mut net),
+        pass(&mut net, now, true),
         16,
         "four messages (16 PSNs in flight), then the rest wait"
     );
@@ -4274,21 +4283,13 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
         rdma_wr(c, 99, SendOpcode::RdmaWrite, 64, 64, d, 64),
     );
     assert_eq!(
-        clocked(&mut net),
+        pass(&mut net, now, true),
         0,
         "held behind the device's unacknowledged PSNs"
     );
     // A pass that is not ACK-clocked sends every held message, on both QPs.
-    let normal = |net: &mut Net| {
-        let mut sent = 0;
-        let mut buf = vec![0u8; 9000];
-        while net.engines[0].poll_transmit(now, &mut buf).is_some() {
-            sent += 1;
-        }
-        sent
-    };
     assert_eq!(
-        normal(&mut net),
+        pass(&mut net, now, false),
         17,
         "the four held messages of one QP and the other's"
     );
@@ -4306,11 +4307,11 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
         rdma_wr(c, 100, SendOpcode::RdmaWrite, 128, 64, d, 128),
     );
     assert_eq!(
-        clocked(&mut net),
+        pass(&mut net, now, true),
         8,
         "the long messages go, the short one waits"
     );
-    assert_eq!(normal(&mut net), 1, "then it goes");
+    assert_eq!(pass(&mut net, now, false), 1, "then it goes");
     // Everything completes with the passes that ACKs bring (both QPs
     // complete on one CQ).
     let wcs = wait_wcs(&mut net, a, 12);
@@ -4320,6 +4321,56 @@ fn ack_clocked_pass_holds_new_messages_behind_unacknowledged_psns() {
         "{wcs:?}"
     );
     assert_eq!(read(&net, b, 4096 * 9, 4096), read(&net, a, 4096 * 9, 4096));
+    // One message of 16 PSNs holds the next by itself.
+    let now = net.now;
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 20, SendOpcode::RdmaWrite, 0, 16 * 1024, b, 0),
+    );
+    post(
+        &mut net,
+        a,
+        rdma_wr(a, 21, SendOpcode::RdmaWrite, 0, 64, b, 0),
+    );
+    assert_eq!(pass(&mut net, now, true), 16, "16 PSNs out: the next waits");
+    assert_eq!(pass(&mut net, now, false), 1);
+    assert!(wait_wcs(&mut net, a, 2).iter().all(|w| w.status == Success));
+    // Small messages: two go, the rest wait for an ACK (a peer that ACKs
+    // each as it comes never lets 16 PSNs build up). 1 KiB ones do not.
+    let now = net.now;
+    for i in 0..4u64 {
+        post(
+            &mut net,
+            a,
+            rdma_wr(
+                a,
+                40 + i,
+                SendOpcode::RdmaWrite,
+                i * 1024,
+                1024,
+                b,
+                i * 1024,
+            ),
+        );
+    }
+    assert_eq!(pass(&mut net, now, true), 4, "1 KiB messages are not held");
+    assert!(wait_wcs(&mut net, a, 4).iter().all(|w| w.status == Success));
+    let now = net.now;
+    for i in 0..4u64 {
+        post(
+            &mut net,
+            a,
+            rdma_wr(a, 30 + i, SendOpcode::RdmaWrite, i * 64, 64, b, i * 64),
+        );
+    }
+    assert_eq!(
+        pass(&mut net, now, true),
+        2,
+        "two small messages out, then wait"
+    );
+    assert_eq!(pass(&mut net, now, false), 2);
+    assert!(wait_wcs(&mut net, a, 4).iter().all(|w| w.status == Success));
 }
 
 /// One tag-matching scenario's packets on a network with `faults`: EAGER

@@ -121,6 +121,20 @@ impl SendQueue {
         self.reads_atomics
     }
 
+    /// The messages started and not finished, counted up to `limit`
+    /// (finished ones retire from the front, so this looks at the first
+    /// few).
+    pub fn started_unfinished(&self, limit: usize) -> usize {
+        let mut n = 0;
+        for w in self.wqes.iter().take_while(|w| w.started) {
+            if n >= limit {
+                break;
+            }
+            n += usize::from(w.done.is_none());
+        }
+        n
+    }
+
     /// A message has started (PSNs assigned) and is not finished.
     pub fn in_flight(&self) -> bool {
         self.wqes.iter().any(|w| w.started && w.done.is_none())

@@ -64,6 +64,20 @@ pub(crate) enum HoldNew {
     Any,
     /// Those of one packet.
     SinglePacket,
+    /// Those under [`PAYLOAD_BY_REF_MIN`] bytes, whose packets cost a
+    /// system call each more than their copy.
+    Small,
+}
+
+/// What the device's QPs have out ([`Engine::unacked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unacked {
+    /// At least [`ACK_CLOCKED_MIN_UNACKED`] PSNs.
+    Psns,
+    /// Fewer PSNs, but [`ACK_CLOCKED_MIN_MESSAGES`] messages.
+    Messages,
+    /// Less.
+    Few,
 }
 
 /// How a transmit pass runs ([`Engine::poll_transmit_pass`]).
@@ -83,11 +97,22 @@ pub const PAYLOAD_BY_REF_MIN: usize = 1024;
 
 /// In an ACK-clocked pass (`Engine::poll_transmit_ack_clocked`, after a
 /// verb), a new message of a reliable QP waits while at least this many
-/// PSNs of the device's QPs are unacknowledged: the ACK on its way
-/// triggers the next pass, which sends it with the others posted
-/// meanwhile, on every QP (one system call for many `ibv_post_send`s).
-/// Below it (a ping-pong, the first messages) a post sends at once.
+/// PSNs of the device's QPs are unacknowledged, or
+/// [`ACK_CLOCKED_MIN_MESSAGES`] messages: the ACK on its way triggers the
+/// next pass, which sends it with the others posted meanwhile, on every
+/// QP (one system call for many `ibv_post_send`s). Below both (a
+/// ping-pong, a message and its notification, the first messages) a post
+/// sends at once.
 const ACK_CLOCKED_MIN_UNACKED: i32 = 16;
+
+/// See [`ACK_CLOCKED_MIN_UNACKED`]; for messages under
+/// [`PAYLOAD_BY_REF_MIN`] bytes only. A peer that ACKs each small message
+/// as it comes keeps fewer than 16 PSNs out, so a stream of single posts
+/// left one datagram per post, each ACKed alone, until the peer fell
+/// behind (`ib_write_bw -s 64`: 0.51 M/s, 0.96 with this rule). Larger
+/// messages lost by it (1 KiB WRITEs 14 %): their copy, not the system
+/// call, is what they cost (docs/PERFORMANCE.md, session 25).
+const ACK_CLOCKED_MIN_MESSAGES: usize = 2;
 
 impl Engine {
     /// Produce the next packet to send into `buf` (at least 4096 + 64
@@ -122,24 +147,36 @@ impl Engine {
         // flight only single-packet messages wait: each of those would
         // otherwise be a system call of its own, while holding long ones
         // halved ib_write_bw -q 16 (1.6 -> 0.8-0.9 GB/s).
-        let hold_new = if !pass.ack_clocked || !self.unacked_at_least(ACK_CLOCKED_MIN_UNACKED) {
+        let hold_new = if !pass.ack_clocked {
             HoldNew::Never
-        } else if self.deadlines.len() <= 1 {
-            HoldNew::Any
         } else {
-            HoldNew::SinglePacket
+            match self.unacked(ACK_CLOCKED_MIN_UNACKED, ACK_CLOCKED_MIN_MESSAGES) {
+                Unacked::Psns if self.deadlines.len() <= 1 => HoldNew::Any,
+                Unacked::Psns => HoldNew::SinglePacket,
+                Unacked::Messages => HoldNew::Small,
+                Unacked::Few => HoldNew::Never,
+            }
         };
         self.round_robin_transmit(now, buf, hold_new, pass.payload_by_ref)
     }
 
-    /// Whether the QPs with PSNs in flight have at least `n`
-    /// unacknowledged between them.
-    fn unacked_at_least(&self, n: i32) -> bool {
-        let mut sum = 0;
-        self.qps_in_flight().any(|q| {
-            sum += q.unacked_psns();
-            sum >= n
-        })
+    /// Whether the QPs with PSNs in flight have at least `psns`
+    /// unacknowledged between them, or else `messages` messages sent and
+    /// not acknowledged.
+    fn unacked(&self, psns: i32, messages: usize) -> Unacked {
+        let (mut p, mut m) = (0, 0);
+        for q in self.qps_in_flight() {
+            p += q.unacked_psns();
+            if p >= psns {
+                return Unacked::Psns;
+            }
+            m += q.unacked_messages(messages.saturating_sub(m));
+        }
+        if m >= messages {
+            Unacked::Messages
+        } else {
+            Unacked::Few
+        }
     }
 
     /// The QPs with PSNs in flight (an armed timer), earliest deadline

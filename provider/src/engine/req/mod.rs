@@ -490,6 +490,11 @@ impl Qp {
         self.sq.len()
     }
 
+    /// Messages started and not finished, counted up to `limit`.
+    pub(super) fn unacked_messages(&self, limit: usize) -> usize {
+        self.sq.started_unfinished(limit)
+    }
+
     /// PSNs sent and not yet acknowledged.
     pub(super) fn unacked_psns(&self) -> i32 {
         self.comp.una().distance(self.req.next_psn()).max(0)
@@ -654,6 +659,7 @@ impl Qp {
             HoldNew::Never => false,
             HoldNew::Any => true,
             HoldNew::SinglePacket => w.len as usize <= limits.pmtu,
+            HoldNew::Small => (w.len as usize) < super::tx::PAYLOAD_BY_REF_MIN,
         };
         if hold && limits.reliable {
             return Some(Wait::HeldForAck);
