@@ -156,7 +156,10 @@ impl Shared {
     }
 
     pub(super) fn run_deferred(&self, core: &mut Core) {
-        if !self.has_deferred.swap(false, Ordering::AcqRel) {
+        // A plain load first: the swap is a locked write on every verb.
+        if !self.has_deferred.load(Ordering::Acquire)
+            || !self.has_deferred.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         let jobs = std::mem::take(&mut *self.deferred.lock());
