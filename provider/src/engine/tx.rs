@@ -107,11 +107,11 @@ const ACK_CLOCKED_MIN_UNACKED: i32 = 16;
 
 /// See [`ACK_CLOCKED_MIN_UNACKED`]; for messages under
 /// [`PAYLOAD_BY_REF_MIN`] bytes only. A peer that ACKs each small message
-/// as it comes keeps fewer than 16 PSNs out, so a stream of single posts
-/// left one datagram per post, each ACKed alone, until the peer fell
-/// behind (`ib_write_bw -s 64`: 0.51 M/s, 0.96 with this rule). Larger
-/// messages lost by it (1 KiB WRITEs 14 %): their copy, not the system
-/// call, is what they cost (docs/PERFORMANCE.md, session 25).
+/// as it comes keeps fewer than 16 PSNs out, so without this count a
+/// stream of single posts leaves one datagram per post, each ACKed alone,
+/// until the peer falls behind. Larger messages cost their copy more than
+/// their system call, and holding them leaves the sender idle
+/// (docs/PERFORMANCE.md, session 25).
 const ACK_CLOCKED_MIN_MESSAGES: usize = 2;
 
 impl Engine {
