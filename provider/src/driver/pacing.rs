@@ -20,7 +20,7 @@
 //! | decision | made at | rule |
 //! | --- | --- | --- |
 //! | a verb's pass is ACK-clocked | [`Pacer::verb_pass`] | a single post's always; a poll's while [`POLL_CLOCKED_QUEUE`] messages are queued; never a post list's |
-//! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window and messages wait for the ACK: that caller sends them |
+//! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window, has not armed a notification since, and messages wait for the ACK: that caller sends them |
 //! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]) |
 //! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
@@ -458,11 +458,16 @@ impl Pacer {
     /// the progress thread takes the socket back and starts no coalescing
     /// sleep. True if it is to be woken now.
     pub fn caller_sleeps(&self) -> bool {
+        // A sleeping caller polls no more: messages an ACK releases are
+        // the progress thread's to send, not left for a poll that would
+        // come only after the fallback wait.
+        self.caller_polled_at.store(0, Ordering::Relaxed);
+        let left = self.left_to_caller.load(Ordering::Acquire);
         // Either the progress thread sees `rx_bulk` cleared, or this sees
         // it coalescing and wakes it (both SeqCst; see `progress_sleep`).
         self.rx_bulk.store(false, Ordering::SeqCst);
         let coalescing = self.rx_coalescing.load(Ordering::SeqCst);
-        self.end_hold() || coalescing
+        self.end_hold() || coalescing || left
     }
 
     /// A receive burst of `shape` was handed to the engine at `now`.
@@ -724,6 +729,13 @@ mod tests {
         // Nothing held: nothing to leave.
         assert!(!p.progress_pass(1_001 * US, || load(10, 40, false)));
         assert!(!p.progress_pass_done(false, || load(10, 40, true)));
+        // A caller about to sleep on a channel gets nothing left to it, and
+        // what was left wakes the progress thread to send it now.
+        p.polled(2_000 * US);
+        assert!(p.progress_pass(2_005 * US, || load(10, 40, true)));
+        assert!(p.progress_pass_done(true, || load(10, 40, true)));
+        assert!(p.caller_sleeps(), "the thread is woken for what it left");
+        assert!(!p.progress_pass(2_006 * US, || load(10, 40, true)));
     }
 
     #[test]
