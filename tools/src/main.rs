@@ -100,7 +100,7 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "ROXE_ACK_CLOCKED",
         "roxe-ack-clocked",
         "on|off",
-        "After a single post, a new message waits for an ACK while 16+ PSNs are in flight (default on)",
+        "After a single post, a new message waits for an ACK while 16+ PSNs (a message under 1 KiB: 2+ messages) are in flight (default on)",
     ),
     (
         "ROXE_TX_BY_REF",
@@ -113,6 +113,12 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "roxe-ack-hold",
         "on|off",
         "A QP playing a WRITE ping-pong sends each ACK after its own answer, at most a few turnarounds later (default on)",
+    ),
+    (
+        "ROXE_PROGRESS_SPIN",
+        "roxe-progress-spin",
+        "on|off",
+        "While the program polls no CQ, the progress thread spins for 100 µs after each burst it receives (default on)",
     ),
     (
         "ROXE_RX_COALESCE_US",

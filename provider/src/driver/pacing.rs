@@ -25,7 +25,8 @@
 //! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
-//! | a busy-polling progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
+//! | the progress thread spins instead of sleeping | [`Pacer::progress_spins`] | busy polling; or within [`SPIN_AFTER_BURST`] of a burst while the program has not polled for [`PASSIVE_AFTER`] |
+//! | a spinning progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
 //! | a caller spinning on an empty CQ yields its core | [`Pacer::caller_yields`] | every [`EMPTY_POLLS_BEFORE_YIELD`] empty polls, if the progress thread has work the caller cannot do (a timer due, receiving the caller could not do) or nothing came for [`QUIET_BEFORE_YIELD`] |
 //!
 //! Several threads call it at once, so its state is atomics; each rule
@@ -93,6 +94,13 @@ pub struct PacingConfig {
     /// spinning on the CQ sends them with its next poll instead of the
     /// progress thread holding the device lock while the caller waits.
     pub handover_window: Duration,
+    /// A progress thread that just received spins on for
+    /// [`SPIN_AFTER_BURST`] instead of sleeping, while the program has not
+    /// polled a CQ for [`PASSIVE_AFTER`] (`ROXE_PROGRESS_SPIN`, default
+    /// on): a passive side (a WRITE or READ target, a program asleep on a
+    /// channel) then takes the next burst without a wake-up. A program
+    /// that polls receives for itself and keeps its core.
+    pub spin_after_traffic: bool,
 }
 
 impl Default for PacingConfig {
@@ -107,6 +115,7 @@ impl Default for PacingConfig {
             ack_hold: true,
             rx_coalesce: Duration::from_micros(20),
             handover_window: Duration::from_micros(20),
+            spin_after_traffic: true,
         }
     }
 }
@@ -114,7 +123,8 @@ impl Default for PacingConfig {
 impl PacingConfig {
     /// The defaults, changed by the environment: `ROXE_BUSY_POLL`,
     /// `ROXE_GSO`, `ROXE_CALLER_PROGRESS`, `ROXE_CALLER_HOLD`,
-    /// `ROXE_ACK_CLOCKED`, `ROXE_TX_BY_REF`, `ROXE_ACK_HOLD` (switches: [`parse_switch`])
+    /// `ROXE_ACK_CLOCKED`, `ROXE_TX_BY_REF`, `ROXE_ACK_HOLD`,
+    /// `ROXE_PROGRESS_SPIN` (switches: [`parse_switch`])
     /// and `ROXE_RX_COALESCE_US` (0..=1000). A value that does not parse
     /// is an error naming its variable.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -125,7 +135,7 @@ impl PacingConfig {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let var = |k: &str| lookup(k).filter(|v| !v.is_empty());
         let mut c = PacingConfig::default();
-        let switches: [(&'static str, &mut bool); 7] = [
+        let switches: [(&'static str, &mut bool); 8] = [
             ("ROXE_BUSY_POLL", &mut c.busy_poll),
             ("ROXE_GSO", &mut c.gso),
             ("ROXE_CALLER_PROGRESS", &mut c.caller_progress),
@@ -133,6 +143,7 @@ impl PacingConfig {
             ("ROXE_ACK_CLOCKED", &mut c.ack_clocked),
             ("ROXE_TX_BY_REF", &mut c.payload_by_ref),
             ("ROXE_ACK_HOLD", &mut c.ack_hold),
+            ("ROXE_PROGRESS_SPIN", &mut c.spin_after_traffic),
         ];
         for (name, field) in switches {
             if let Some(v) = var(name) {
@@ -191,6 +202,15 @@ pub const QUIET_BEFORE_YIELD: Nanos = 50_000;
 /// How soon the progress thread sends what it left to a caller that did
 /// not poll again.
 pub const HANDOVER_FALLBACK: Duration = Duration::from_micros(50);
+/// How long a progress thread spins on after the last burst it received
+/// ([`PacingConfig::spin_after_traffic`]): longer than the gap between
+/// a stream's bursts on this host (a program posting its next hundred
+/// small messages), short enough that a finished stream leaves no core
+/// busy.
+pub const SPIN_AFTER_BURST: Nanos = 100_000;
+/// A program that has not polled a CQ for this long does not receive for
+/// itself: the progress thread may spin for it.
+pub const PASSIVE_AFTER: Nanos = 1_000_000;
 /// The progress thread's longest sleep (it re-checks its stop flag).
 pub const MAX_SLEEP: Duration = Duration::from_millis(100);
 
@@ -558,7 +578,25 @@ impl Pacer {
     /// (docs/PERFORMANCE.md, session 20). A pass that worked spins on: more
     /// is likely to follow at once.
     pub fn busy_pass_yields(&self, received: bool, sent: bool) -> bool {
-        self.config.busy_poll && !received && !sent
+        !received && !sent
+    }
+
+    /// Whether the progress thread spins at `now` instead of sleeping:
+    /// always with `busy_poll`; else within [`SPIN_AFTER_BURST`] of the
+    /// last burst, while no caller has polled for [`PASSIVE_AFTER`] (nor
+    /// holds the socket) and no bulk stream is being coalesced.
+    pub fn progress_spins(&self, now: Nanos) -> bool {
+        if self.config.busy_poll {
+            return true;
+        }
+        let last = self.last_burst_at.load(Ordering::Relaxed);
+        let polled = self.caller_polled_at.load(Ordering::Relaxed);
+        self.config.spin_after_traffic
+            && last > 0
+            && now.saturating_sub(last) < SPIN_AFTER_BURST
+            && now.saturating_sub(polled) >= PASSIVE_AFTER
+            && !self.hold_on.load(Ordering::Acquire)
+            && !self.rx_bulk.load(Ordering::Relaxed)
     }
 
     /// After a pass (any thread's, under the device lock): the engine's
@@ -625,6 +663,7 @@ mod tests {
     use super::*;
 
     const US: Nanos = 1_000;
+    const MS: Nanos = 1_000_000;
 
     fn pacer() -> Pacer {
         Pacer::new(PacingConfig::default())
@@ -657,8 +696,37 @@ mod tests {
         assert!(busy.busy_pass_yields(false, false));
         assert!(!busy.busy_pass_yields(true, false));
         assert!(!busy.busy_pass_yields(false, true));
-        // A sleeping progress thread never spins, so never yields either.
-        assert!(!pacer().busy_pass_yields(false, false));
+        assert!(busy.progress_spins(0), "busy polling always spins");
+    }
+
+    #[test]
+    fn a_passive_sides_progress_thread_spins_briefly_after_a_burst() {
+        let p = pacer();
+        assert!(!p.progress_spins(5 * MS), "nothing received yet");
+        p.burst(10 * MS, Burst::default());
+        assert!(p.progress_spins(10 * MS + 1));
+        assert!(p.progress_spins(10 * MS + SPIN_AFTER_BURST - 1));
+        assert!(
+            !p.progress_spins(10 * MS + SPIN_AFTER_BURST),
+            "the burst is past"
+        );
+        // A program that polls receives for itself: no spin.
+        p.polled(10 * MS);
+        p.burst(10 * MS + 100, Burst::default());
+        assert!(!p.progress_spins(10 * MS + 200));
+        // Once it has not polled for PASSIVE_AFTER, the thread spins again.
+        p.burst(11 * MS, Burst::default());
+        assert!(p.progress_spins(11 * MS + 1));
+        // Bulk being coalesced: the thread sleeps out the interval instead.
+        p.burst(12 * MS, bulk());
+        assert!(!p.progress_spins(12 * MS + 1));
+        // Switched off.
+        let off = Pacer::new(PacingConfig {
+            spin_after_traffic: false,
+            ..PacingConfig::default()
+        });
+        off.burst(10 * MS, Burst::default());
+        assert!(!off.progress_spins(10 * MS + 1));
     }
 
     #[test]
@@ -967,8 +1035,10 @@ mod tests {
             ("ROXE_ACK_CLOCKED", "false"),
             ("ROXE_TX_BY_REF", "off"),
             ("ROXE_RX_COALESCE_US", "50"),
+            ("ROXE_PROGRESS_SPIN", "off"),
         ]))
         .unwrap();
+        assert!(!c.spin_after_traffic);
         assert!(c.busy_poll && !c.gso && !c.caller_progress && !c.caller_hold);
         assert!(!c.ack_clocked && !c.payload_by_ref);
         assert_eq!(c.rx_coalesce, Duration::from_micros(50));

@@ -30,6 +30,8 @@ impl Shared {
         // Counted here, added to the stats under the next lock.
         let mut wakeups = 0u64;
         let mut coalesced = 0u64;
+        // Spun since the last audit (`Pacer::progress_spins`).
+        let mut spun = false;
         while !self.stop.load(Ordering::Acquire) {
             if self.progress_paused.load(Ordering::Acquire) {
                 self.park();
@@ -84,8 +86,9 @@ impl Shared {
                 // `Engine::audit_liveness` (debug builds check after every call).
                 core.engine.audit_liveness(now);
                 next_audit = now + AUDIT_EVERY;
-                // Busy-polling devices never sleep in poll: answer here.
-                stat_pending |= busy_poll;
+                // A spinning thread may not sleep in poll for long: answer here.
+                stat_pending |= busy_poll || spun;
+                spun = false;
             }
             if std::mem::take(&mut stat_pending) {
                 if let Some(st) = &self.stat {
@@ -104,7 +107,8 @@ impl Shared {
                 core.engine.poll_timeout(),
                 core.faults.as_ref().and_then(Faults::next_release),
             );
-            if busy_poll {
+            if self.pacer.progress_spins(now) {
+                spun = true;
                 MutexGuard::unlock_fair(core);
                 let sent = batch.as_ref().is_some_and(|b| !b.is_empty());
                 self.send_batch(batch);
