@@ -66,7 +66,8 @@ pub struct PacingConfig {
     /// taken, and preempt the peer. Needs `caller_progress`.
     pub caller_hold: bool,
     /// After a single send post, a reliable QP's new message waits while
-    /// 16 or more PSNs of the device are unacknowledged, and the pass the
+    /// 16 or more PSNs of the device are unacknowledged (a message under
+    /// 1 KiB: two or more messages), and the pass the
     /// coming ACK starts sends it with what was posted meanwhile
     /// (`ROXE_ACK_CLOCKED`, default on): one system call for many posts.
     /// A latency-bound program (one message at a time) never waits.
@@ -569,7 +570,7 @@ impl Pacer {
         }
     }
 
-    /// A busy-polling progress thread's pass `received` packets or `sent`
+    /// A spinning progress thread's pass `received` packets or `sent`
     /// some: whether it yields its core before the next pass. A pass that
     /// found no work yields: with more spinning threads than cores (two
     /// processes on two vCPUs, each program polling its CQ beside its own

@@ -24,7 +24,6 @@ impl Shared {
     /// The progress thread's loop, until the device closes.
     pub(super) fn progress(self: Arc<Self>) {
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
-        let busy_poll = self.pacer.config().busy_poll;
         let mut next_audit: Nanos = 0;
         let mut stat_pending = false;
         // Counted here, added to the stats under the next lock.
@@ -87,8 +86,7 @@ impl Shared {
                 core.engine.audit_liveness(now);
                 next_audit = now + AUDIT_EVERY;
                 // A spinning thread may not sleep in poll for long: answer here.
-                stat_pending |= busy_poll || spun;
-                spun = false;
+                stat_pending |= std::mem::take(&mut spun);
             }
             if std::mem::take(&mut stat_pending) {
                 if let Some(st) = &self.stat {
