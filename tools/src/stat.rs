@@ -189,14 +189,14 @@ fn print_tables(devs: &[DeviceStat]) {
         }
         if !d.qps.is_empty() {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>6} {:>8} {:>6}  drops",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6}  drops",
                 "qpn", "type", "state", "peer", "dest_qpn", "next_psn", "una", "epsn", "sq", "rq",
-                "rx", "tx", "retx", "probes", "fastrx", "holes", "hrx", "naks", "rnr", "held", "srtt_us", "window"
+                "rx", "tx", "retx", "probes", "fastrx", "holes", "hrx", "naks", "rnr", "held", "missed", "srtt_us", "window"
             );
         }
         for q in &d.qps {
             println!(
-                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>6} {:>8} {:>6}  {}",
+                "  {:>6} {:<4} {:<5} {:<16} {:>8} {:>9} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>6} {:>6} {:>8} {:>6}  {}",
                 field(q, "qpn"),
                 field(q, "type"),
                 field(q, "state"),
@@ -217,6 +217,7 @@ fn print_tables(devs: &[DeviceStat]) {
                 field(q, "naks_sent"),
                 field(q, "rnr_naks_received"),
                 field(q, "acks_held"),
+                field(q, "holds_missed"),
                 field(q, "srtt_us"),
                 field(q, "loss_window"),
                 field(q, "drops"),

@@ -1,11 +1,13 @@
 //! The socket held by a polling caller (`PacingConfig::caller_hold`, on by
-//! default): while a stream comes in, a caller spinning on an empty CQ
-//! keeps the socket from the progress thread (whose wake-ups would only
-//! find it drained), for at most 100 µs after its last poll. These tests
-//! check when a hold is taken (a burst of many messages, not a ping-pong of
-//! large ones), that a program which stops polling still gets its packets
-//! received (the hold's timer hands the socket back), and that arming a
-//! completion notification ends a hold at once.
+//! default): a caller spinning on an empty CQ, or polling while a stream
+//! comes in, keeps the socket from the progress thread (whose wake-ups
+//! would only find it drained), for at most `CALLER_HOLD` after its last
+//! poll, and fires the engine's timers itself. These tests check when a
+//! hold is taken (a burst of many messages, a spinning ping-pong), that a
+//! program which stops polling still gets its packets received (the hold's
+//! timer hands the socket back), that a holder's timers fire with the
+//! progress thread stopped, and that arming a completion notification
+//! ends a hold at once.
 
 mod common;
 
@@ -126,7 +128,7 @@ thread_local! {
 /// (`a_hold_taken_after_its_timer_fired_is_ended_by_the_caller`).
 fn hold_must_stand() -> bool {
     let took = TOOK.with(|t| t.get());
-    let stands = took < Duration::from_micros(100);
+    let stands = took < Duration::from_nanos(soft::CALLER_HOLD);
     if !stands {
         println!("the empty poll took {took:?}: the hold may have ended already");
     }
@@ -175,7 +177,7 @@ fn a_hold_taken_after_its_timer_fired_is_ended_by_the_caller() {
     // three holds' time between arming the timer and taking it, while the
     // progress thread runs and sees the timer fire.
     device(&b).pause_progress_thread(false);
-    device(&b).delay_hold_taking(Duration::from_micros(300));
+    device(&b).delay_hold_taking(Duration::from_nanos(3 * soft::CALLER_HOLD));
     let before = holds(&b);
     let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
     assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
@@ -216,12 +218,13 @@ fn with_caller_hold_off_no_poll_holds() {
     device(&b).pause_progress_thread(false);
 }
 
-/// A ping-pong of 64 KiB messages (64 packets each): bursts are long, but
-/// one message at a time, so no poll ever holds. Its callers take a
-/// completion and may go elsewhere (`ib_write_lat` spins on its buffer),
-/// and the progress thread must be listening then.
+/// A ping-pong of 64 KiB SENDs, each side spinning on its CQ: its callers
+/// hold the socket (the peer's datagrams would otherwise wake the progress
+/// thread too). A program that then stops polling and waits on memory
+/// (`ib_write_lat` spins on its buffer) still gets the peer's WRITE: the
+/// hold's timer hands the socket back to the progress thread.
 #[test]
-fn a_ping_pong_of_large_messages_never_holds() {
+fn a_spinning_ping_pong_holds_and_a_program_that_stops_polling_still_receives() {
     let (a, b) = pair(["chp-a", "chp-b"], true);
     const SIZE: u32 = 65536;
     for round in 0..50u64 {
@@ -242,7 +245,57 @@ fn a_ping_pong_of_large_messages_never_holds() {
         poll_n(to, 1);
         poll_n(from, 1);
     }
-    assert_eq!((holds(&a), holds(&b)), (0, 0));
+    assert!(holds(&a) > 0 && holds(&b) > 0, "spinning callers hold");
+    // b stops polling. a's WRITE lands in b's memory without any verb of
+    // b's, and a's completion needs b's ACK.
+    let at = 4096;
+    a.mr.write(0, &[0x5a; 64]).unwrap();
+    let mut wr = SendWr::new(500, SendOpcode::RdmaWrite, vec![a.mr.sge(0, 64)]);
+    wr.remote_addr = b.mr.addr() + at as u64;
+    wr.rkey = b.mr.rkey();
+    let t0 = Instant::now();
+    a.qp.post_send(wr).unwrap();
+    let mut seen = [0u8; 64];
+    while seen != [0x5a; 64] {
+        assert!(t0.elapsed() < T, "the WRITE never landed at b");
+        b.mr.read(at, &mut seen).unwrap();
+        std::hint::spin_loop();
+    }
+    println!(
+        "the WRITE landed {:?} after b stopped polling",
+        t0.elapsed()
+    );
+    let wcs = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!((wcs[0].status, wcs[0].wr_id), (WcStatus::Success, 500));
+}
+
+/// With its progress thread stopped, a caller spinning on its CQ (holding
+/// the socket) fires the engine's timers itself: a SEND the peer neither
+/// receives nor ACKs is probed, and completes once the peer answers.
+#[test]
+fn a_holding_caller_fires_the_timers() {
+    let (a, b) = pair(["cht-a", "cht-b"], true);
+    post_recvs(&b, 2);
+    send_list(&a, 1, 1);
+    poll_n(&b, 1);
+    poll_n(&a, 1);
+    device(&b).pause_progress_thread(true);
+    device(&a).pause_progress_thread(true);
+    send_list(&a, 1, 2);
+    let probes = |s: &Side| s.ctx.stats().unwrap().engine.probes;
+    let t0 = Instant::now();
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    while probes(&a) == 0 {
+        assert!(t0.elapsed() < T, "no probe fired");
+        assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    }
+    println!("probed after {:?}", t0.elapsed());
+    assert!(a.ctx.stats().unwrap().driver.caller_timers > 0);
+    device(&b).pause_progress_thread(false);
+    poll_n(&b, 1);
+    let wcs = a.cq.poll_wait(1, T).unwrap();
+    assert_eq!((wcs[0].status, wcs[0].wr_id), (WcStatus::Success, 2));
+    device(&a).pause_progress_thread(false);
 }
 
 /// `a` posts `n` SENDs of `size` bytes as one list to `b`, whose progress

@@ -28,6 +28,9 @@ pub struct DriverStats {
     /// Those made in a caller's thread by a `poll_cq` that found nothing
     /// ([`Device::progress_here`](super::Device::progress_here)), not by the progress thread.
     pub rx_caller_batches: u64,
+    /// Passes in which such a caller fired the engine's due timers (a
+    /// caller holding the socket fires them: `Pacer::progress_deadline`).
+    pub caller_timers: u64,
     /// Those made between the batches of a long transmit pass
     /// (`Shared::receive_in_pass`).
     pub rx_in_pass: u64,

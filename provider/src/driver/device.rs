@@ -341,15 +341,31 @@ impl Device {
         let mut guard = None;
         s.receive_udp(&mut rx, &mut guard);
         drop(rx);
-        match guard {
-            Some(mut core) => {
-                core.stats.rx_caller_batches += 1;
-                let batch = s.after_work(&mut core, false);
-                MutexGuard::unlock_fair(core);
-                s.send_batch(batch);
-                CallerReceive::Handled
-            }
-            None => CallerReceive::Nothing,
+        let received = guard.is_some();
+        // A caller that receives fires the engine's due timers too: while
+        // it holds the socket the progress thread leaves them to it
+        // (`Pacer::progress_deadline`).
+        let now = s.now();
+        if guard.is_none() && s.pacer.timer_due(now) {
+            guard = Some(s.core.lock());
+        }
+        let Some(mut core) = guard else {
+            return CallerReceive::Nothing;
+        };
+        if core.engine.poll_timeout().is_some_and(|d| now >= d) {
+            core.stats.caller_timers += 1;
+            core.engine.handle_timeout(now);
+        }
+        if received {
+            core.stats.rx_caller_batches += 1;
+        }
+        let batch = s.after_work(&mut core, false);
+        MutexGuard::unlock_fair(core);
+        s.send_batch(batch);
+        if received {
+            CallerReceive::Handled
+        } else {
+            CallerReceive::Nothing
         }
     }
 

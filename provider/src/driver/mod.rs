@@ -39,6 +39,6 @@ pub use guard::EngineGuard;
 pub use hooks::BatchHold;
 pub use lid::{addr_of_lid, lid_of};
 pub use netdev::interface_of;
-pub use pacing::{CallerReceive, PacingConfig, EMPTY_POLLS_BEFORE_YIELD};
+pub use pacing::{CallerReceive, PacingConfig, CALLER_HOLD, EMPTY_POLLS_BEFORE_YIELD};
 pub use raw::NeedsCapNetRaw;
 pub use shared::{CmEventSink, DeferredJob, EventSink};

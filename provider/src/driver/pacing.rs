@@ -21,7 +21,8 @@
 //! | --- | --- | --- |
 //! | a verb's pass is ACK-clocked | [`Pacer::verb_pass`] | a single post's always; a poll's while [`POLL_CLOCKED_QUEUE`] messages are queued; never a post list's |
 //! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window, has not armed a notification since, and messages wait for the ACK: that caller sends them |
-//! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]) |
+//! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]), or while it spins on its CQ ([`SPINNING_POLL_GAP`]) |
+//! | the holder fires the engine's timers | [`Pacer::progress_deadline`] | while a hold stands the progress thread sleeps past them |
 //! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
@@ -59,11 +60,12 @@ pub struct PacingConfig {
     /// the progress thread receives (what a program that polls rarely
     /// might prefer: its polls stay cheap).
     pub caller_progress: bool,
-    /// While a stream flows, a caller spinning on an empty CQ keeps the
-    /// socket from the progress thread (`ROXE_CALLER_HOLD`, default on),
-    /// for at most 100 µs after its last poll: the progress
-    /// thread would otherwise be woken by every datagram, only to find it
-    /// taken, and preempt the peer. Needs `caller_progress`.
+    /// A caller spinning on an empty CQ, or polling while a stream flows,
+    /// keeps the socket from the progress thread (`ROXE_CALLER_HOLD`,
+    /// default on), for at most [`CALLER_HOLD`] after its last poll, and
+    /// fires the engine's timers itself: the progress thread would
+    /// otherwise be woken by every datagram, only to find it taken, and
+    /// preempt the peer. Needs `caller_progress`.
     pub caller_hold: bool,
     /// After a single send post, a reliable QP's new message waits while
     /// 16 or more PSNs of the device are unacknowledged (a message under
@@ -165,13 +167,28 @@ impl PacingConfig {
 
 /// How long a caller's empty poll keeps the socket from the progress
 /// thread; the caller re-arms the hold once [`HOLD_REARM_AFTER`] of it
-/// has passed.
-pub const CALLER_HOLD: Nanos = 100_000;
+/// has passed. This bounds how long datagrams wait unreceived after a
+/// program stops polling without saying so (it spins on memory, or
+/// leaves to do other work). It is long because re-arming costs: a timer
+/// due before the next scheduler tick (4 ms at `HZ=250`) reprograms the
+/// CPU's timer, which in a virtual machine is an exit, 10 µs here. At
+/// 100 µs, re-armed every 50, that was a fifth of a spinning core and
+/// 4-5 µs on one in five ping-pong turns (docs/PERFORMANCE.md, session
+/// 26). A program that sleeps on a completion channel ends the hold when
+/// it arms the notification.
+pub const CALLER_HOLD: Nanos = 5_000_000;
 /// When an empty poll re-arms the hold: half of [`CALLER_HOLD`], so a
 /// caller spinning on the CQ never lets it lapse, whatever its polls
-/// cost, and the timer is reprogrammed at most every 50 µs. (A count of
-/// 64 polls lapsed under UCX, whose polls come 2 µs or more apart.)
+/// cost. (A count of 64 polls lapsed under UCX, whose polls come 2 µs or
+/// more apart.)
 pub const HOLD_REARM_AFTER: Nanos = CALLER_HOLD / 2;
+/// A caller whose polls come less than this apart spins on its CQ: it
+/// holds the socket, so that its peer's datagrams, which it receives
+/// itself, do not also wake the progress thread (on two vCPUs a woken
+/// thread preempts one of two spinning programs: 1 % of a ping-pong's
+/// turns). Wider than the gap between a ping-pong's polls (one turn,
+/// under 20 µs here) yet far below [`CALLER_HOLD`].
+pub const SPINNING_POLL_GAP: Nanos = 20_000;
 /// A receive burst that ends this many messages or more: the device
 /// receives a stream.
 pub const STREAM_BURST: u32 = 8;
@@ -402,7 +419,7 @@ impl Pacer {
     /// A caller's `poll_cq` found nothing at `now`: what it does before it
     /// receives itself.
     pub fn empty_poll(&self, now: Nanos) -> EmptyPoll {
-        self.polled(now);
+        let previous = self.caller_polled_at.swap(now, Ordering::Relaxed);
         if !self.config.caller_progress {
             return EmptyPoll {
                 receive: false,
@@ -412,8 +429,10 @@ impl Pacer {
         }
         let streaming =
             self.stream_in.load(Ordering::Relaxed) || self.stream_out.load(Ordering::Relaxed);
+        // (0: no poll yet.)
+        let spinning = previous > 0 && now.saturating_sub(previous) < SPINNING_POLL_GAP;
         let arm_hold = (self.config.caller_hold
-            && streaming
+            && (streaming || spinning)
             && !(self.hold_on.load(Ordering::Acquire)
                 && now.saturating_sub(self.hold_armed_at.load(Ordering::Relaxed))
                     < HOLD_REARM_AFTER))
@@ -608,6 +627,12 @@ impl Pacer {
             .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
     }
 
+    /// Whether the earliest timer the progress thread fires (engine or
+    /// fault injector) is due at `now`.
+    pub fn timer_due(&self, now: Nanos) -> bool {
+        now >= self.progress_timer_at.load(Ordering::Acquire)
+    }
+
     /// A caller found its CQ empty [`EMPTY_POLLS_BEFORE_YIELD`] times in a
     /// row, at `now`, its last receive having done `last`. Whether it
     /// yields its core: to let the progress thread do what the caller
@@ -623,13 +648,36 @@ impl Pacer {
     /// second).
     pub fn caller_yields(&self, now: Nanos, last: CallerReceive) -> bool {
         let quiet = now.saturating_sub(self.last_burst_at.load(Ordering::Relaxed));
-        let yields = last == CallerReceive::NotHere
-            || now >= self.progress_timer_at.load(Ordering::Acquire)
-            || quiet >= QUIET_BEFORE_YIELD;
+        let yields =
+            last == CallerReceive::NotHere || self.timer_due(now) || quiet >= QUIET_BEFORE_YIELD;
         if yields {
             self.callers_yielded.fetch_add(1, Ordering::Relaxed);
         }
         yields
+    }
+
+    /// The deadline the progress thread sleeps to, for the engine's
+    /// `timers` and the fault injector's `releases`: while a caller holds
+    /// the socket, that caller fires the engine's timers in its polls
+    /// (`Device::progress_here`), so they do not wake the thread. A
+    /// ping-pong re-arms a probe timer a millisecond ahead with each
+    /// message, and the thread would otherwise wake at every deadline
+    /// passed over, preempting a spinning program. Once the hold ends
+    /// (its timer, at most [`CALLER_HOLD`] after the last poll) the
+    /// thread fires them.
+    pub fn progress_deadline(
+        &self,
+        timers: Option<Nanos>,
+        releases: Option<Nanos>,
+    ) -> Option<Nanos> {
+        if self.hold_on.load(Ordering::Acquire) {
+            releases
+        } else {
+            match (timers, releases) {
+                (Some(t), Some(r)) => Some(t.min(r)),
+                (t, r) => t.or(r),
+            }
+        }
     }
 
     /// The progress thread woke from its sleep.
@@ -819,11 +867,16 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_holds_the_socket_only_while_a_stream_flows() {
+    fn a_caller_holds_the_socket_while_it_spins_or_a_stream_flows() {
         let p = pacer();
-        // Nothing flows: no hold.
-        assert_eq!(p.empty_poll(0).arm_hold, None);
-        // A burst ending 8 messages: a stream comes in.
+        // Nothing flows and polls come far apart: no hold.
+        assert_eq!(p.empty_poll(US).arm_hold, None);
+        assert_eq!(p.empty_poll(US + SPINNING_POLL_GAP).arm_hold, None);
+        // Polls closer together spin: the caller holds.
+        assert!(p.empty_poll(2 * US + SPINNING_POLL_GAP).arm_hold.is_some());
+        assert!(p.end_hold() || !p.hold_on());
+        // A burst ending 8 messages: a stream comes in, and a poll holds
+        // however long since the last.
         p.burst(
             0,
             Burst {
@@ -833,35 +886,28 @@ mod tests {
                 last_ends: true,
             },
         );
-        let e = p.empty_poll(1);
+        let e = p.empty_poll(MS);
         assert_eq!(e.arm_hold, Some(Duration::from_nanos(CALLER_HOLD)));
-        p.hold_armed(1);
+        p.hold_armed(MS);
         assert!(p.hold_on() && !p.progress_receives());
         assert_eq!(p.holds_taken(), 1);
         // Re-armed once half the hold has passed, however many polls came
-        // meanwhile: polls 3 µs apart (UCX's) re-arm every 51 µs, so the
-        // hold never lapses.
-        let mut rearms = 0;
-        for k in 1..=100u64 {
-            let now = 1 + 3 * US * k;
-            if p.empty_poll(now).arm_hold.is_some() {
-                rearms += 1;
-                p.hold_armed(now);
+        // meanwhile (3 µs apart, UCX's, or 1 µs): the hold never lapses,
+        // and the timer is reprogrammed only every `HOLD_REARM_AFTER`.
+        for gap in [3 * US, US] {
+            let start = p.hold_armed_at.load(Ordering::Relaxed);
+            let mut rearms = 0;
+            let mut now = start;
+            while now < start + 5 * HOLD_REARM_AFTER + 10 * US {
+                now += gap;
+                if p.empty_poll(now).arm_hold.is_some() {
+                    rearms += 1;
+                    p.hold_armed(now);
+                }
             }
+            assert_eq!(rearms, 5, "polls {gap} ns apart");
         }
-        assert_eq!(rearms, 5);
         assert_eq!(p.holds_taken(), 1);
-        // Polls 1 µs apart re-arm no more often: twice in 100 µs.
-        p.hold_armed(1_000 * US);
-        let mut quick = 0;
-        for k in 1..=100u64 {
-            let now = 1_000 * US + k * US;
-            if p.empty_poll(now).arm_hold.is_some() {
-                quick += 1;
-                p.hold_armed(now);
-            }
-        }
-        assert_eq!(quick, 2);
         // The timer fired: the socket is the progress thread's.
         p.hold_expired();
         assert!(p.progress_receives());
@@ -872,11 +918,17 @@ mod tests {
         assert!(p.hold_outlived(1_500 * US, 1_500 * US + CALLER_HOLD));
         assert!(p.end_hold());
         assert!(p.progress_receives());
-        // While held, the progress thread sleeps without the socket.
+        // While held, the progress thread sleeps without the socket, and
+        // past the engine's timers, which the holder fires; the fault
+        // injector's releases still wake it.
+        assert_eq!(p.progress_deadline(Some(7), Some(9)), Some(7));
         p.hold_armed(2_000 * US);
         assert!(!p.progress_sleep(10, None, false).watch_socket);
+        assert_eq!(p.progress_deadline(Some(7), None), None);
+        assert_eq!(p.progress_deadline(Some(7), Some(9)), Some(9));
         assert!(p.caller_sleeps(), "arming a notification ends the hold");
         assert!(p.progress_receives());
+        assert_eq!(p.progress_deadline(Some(7), None), Some(7));
     }
 
     #[test]
@@ -888,11 +940,11 @@ mod tests {
         p.verb_done(Verb::PostList, false, || {
             load(STREAM_SEND_QUEUE, 1000, false)
         });
-        assert!(p.empty_poll(1).arm_hold.is_none());
+        assert!(p.empty_poll(MS).arm_hold.is_none());
         p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
         // A pass finding the messages done ends it.
         p.pass_done(|| load(2, 2, false));
-        assert!(p.empty_poll(2).arm_hold.is_none());
+        assert!(p.empty_poll(2 * MS).arm_hold.is_none());
     }
 
     #[test]

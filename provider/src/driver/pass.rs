@@ -153,12 +153,10 @@ impl Shared {
                 }
             }
         }
-        let deadline = earliest(
-            engine.poll_timeout(),
-            faults.as_ref().and_then(Faults::next_release),
-        );
-        self.pacer.timers_at(deadline);
-        if let Some(d) = deadline {
+        let timers = engine.poll_timeout();
+        let releases = faults.as_ref().and_then(Faults::next_release);
+        self.pacer.timers_at(earliest(timers, releases));
+        if let Some(d) = self.pacer.progress_deadline(timers, releases) {
             if d < self.sleeping_until.load(Ordering::Acquire) {
                 self.sleeping_until.store(0, Ordering::Release);
                 self.wake();

@@ -4,7 +4,7 @@
 
 use super::fault::Faults;
 use super::raw::RawBatch;
-use super::shared::{earliest, Core, Shared};
+use super::shared::{Core, Shared};
 use crate::engine::Nanos;
 use parking_lot::MutexGuard;
 use rustix::event::{PollFd, PollFlags};
@@ -101,7 +101,7 @@ impl Shared {
             if left {
                 core.stats.tx_left_to_caller += 1;
             }
-            let deadline = earliest(
+            let deadline = self.pacer.progress_deadline(
                 core.engine.poll_timeout(),
                 core.faults.as_ref().and_then(Faults::next_release),
             );

@@ -147,7 +147,7 @@ impl super::shared::Shared {
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
              progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
              tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={} probes={} \
-             rx_in_pass={} rx_placed_early={} caller_yields={}",
+             rx_in_pass={} rx_placed_early={} caller_yields={} caller_timers={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -182,6 +182,7 @@ impl super::shared::Shared {
             d.rx_in_pass,
             e.rx_placed_early,
             self.pacer.callers_yielded(),
+            d.caller_timers,
         );
         for q in core.engine.qp_snapshots() {
             let (peer, dest_qpn) = match q.peer {
@@ -194,7 +195,7 @@ impl super::shared::Shared {
                  una={} epsn={} send_queue={} recv_queue={} retry_left={} rnr_retry_left={} \
                  rx_packets={} tx_packets={} tx_retransmits={} timeouts={} naks_sent={} \
                  rnr_naks_received={} probes={} fast_retransmits={} holes_reported={} holes_resent={} \
-                 acks_held={} srtt_us={} loss_window={} drops={}",
+                 acks_held={} holds_missed={} srtt_us={} loss_window={} drops={}",
                 q.qpn,
                 format!("{:?}", q.qp_type).to_uppercase(),
                 format!("{:?}", q.state).to_uppercase(),
@@ -216,6 +217,7 @@ impl super::shared::Shared {
                 q.counters.holes_reported,
                 q.counters.holes_resent,
                 q.counters.acks_held,
+                q.counters.holds_missed,
                 q.srtt_ns
                     .map_or("-".to_string(), |n| format!("{:.1}", n as f64 / 1000.0)),
                 q.loss_window.map_or("-".to_string(), |w| w.to_string()),

@@ -746,7 +746,10 @@ impl Qp {
                 self.arm_probe(now);
             }
             // The request it waited for did not come: the ACK goes now.
-            Timer::AckHold => self.ack_hold.ran_out(),
+            Timer::AckHold => {
+                self.ack_hold.ran_out();
+                self.counters.holds_missed += 1;
+            }
         }
     }
 }

@@ -227,6 +227,9 @@ pub struct QpCounters {
     /// ACKs held for this QP's own answer, as in a ping-pong
     /// (`ack_hold.rs`).
     pub acks_held: u64,
+    /// Of those, holds that ran out or were overtaken: the ACK went
+    /// before the answer.
+    pub holds_missed: u64,
 }
 
 impl Qp {
@@ -739,6 +742,7 @@ impl Qp {
     pub fn release_overtaken_ack(&mut self) -> bool {
         if self.ack_hold.until().is_some() {
             self.ack_hold.missed();
+            self.counters.holds_missed += 1;
         }
         self.release_held_ack()
     }
