@@ -5505,35 +5505,82 @@ fn a_loss_shrinks_the_window_so_go_back_n_resends_little() {
 /// turn of `b`, whether `b` sent its WRITE before its ACK of `a`'s WRITE.
 /// `answer_last`: `b` answers the last WRITE too.
 fn write_ping_pong(net: &mut Net, a: Side, b: Side, turns: u8, answer_last: bool) -> Vec<bool> {
+    (write_ping_pong_of(net, a, b, turns, answer_last, 1).iter())
+        .filter_map(|sent| sent.first().map(|&op| op == Opcode::RcWriteOnly))
+        .collect()
+}
+
+/// [`write_ping_pong`] with WRITEs of `len` bytes (whose last byte each
+/// side waits for): the opcodes `b` sent in each turn.
+fn write_ping_pong_of(
+    net: &mut Net,
+    a: Side,
+    b: Side,
+    turns: u8,
+    answer_last: bool,
+    len: usize,
+) -> Vec<Vec<Opcode>> {
     net.trace = Some(Vec::new());
-    let mut order = Vec::new();
+    let mut sent = Vec::new();
+    let last = 4096 + len - 1;
     for turn in 1..=turns {
         let write = |net: &mut Net, from: Side, to: Side| {
-            fill(net, from, 0, &[turn]);
-            let wr = rdma_wr(from, u64::from(turn), SendOpcode::RdmaWrite, 0, 1, to, 4096);
+            fill(net, from, 0, &vec![turn; len]);
+            let wr = rdma_wr(
+                from,
+                u64::from(turn),
+                SendOpcode::RdmaWrite,
+                0,
+                len as u32,
+                to,
+                4096,
+            );
             net.engines[from.e].post_send(from.qpn, wr).unwrap();
         };
         let seen_before = net.seen().len();
         write(net, a, b);
-        net.run_until(100_000, |net| read(net, b, 4096, 1) == [turn]);
+        net.run_until(100_000, |net| read(net, b, last, 1) == [turn]);
         if turn < turns || answer_last {
             write(net, b, a);
-            net.run_until(100_000, |net| read(net, a, 4096, 1) == [turn]);
+            net.run_until(100_000, |net| read(net, a, last, 1) == [turn]);
         }
         // Both WRITEs completed: every ACK went (held ones included).
         wait_wcs(net, a, 1);
         if turn < turns || answer_last {
             wait_wcs(net, b, 1);
         }
-        let from_b: Vec<Opcode> = (net.seen()[seen_before..].iter())
-            .filter(|s| s.sent && s.from == b.e)
-            .filter_map(|s| s.opcode)
-            .collect();
-        if let [first, ..] = from_b[..] {
-            order.push(first == Opcode::RcWriteOnly);
-        }
+        sent.push(
+            (net.seen()[seen_before..].iter())
+                .filter(|s| s.sent && s.from == b.e)
+                .filter_map(|s| s.opcode)
+                .collect(),
+        );
     }
-    order
+    sent
+}
+
+/// A held ACK goes after every packet of the answer, not after its first:
+/// the peer, polling its CQ for that ACK, then finds the whole answer in
+/// memory (a 64 KiB `ib_write_lat` spins on the answer's last byte, and
+/// what arrives while it spins waits for the progress thread).
+#[test]
+fn a_held_ack_follows_the_whole_answer() {
+    let mut net = Net::new(2, 14, Faults::default());
+    let (a, b) = pair(&mut net, QpType::Rc, Mtu::Mtu1024);
+    let turns = write_ping_pong_of(&mut net, a, b, 8, true, 4096);
+    use Opcode::*;
+    let held = vec![
+        RcWriteFirst,
+        RcWriteMiddle,
+        RcWriteMiddle,
+        RcWriteLast,
+        RcAcknowledge,
+    ];
+    for (turn, sent) in turns.iter().enumerate().skip(3) {
+        assert_eq!(sent, &held, "turn {}: b's answer, then its ACK", turn + 1);
+    }
+    // Before the streak, the ACK goes at once.
+    assert_eq!(turns[0][0], RcAcknowledge);
 }
 
 /// A QP playing ping-pong holds the ACK of each message until its own

@@ -87,6 +87,11 @@ pub(crate) struct AckHold {
     misses: u8,
     /// A message arrived since the last hold began: one hold per message.
     unheld: bool,
+    /// The answer's first packet left during a hold: its other packets go
+    /// before the ACK, so the peer, polling for that ACK, finds the whole
+    /// answer in memory when the ACK completes its request (a 64 KiB
+    /// `ib_write_lat` spins on the answer's last byte).
+    answering: bool,
 }
 
 impl AckHold {
@@ -158,12 +163,25 @@ impl AckHold {
     /// The ACK held goes now (the pattern broke, or the QP goes away).
     pub fn release(&mut self) {
         self.until = None;
+        self.answering = false;
     }
 
-    /// The QP's answer left during the hold: the ACK goes after it.
+    /// The first packet of the QP's answer left during the hold: the ACK
+    /// goes after the rest of it ([`answering`](Self::answering)).
     pub fn answered(&mut self) {
         self.until = None;
+        self.answering = true;
         self.misses = self.misses.saturating_sub(1);
+    }
+
+    /// Whether the answer's packets still go before the ACK.
+    pub fn answering(&self) -> bool {
+        self.answering
+    }
+
+    /// The answer has left, as much of it as may go now: the ACK goes.
+    pub fn answer_sent(&mut self) {
+        self.answering = false;
     }
 
     /// The hold ran out before the answer: the ACK goes, and holding

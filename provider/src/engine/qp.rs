@@ -809,7 +809,13 @@ impl Qp {
         buf: &mut [u8],
         hold_new: HoldNew,
     ) -> Option<Transmit> {
-        let t = if self.holds_ack(cx, now) {
+        let t = if self.ack_hold.answering() {
+            // The ACK held follows the whole answer.
+            self.request_transmit(cx, now, buf, hold_new).or_else(|| {
+                self.ack_hold.answer_sent();
+                self.reply_transmit(cx, buf)
+            })
+        } else if self.holds_ack(cx, now) {
             // The ACK follows this QP's next request, or its timer.
             let t = self.request_transmit(cx, now, buf, hold_new);
             if t.is_some() {
