@@ -2347,8 +2347,11 @@ mod tests {
         drop(buf);
         t.deregister(mr.lkey).unwrap();
 
-        // An implicit region: the whole address space. A page that is not
-        // mapped, and one that is read-only, are errors, never a fault.
+        // An implicit region: the whole address space. A page that cannot
+        // be accessed, and one that is read-only, are errors, never a
+        // fault. (The first page is made inaccessible rather than
+        // unmapped: tests running beside this one may map the freed
+        // address again at once.)
         let implicit = t
             .register_odp(pd, 0, usize::MAX, 0, rw | AccessFlags::ON_DEMAND)
             .unwrap();
@@ -2357,7 +2360,8 @@ mod tests {
         t.remote_write(implicit.rkey, pd, at, &[7; 16]).unwrap();
         assert_eq!(local, [7; 16]);
         // SAFETY: a fresh anonymous mapping of two pages, owned by this
-        // test; the first is unmapped below, the second made read-only.
+        // test; the first is made inaccessible below, the second
+        // read-only.
         let page = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -2372,7 +2376,7 @@ mod tests {
         let p = page as u64;
         // SAFETY: both pages are this test's mapping.
         unsafe {
-            assert_eq!(libc::munmap(page, 4096), 0);
+            assert_eq!(libc::mprotect(page, 4096, libc::PROT_NONE), 0);
             assert_eq!(
                 libc::mprotect(page.cast::<u8>().add(4096).cast(), 4096, libc::PROT_READ),
                 0
@@ -2398,8 +2402,8 @@ mod tests {
             t.atomic_fetch_add(implicit.rkey, pd, p, 1),
             Err(AccessError::Unmapped)
         );
-        // SAFETY: the second page of the test's mapping.
-        unsafe { libc::munmap(page.cast::<u8>().add(4096).cast(), 4096) };
+        // SAFETY: the test's mapping, no longer used.
+        unsafe { libc::munmap(page, 8192) };
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The socket held by a polling caller (`PacingConfig::caller_hold`, on by
 //! default): a caller spinning on an empty CQ, or polling while a stream
 //! comes in, keeps the socket from the progress thread (whose wake-ups
-//! would only find it drained), for at most `CALLER_HOLD` after its last
-//! poll, and fires the engine's timers itself. These tests check when a
+//! would only find it drained), for a while after its last poll (from
+//! `MIN_CALLER_HOLD`, doubling per re-arm up to `CALLER_HOLD`), and fires
+//! the engine's timers itself. These tests check when a
 //! hold is taken (a burst of many messages, a spinning ping-pong), that a
 //! program which stops polling still gets its packets received (the hold's
 //! timer hands the socket back), that a holder's timers fire with the
@@ -128,7 +129,7 @@ thread_local! {
 /// (`a_hold_taken_after_its_timer_fired_is_ended_by_the_caller`).
 fn hold_must_stand() -> bool {
     let took = TOOK.with(|t| t.get());
-    let stands = took < Duration::from_nanos(soft::CALLER_HOLD);
+    let stands = took < Duration::from_nanos(soft::MIN_CALLER_HOLD);
     if !stands {
         println!("the empty poll took {took:?}: the hold may have ended already");
     }
@@ -177,7 +178,7 @@ fn a_hold_taken_after_its_timer_fired_is_ended_by_the_caller() {
     // three holds' time between arming the timer and taking it, while the
     // progress thread runs and sees the timer fire.
     device(&b).pause_progress_thread(false);
-    device(&b).delay_hold_taking(Duration::from_nanos(3 * soft::CALLER_HOLD));
+    device(&b).delay_hold_taking(Duration::from_nanos(3 * soft::MIN_CALLER_HOLD));
     let before = holds(&b);
     let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
     assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
@@ -246,6 +247,14 @@ fn a_spinning_ping_pong_holds_and_a_program_that_stops_polling_still_receives() 
         poll_n(from, 1);
     }
     assert!(holds(&a) > 0 && holds(&b) > 0, "spinning callers hold");
+    // b spins on its empty CQ long enough for its hold to grow to its
+    // longest.
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_nanos(2 * soft::CALLER_HOLD) {
+        assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    }
+    assert_eq!(device(&b).caller_hold_len(), soft::CALLER_HOLD);
     // b stops polling. a's WRITE lands in b's memory without any verb of
     // b's, and a's completion needs b's ACK.
     let at = 4096;
@@ -267,6 +276,13 @@ fn a_spinning_ping_pong_holds_and_a_program_that_stops_polling_still_receives() 
     );
     let wcs = a.cq.poll_wait(1, T).unwrap();
     assert_eq!((wcs[0].status, wcs[0].wr_id), (WcStatus::Success, 500));
+    // The WRITE waited for the hold to end: b's next holds start short.
+    let stranded = || b.ctx.stats().unwrap().driver.holds_stranded;
+    while stranded() == 0 {
+        assert!(t0.elapsed() < T, "no hold counted as stranded");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(device(&b).caller_hold_len(), soft::MIN_CALLER_HOLD);
 }
 
 /// With its progress thread stopped, a caller spinning on its CQ (holding

@@ -31,6 +31,9 @@ pub struct DriverStats {
     /// Passes in which such a caller fired the engine's due timers (a
     /// caller holding the socket fires them: `Pacer::progress_deadline`).
     pub caller_timers: u64,
+    /// Holds whose timer ended them with datagrams waiting in the socket:
+    /// the caller had stopped polling while its peer sent.
+    pub holds_stranded: u64,
     /// Those made between the batches of a long transmit pass
     /// (`Shared::receive_in_pass`).
     pub rx_in_pass: u64,

@@ -60,4 +60,10 @@ impl Device {
     pub fn caller_hold_on(&self) -> bool {
         self.shared.pacer.hold_on()
     }
+
+    /// How long the next hold a caller takes lasts, in ns
+    /// (`Pacer::hold_len`).
+    pub fn caller_hold_len(&self) -> u64 {
+        self.shared.pacer.hold_len()
+    }
 }

@@ -39,6 +39,8 @@ pub use guard::EngineGuard;
 pub use hooks::BatchHold;
 pub use lid::{addr_of_lid, lid_of};
 pub use netdev::interface_of;
-pub use pacing::{CallerReceive, PacingConfig, CALLER_HOLD, EMPTY_POLLS_BEFORE_YIELD};
+pub use pacing::{
+    CallerReceive, PacingConfig, CALLER_HOLD, EMPTY_POLLS_BEFORE_YIELD, MIN_CALLER_HOLD,
+};
 pub use raw::NeedsCapNetRaw;
 pub use shared::{CmEventSink, DeferredJob, EventSink};

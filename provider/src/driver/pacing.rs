@@ -21,7 +21,8 @@
 //! | --- | --- | --- |
 //! | a verb's pass is ACK-clocked | [`Pacer::verb_pass`] | a single post's always; a poll's while [`POLL_CLOCKED_QUEUE`] messages are queued; never a post list's |
 //! | the progress thread's pass is ACK-clocked | [`Pacer::progress_pass`] | when a caller polled within the handover window, has not armed a notification since, and messages wait for the ACK: that caller sends them |
-//! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]), or while it spins on its CQ ([`SPINNING_POLL_GAP`]) |
+//! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]), or while it spins on its CQ ([`SPINNING_POLL_GAP`]); from [`MIN_CALLER_HOLD`], doubling per re-arm up to [`CALLER_HOLD`] |
+//! | holds start short again | [`Pacer::hold_stranded`] | a hold's timer ended it with datagrams waiting |
 //! | the holder fires the engine's timers | [`Pacer::progress_deadline`] | while a hold stands the progress thread sleeps past them |
 //! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
@@ -165,23 +166,24 @@ impl PacingConfig {
     }
 }
 
-/// How long a caller's empty poll keeps the socket from the progress
-/// thread; the caller re-arms the hold once [`HOLD_REARM_AFTER`] of it
-/// has passed. This bounds how long datagrams wait unreceived after a
-/// program stops polling without saying so (it spins on memory, or
-/// leaves to do other work). It is long because re-arming costs: a timer
-/// due before the next scheduler tick (4 ms at `HZ=250`) reprograms the
-/// CPU's timer, which in a virtual machine is an exit, 10 µs here. At
-/// 100 µs, re-armed every 50, that was a fifth of a spinning core and
-/// 4-5 µs on one in five ping-pong turns (docs/PERFORMANCE.md, session
-/// 26). A program that sleeps on a completion channel ends the hold when
-/// it arms the notification.
+/// The longest a caller's empty poll keeps the socket from the progress
+/// thread. A hold begins at [`MIN_CALLER_HOLD`] and doubles each time the
+/// polling caller re-arms it (once half of it has passed), up to this;
+/// it falls back to the minimum whenever one ended with datagrams waiting
+/// ([`Pacer::hold_stranded`]). The length bounds how long datagrams wait
+/// unreceived after a program stops polling without saying so (it spins
+/// on memory, or leaves to do other work); it is long because re-arming
+/// costs: a timer due before the next scheduler tick (4 ms at `HZ=250`)
+/// reprograms the CPU's timer, which in a virtual machine is an exit,
+/// 10 µs here. At 100 µs, re-armed every 50, that was a fifth of a
+/// spinning core and 4-5 µs on one in five ping-pong turns
+/// (docs/PERFORMANCE.md, session 26). A program that sleeps on a
+/// completion channel ends the hold when it arms the notification.
 pub const CALLER_HOLD: Nanos = 5_000_000;
-/// When an empty poll re-arms the hold: half of [`CALLER_HOLD`], so a
-/// caller spinning on the CQ never lets it lapse, whatever its polls
-/// cost. (A count of 64 polls lapsed under UCX, whose polls come 2 µs or
-/// more apart.)
-pub const HOLD_REARM_AFTER: Nanos = CALLER_HOLD / 2;
+/// The first hold, and the first after one that stranded datagrams: a
+/// program that stops polling while its peer sends (the first turns of a
+/// ping-pong, before its ACKs are held) loses at most this.
+pub const MIN_CALLER_HOLD: Nanos = 100_000;
 /// A caller whose polls come less than this apart spins on its CQ: it
 /// holds the socket, so that its peer's datagrams, which it receives
 /// itself, do not also wake the progress thread (on two vCPUs a woken
@@ -305,6 +307,9 @@ pub struct Pacer {
     hold_on: AtomicBool,
     /// When the hold timer was last armed (engine ns).
     hold_armed_at: AtomicU64,
+    /// The length of the hold armed last, or of the next one
+    /// ([`CALLER_HOLD`]).
+    hold_len: AtomicU64,
     /// Holds taken (from none).
     holds_taken: AtomicU64,
     /// The last burst ended [`STREAM_BURST`] messages or more.
@@ -345,6 +350,7 @@ impl Pacer {
             config,
             hold_on: AtomicBool::new(false),
             hold_armed_at: AtomicU64::new(0),
+            hold_len: AtomicU64::new(MIN_CALLER_HOLD),
             holds_taken: AtomicU64::new(0),
             stream_in: AtomicBool::new(false),
             stream_out: AtomicBool::new(false),
@@ -431,12 +437,23 @@ impl Pacer {
             self.stream_in.load(Ordering::Relaxed) || self.stream_out.load(Ordering::Relaxed);
         // (0: no poll yet.)
         let spinning = previous > 0 && now.saturating_sub(previous) < SPINNING_POLL_GAP;
-        let arm_hold = (self.config.caller_hold
-            && (streaming || spinning)
-            && !(self.hold_on.load(Ordering::Acquire)
-                && now.saturating_sub(self.hold_armed_at.load(Ordering::Relaxed))
-                    < HOLD_REARM_AFTER))
-            .then_some(Duration::from_nanos(CALLER_HOLD));
+        let held = self.hold_on.load(Ordering::Acquire);
+        let len = self.hold_len.load(Ordering::Relaxed);
+        // Re-armed once half of it has passed, so a caller spinning on the
+        // CQ never lets it lapse, whatever its polls cost. (A count of 64
+        // polls lapsed under UCX, whose polls come 2 µs or more apart.)
+        let due =
+            !held || now.saturating_sub(self.hold_armed_at.load(Ordering::Relaxed)) >= len / 2;
+        let arm_hold = (self.config.caller_hold && (streaming || spinning) && due).then(|| {
+            let len = if held {
+                let longer = (2 * len).min(CALLER_HOLD);
+                self.hold_len.store(longer, Ordering::Relaxed);
+                longer
+            } else {
+                len
+            };
+            Duration::from_nanos(len)
+        });
         // In a bulk stream a spinning caller sleeps out the rest of the
         // coalescing interval, leaving the core to the peer's sender, and
         // then takes a larger burst.
@@ -471,10 +488,23 @@ impl Pacer {
     /// and the progress thread ended it. Nothing would end it then, and a
     /// program that stops polling the CQ (one waiting on memory) would
     /// leave its datagrams unreceived for as long as it waits. Before
-    /// `armed_at` + [`CALLER_HOLD`] the timer has not fired, and its
+    /// `armed_at` + the hold's length the timer has not fired, and its
     /// firing ends the hold taken.
     pub fn hold_outlived(&self, armed_at: Nanos, now: Nanos) -> bool {
-        now.saturating_sub(armed_at) >= CALLER_HOLD
+        now.saturating_sub(armed_at) >= self.hold_len.load(Ordering::Relaxed)
+    }
+
+    /// A hold's timer ended it and the progress thread then found
+    /// datagrams waiting: the caller had stopped polling while its peer
+    /// sent. The next holds start short again ([`MIN_CALLER_HOLD`]).
+    pub fn hold_stranded(&self) {
+        self.hold_len.store(MIN_CALLER_HOLD, Ordering::Relaxed);
+    }
+
+    /// How long the next hold lasts (hooks, tests).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn hold_len(&self) -> Nanos {
+        self.hold_len.load(Ordering::Relaxed)
     }
 
     /// End a caller's hold; true if there was one (the progress thread is
@@ -887,37 +917,47 @@ mod tests {
             },
         );
         let e = p.empty_poll(MS);
-        assert_eq!(e.arm_hold, Some(Duration::from_nanos(CALLER_HOLD)));
+        assert_eq!(e.arm_hold, Some(Duration::from_nanos(MIN_CALLER_HOLD)));
         p.hold_armed(MS);
         assert!(p.hold_on() && !p.progress_receives());
         assert_eq!(p.holds_taken(), 1);
         // Re-armed once half the hold has passed, however many polls came
-        // meanwhile (3 µs apart, UCX's, or 1 µs): the hold never lapses,
-        // and the timer is reprogrammed only every `HOLD_REARM_AFTER`.
-        for gap in [3 * US, US] {
-            let start = p.hold_armed_at.load(Ordering::Relaxed);
-            let mut rearms = 0;
-            let mut now = start;
-            while now < start + 5 * HOLD_REARM_AFTER + 10 * US {
-                now += gap;
-                if p.empty_poll(now).arm_hold.is_some() {
-                    rearms += 1;
-                    p.hold_armed(now);
-                }
+        // meanwhile (3 µs apart, UCX's): the hold never lapses, and each
+        // re-arm doubles it, up to `CALLER_HOLD`, so the timer is
+        // reprogrammed ever more rarely.
+        let mut lens = Vec::new();
+        let mut now = MS;
+        while now < 30 * MS {
+            now += 3 * US;
+            if let Some(len) = p.empty_poll(now).arm_hold {
+                let since = now - p.hold_armed_at.load(Ordering::Relaxed);
+                assert!(since >= lens.last().copied().unwrap_or(MIN_CALLER_HOLD) / 2);
+                lens.push(len.as_nanos() as Nanos);
+                p.hold_armed(now);
             }
-            assert_eq!(rearms, 5, "polls {gap} ns apart");
         }
+        let want: Vec<Nanos> = (1..=5).map(|k| MIN_CALLER_HOLD << k).collect();
+        assert_eq!(lens[..5], want[..]);
+        assert!(lens[5..].iter().all(|&l| l == CALLER_HOLD), "{lens:?}");
         assert_eq!(p.holds_taken(), 1);
-        // The timer fired: the socket is the progress thread's.
+        // The timer fired: the socket is the progress thread's. Nothing
+        // waited: the next hold is as long.
         p.hold_expired();
         assert!(p.progress_receives());
+        assert_eq!(p.hold_len(), CALLER_HOLD);
         // A caller preempted between arming the timer and taking the hold
         // may take it after the timer fired: it ends the hold itself.
-        p.hold_armed(1_500 * US);
-        assert!(!p.hold_outlived(1_500 * US, 1_500 * US + CALLER_HOLD - 1));
-        assert!(p.hold_outlived(1_500 * US, 1_500 * US + CALLER_HOLD));
+        p.hold_armed(40 * MS);
+        assert!(!p.hold_outlived(40 * MS, 40 * MS + CALLER_HOLD - 1));
+        assert!(p.hold_outlived(40 * MS, 40 * MS + CALLER_HOLD));
         assert!(p.end_hold());
         assert!(p.progress_receives());
+        // A hold that ended with datagrams waiting: the next starts short.
+        p.hold_stranded();
+        assert_eq!(
+            p.empty_poll(50 * MS).arm_hold,
+            Some(Duration::from_nanos(MIN_CALLER_HOLD))
+        );
         // While held, the progress thread sleeps without the socket, and
         // past the engine's timers, which the holder fires; the fault
         // injector's releases still wake it.

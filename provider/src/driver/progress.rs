@@ -31,6 +31,8 @@ impl Shared {
         let mut coalesced = 0u64;
         // Spun since the last audit (`Pacer::progress_spins`).
         let mut spun = false;
+        // The hold's timer woke the thread: a caller had stopped polling.
+        let mut hold_lapsed = false;
         while !self.stop.load(Ordering::Acquire) {
             if self.progress_paused.load(Ordering::Acquire) {
                 self.park();
@@ -58,6 +60,11 @@ impl Shared {
             }
             let received = guard.is_some();
             let mut core = guard.unwrap_or_else(|| self.core.lock());
+            if std::mem::take(&mut hold_lapsed) && received {
+                // Datagrams waited in the socket for the hold to end.
+                core.stats.holds_stranded += 1;
+                self.pacer.hold_stranded();
+            }
             core.stats.progress_wakeups += std::mem::take(&mut wakeups);
             core.stats.rx_coalesced += std::mem::take(&mut coalesced);
             let mut now = self.now();
@@ -159,6 +166,7 @@ impl Shared {
             if !fds[4].revents().is_empty() {
                 let _ = rustix::io::read(&self.hold_timer, &mut [0u8; 8]);
                 self.pacer.hold_expired();
+                hold_lapsed = true;
             }
             // Drained only when it woke the thread: a read of an empty
             // eventfd after every datagram's wake-up is a wasted system

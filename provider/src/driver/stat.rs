@@ -147,7 +147,7 @@ impl super::shared::Shared {
              timers_late={} tx_batches={} tx_gso_sends={} rx_batches={} rx_caller_batches={} \
              progress_wakeups={} caller_holds={} rx_coalesced={} rx_caller_coalesced={} \
              tx_left_to_caller={} drops={} slot={} rx_misrouted={} steering_probes={} probes={} \
-             rx_in_pass={} rx_placed_early={} caller_yields={} caller_timers={}",
+             rx_in_pass={} rx_placed_early={} caller_yields={} caller_timers={} holds_stranded={}",
             std::process::id(),
             self.addr,
             e.rx_packets,
@@ -183,6 +183,7 @@ impl super::shared::Shared {
             e.rx_placed_early,
             self.pacer.callers_yielded(),
             d.caller_timers,
+            d.holds_stranded,
         );
         for q in core.engine.qp_snapshots() {
             let (peer, dest_qpn) = match q.peer {

@@ -60,8 +60,11 @@ const MAX_MISSES: u8 = 6;
 /// that still counts as an answer (a ping-pong turn).
 pub(crate) const MAX_TURNAROUND: Nanos = 100_000;
 
-/// The shortest hold: above the scheduling noise of a program's turn.
-const MIN_HOLD: Nanos = 20_000;
+/// The shortest hold: above the scheduling noise of a program's turn. At
+/// 20 µs, holds ran out on answers 30-40 µs late (a preempted program),
+/// and the peer, released from `poll_cq` by the ACK, left the answer to
+/// its progress thread (docs/PERFORMANCE.md, session 26).
+const MIN_HOLD: Nanos = 100_000;
 
 /// The longest hold: what a wrong guess (the program does not answer)
 /// costs the peer's completion at most.
