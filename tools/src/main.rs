@@ -94,7 +94,7 @@ const ENV_OPTIONS: &[(&str, &str, &str, &str)] = &[
         "ROXE_CALLER_HOLD",
         "roxe-caller-hold",
         "on|off",
-        "While a stream flows, a caller spinning on poll_cq keeps the socket from the progress thread (default on)",
+        "A caller spinning on poll_cq, or polling while a stream flows, keeps the socket from the progress thread and fires the timers (default on)",
     ),
     (
         "ROXE_ACK_CLOCKED",
