@@ -48,11 +48,8 @@ impl Drop for EngineGuard<'_> {
         let pacer = &self.shared.pacer;
         let ack_clocked = pacer.verb_pass(self.verb, || core.engine.load());
         let batch = self.shared.after_work(&mut core, ack_clocked);
-        let end_hold = pacer.verb_done(self.verb, ack_clocked, || core.engine.load());
+        pacer.verb_done(self.verb, || core.engine.load());
         MutexGuard::unlock_fair(core);
         self.shared.send_batch(batch);
-        if end_hold {
-            self.shared.end_hold();
-        }
     }
 }

@@ -24,7 +24,7 @@
 //! | a caller holds the socket | [`Pacer::empty_poll`] | while a stream comes in ([`STREAM_BURST`]) or post lists stream out ([`STREAM_SEND_QUEUE`]), or while it spins on its CQ ([`SPINNING_POLL_GAP`]); from [`MIN_CALLER_HOLD`], doubling per re-arm up to [`CALLER_HOLD`] |
 //! | holds start short again | [`Pacer::hold_stranded`] | a hold's timer ended it with datagrams waiting |
 //! | the holder fires the engine's timers | [`Pacer::progress_deadline`] | while a hold stands the progress thread sleeps past them |
-//! | the hold ends | [`Pacer::verb_done`], [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`] | a single post's message waits for an ACK; a notification is armed; the caller took the hold a whole hold after arming its timer |
+//! | the hold ends | [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`], the hold's timer | a notification is armed; the caller took the hold a whole hold after arming its timer; the caller stopped polling |
 //! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | the progress thread spins instead of sleeping | [`Pacer::progress_spins`] | busy polling; or within [`SPIN_AFTER_BURST`] of a burst while the program has not polled for [`PASSIVE_AFTER`] |
@@ -396,14 +396,18 @@ impl Pacer {
             }
     }
 
-    /// After the pass of `verb` (ACK-clocked or not), with the engine's
-    /// `load` then. Returns whether to end a caller's hold on the socket
-    /// now: a message held for an ACK needs someone receiving, not the
-    /// program's next poll.
-    pub fn verb_done(&self, verb: Verb, ack_clocked: bool, load: impl Fn() -> Load) -> bool {
+    /// After the pass of `verb`, with the engine's `load` then. A caller's
+    /// hold stands even when the pass left a message waiting for an ACK:
+    /// the program's next poll receives the ACK, and the pass after it
+    /// sends what waits. (Ending the hold there, so that the progress
+    /// thread would receive that ACK, cost a timer re-arm and a wake-up
+    /// per burst of posts: 10,000 of each a second under `ib_send_bw -s
+    /// 64`, and 64 B `ib_write_bw` ran at 0.94-1.28 M messages/s against
+    /// 1.52-1.68 without; docs/PERFORMANCE.md, session 26.)
+    pub fn verb_done(&self, verb: Verb, load: impl Fn() -> Load) {
         match verb {
-            // A stream of single posts is ACK-clocked: the progress thread
-            // receives the ACK that sends what waits.
+            // A stream of single posts is ACK-clocked: the pass the ACK
+            // starts sends what waits.
             Verb::SinglePost => self.stream_out.store(false, Ordering::Relaxed),
             // A stream of post lists goes without ACKs' help: callers
             // receive.
@@ -412,7 +416,6 @@ impl Pacer {
                 .store(load().sends_stream(STREAM_SEND_QUEUE), Ordering::Relaxed),
             Verb::Other | Verb::Poll => {}
         }
-        ack_clocked && self.hold_on.load(Ordering::Acquire) && load().held
     }
 
     /// After any pass: a stream sent ends when its messages are done.
@@ -974,28 +977,25 @@ mod tests {
     #[test]
     fn post_lists_of_small_messages_make_a_stream_out_until_they_complete() {
         let p = pacer();
-        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        p.verb_done(Verb::PostList, || load(STREAM_SEND_QUEUE, 16, false));
         assert!(p.empty_poll(0).arm_hold.is_some());
         // Large messages (many packets each) are no such stream.
-        p.verb_done(Verb::PostList, false, || {
-            load(STREAM_SEND_QUEUE, 1000, false)
-        });
+        p.verb_done(Verb::PostList, || load(STREAM_SEND_QUEUE, 1000, false));
         assert!(p.empty_poll(MS).arm_hold.is_none());
-        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        p.verb_done(Verb::PostList, || load(STREAM_SEND_QUEUE, 16, false));
         // A pass finding the messages done ends it.
         p.pass_done(|| load(2, 2, false));
         assert!(p.empty_poll(2 * MS).arm_hold.is_none());
     }
 
     #[test]
-    fn a_single_post_waiting_for_an_ack_ends_the_hold() {
+    fn a_single_post_waiting_for_an_ack_leaves_the_hold_standing() {
         let p = pacer();
-        p.verb_done(Verb::PostList, false, || load(STREAM_SEND_QUEUE, 16, false));
+        p.verb_done(Verb::PostList, || load(STREAM_SEND_QUEUE, 16, false));
         p.hold_armed(0);
-        assert!(p.verb_done(Verb::SinglePost, true, || load(20, 30, true)));
-        // Not when nothing waits, or the pass was not clocked.
-        assert!(!p.verb_done(Verb::SinglePost, true, || load(20, 30, false)));
-        assert!(!p.verb_done(Verb::SinglePost, false, || load(20, 30, true)));
+        // The caller's next poll receives the ACK: no wake-up, no re-arm.
+        p.verb_done(Verb::SinglePost, || load(20, 30, true));
+        assert!(p.hold_on());
     }
 
     #[test]
