@@ -99,6 +99,12 @@ fn poll_n(s: &Side, n: usize) {
     }
 }
 
+/// One `poll_cq` at `s` that finds nothing.
+fn poll_empty(s: &Side) {
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(s.cq.poll(&mut none).unwrap(), 0);
+}
+
 /// With `b`'s progress thread paused, a burst of SENDs waits in its socket
 /// until its caller polls: that burst makes it a stream's receiver, and the
 /// next empty poll takes a hold. Returns the holds taken by that poll.
@@ -111,9 +117,8 @@ fn take_hold(a: &Side, b: &Side) -> u64 {
     // in one burst.
     poll_n(b, BURST);
     let before = holds(b);
-    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
     let t0 = Instant::now();
-    assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    poll_empty(b);
     TOOK.with(|t| t.set(t0.elapsed()));
     holds(b) - before
 }
@@ -180,8 +185,7 @@ fn a_hold_taken_after_its_timer_fired_is_ended_by_the_caller() {
     device(&b).pause_progress_thread(false);
     device(&b).delay_hold_taking(Duration::from_nanos(3 * soft::MIN_CALLER_HOLD));
     let before = holds(&b);
-    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
-    assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+    poll_empty(&b);
     device(&b).delay_hold_taking(Duration::ZERO);
     assert_eq!(holds(&b) - before, 1, "the empty poll took a hold");
     assert!(
@@ -249,11 +253,10 @@ fn a_spinning_ping_pong_holds_and_a_program_that_stops_polling_still_receives() 
     }
     // b spins on its empty CQ until its hold has grown to its longest
     // (each re-arm doubles it).
-    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
     let t0 = Instant::now();
     while device(&b).caller_hold_len() < soft::CALLER_HOLD {
         assert!(t0.elapsed() < T, "b's hold never grew");
-        assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+        poll_empty(&b);
     }
     assert!(holds(&b) > 0, "a spinning caller holds");
     assert_eq!(device(&b).caller_hold_len(), soft::CALLER_HOLD);
@@ -309,10 +312,9 @@ fn a_holding_caller_fires_the_timers() {
     send_list(&a, 1, 2);
     let probes = |s: &Side| s.ctx.stats().unwrap().engine.probes;
     let t0 = Instant::now();
-    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
     while probes(&a) == 0 {
         assert!(t0.elapsed() < T, "no probe fired");
-        assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+        poll_empty(&a);
     }
     println!("probed after {:?}", t0.elapsed());
     assert!(a.ctx.stats().unwrap().driver.caller_timers > 0);
@@ -340,8 +342,7 @@ fn hold_after_sending(a: &Side, b: &Side, n: usize, size: u32) -> u64 {
         .collect();
     a.qp.post_send_list(wrs).map_err(|(_, e)| e).unwrap();
     let before = holds(a);
-    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
-    assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    poll_empty(a);
     let taken = holds(a) - before;
     device(b).pause_progress_thread(false);
     poll_n(b, n);

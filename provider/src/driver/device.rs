@@ -344,14 +344,16 @@ impl Device {
         let received = guard.is_some();
         // A caller that receives fires the engine's due timers too: while
         // it holds the socket the progress thread leaves them to it
-        // (`Pacer::progress_deadline`).
-        let now = s.now();
+        // (`Pacer::progress_deadline`). An empty poll decides by its own
+        // clock reading (due then is due now); the timers fire by one
+        // taken under the lock, as every pass's.
         if guard.is_none() && s.pacer.timer_due(now) {
             guard = Some(s.core.lock());
         }
         let Some(mut core) = guard else {
             return CallerReceive::Nothing;
         };
+        let now = s.now();
         if core.engine.poll_timeout().is_some_and(|d| now >= d) {
             core.stats.caller_timers += 1;
             core.engine.handle_timeout(now);

@@ -36,6 +36,7 @@
 //! are in docs/PERFORMANCE.md.
 
 use super::config::{parse_micros, parse_switch, ConfigError};
+use super::shared::earliest;
 use crate::engine::{Load, Nanos};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -307,8 +308,8 @@ pub struct Pacer {
     hold_on: AtomicBool,
     /// When the hold timer was last armed (engine ns).
     hold_armed_at: AtomicU64,
-    /// The length of the hold armed last, or of the next one
-    /// ([`CALLER_HOLD`]).
+    /// The length of the hold armed last, or of the next one (from
+    /// [`MIN_CALLER_HOLD`] up to [`CALLER_HOLD`]).
     hold_len: AtomicU64,
     /// Holds taken (from none).
     holds_taken: AtomicU64,
@@ -706,10 +707,7 @@ impl Pacer {
         if self.hold_on.load(Ordering::Acquire) {
             releases
         } else {
-            match (timers, releases) {
-                (Some(t), Some(r)) => Some(t.min(r)),
-                (t, r) => t.or(r),
-            }
+            earliest(timers, releases)
         }
     }
 
