@@ -9,7 +9,9 @@
 //! it never does with coalescing off, and that a program arming a
 //! completion notification ends a coalescing sleep at once. A caller
 //! polling a CQ coalesces too, after two bulk bursts in a row (a READ
-//! stream's requester), never after one message at a time.
+//! stream's requester), never after one message at a time, nor when the
+//! bursts brought all its READs were owed. The progress thread's sleeps
+//! have 1 µs of timer slack.
 
 mod common;
 
@@ -255,11 +257,42 @@ fn read_burst(a: &Side, b: &Side, n: usize) {
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
 }
 
-/// Two bursts of four 64 KiB READ responses: the caller's next poll sleeps
-/// out the coalescing interval (200 ms here) before it receives.
+/// A READ of 1 MiB from `a` to a third device that never answers it (its
+/// progress thread paused), on a second QP of `a`'s: `a` is owed more
+/// READ responses than any burst brings. Returns the third side, to be
+/// let go at the end.
+fn read_owed(a: &Side, name: &str) -> (Side, Qp) {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let shape = SideShape {
+        cq_depth: 64,
+        max_wr: 64,
+        mr_len: 1 << 20,
+        access,
+    };
+    let c = common::side(name, DeviceConfig::default(), &shape);
+    let mut init = QpInit::new(QpType::Rc, &a.cq, &a.cq);
+    init.cap.max_send_wr = 16;
+    init.cap.max_recv_wr = 16;
+    let qp = a._pd.create_qp(&init).unwrap();
+    qp.connect(5, &c.qp.endpoint(6), Mtu::Mtu4096, access, 14)
+        .unwrap();
+    c.qp.connect(6, &qp.endpoint(5), Mtu::Mtu4096, access, 14)
+        .unwrap();
+    c.ctx.soft_device().unwrap().pause_progress_thread(true);
+    let mut wr = SendWr::new(99, SendOpcode::RdmaRead, vec![a.mr.sge(0, 1 << 20)]);
+    wr.remote_addr = c.mr.addr();
+    wr.rkey = c.mr.rkey();
+    qp.post_send(wr).unwrap();
+    (c, qp)
+}
+
+/// Two bursts of four 64 KiB READ responses while the device is owed more
+/// (a READ stream's requester): the caller's next poll sleeps out the
+/// coalescing interval (200 ms here) before it receives.
 #[test]
 fn a_caller_polling_after_two_bulk_bursts_sleeps_before_receiving() {
     let (a, b) = pair(["rcc-a", "rcc-b"], 200_000);
+    let (c, _qp) = read_owed(&a, "rcc-c");
     let device = a.ctx.soft_device().unwrap();
     device.pause_progress_thread(true);
     read_burst(&a, &b, 4);
@@ -272,6 +305,24 @@ fn a_caller_polling_after_two_bulk_bursts_sleeps_before_receiving() {
     println!("the poll took {slept:?}");
     assert_eq!(caller_coalesced(&a), 1);
     assert!(slept >= Duration::from_millis(50), "{slept:?}");
+    device.pause_progress_thread(false);
+    c.ctx.soft_device().unwrap().pause_progress_thread(false);
+}
+
+/// The same two bursts when they bring all the device's READs were owed:
+/// nothing more is coming, and the caller does not sleep.
+#[test]
+fn a_caller_does_not_sleep_after_the_last_bursts_of_its_reads() {
+    let (a, b) = pair(["rcr-a", "rcr-b"], 200_000);
+    let device = a.ctx.soft_device().unwrap();
+    device.pause_progress_thread(true);
+    read_burst(&a, &b, 4);
+    read_burst(&a, &b, 4);
+    let t0 = Instant::now();
+    let mut none = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); 1];
+    assert_eq!(a.cq.poll(&mut none).unwrap(), 0);
+    println!("the poll took {:?}", t0.elapsed());
+    assert_eq!(caller_coalesced(&a), 0);
     device.pause_progress_thread(false);
 }
 
@@ -298,4 +349,19 @@ fn a_caller_never_coalesces_one_message_at_a_time_or_with_coalescing_off() {
     assert_eq!(c.cq.poll(&mut none).unwrap(), 0);
     assert_eq!(caller_coalesced(&c), 0);
     device.pause_progress_thread(false);
+}
+
+/// The progress thread's timed sleeps (a coalescing interval, an ACK
+/// hold) end within 1 µs of when they are due, not within Linux's
+/// default 50 µs of slack, which stretched a 20 µs interval to 80 µs.
+#[test]
+fn the_progress_thread_sleeps_with_a_microsecond_of_slack() {
+    let ctx = common::open("rcb-slack");
+    let device = ctx.soft_device().unwrap();
+    // The thread sets it as it starts.
+    let t0 = Instant::now();
+    while device.progress_thread_timer_slack() == 0 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(device.progress_thread_timer_slack(), 1_000);
 }

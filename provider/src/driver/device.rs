@@ -262,6 +262,7 @@ impl Device {
             hold_timer,
             progress_paused: AtomicBool::new(false),
             hold_take_delay_us: AtomicU64::new(0),
+            progress_slack_ns: AtomicU64::new(0),
             progress_parked: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),
@@ -333,7 +334,7 @@ impl Device {
             }
         }
         if let Some(sleep) = poll.sleep {
-            std::thread::sleep(sleep);
+            super::slack::sleep_in_program_thread(sleep);
         }
         let Some(mut rx) = s.rx.try_lock() else {
             return CallerReceive::NotHere;

@@ -23,6 +23,7 @@ mod progress;
 mod raw;
 mod receive;
 mod shared;
+mod slack;
 mod socket;
 pub mod stat;
 mod steering;

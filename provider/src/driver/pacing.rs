@@ -25,7 +25,7 @@
 //! | holds start short again | [`Pacer::hold_stranded`] | a hold's timer ended it with datagrams waiting |
 //! | the holder fires the engine's timers | [`Pacer::progress_deadline`] | while a hold stands the progress thread sleeps past them |
 //! | the hold ends | [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`], the hold's timer | a notification is armed; the caller took the hold a whole hold after arming its timer; the caller stopped polling |
-//! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row |
+//! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row, unless the device's READs are owed no more than a burst brings ([`Burst::read_due`]) |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | the progress thread spins instead of sleeping | [`Pacer::progress_spins`] | busy polling; or within [`SPIN_AFTER_BURST`] of a burst while the program has not polled for [`PASSIVE_AFTER`] |
 //! | a spinning progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
@@ -259,6 +259,21 @@ pub struct Burst {
     pub messages: u32,
     /// The last packet ends a message.
     pub last_ends: bool,
+    /// Every packet was a READ response: then the bytes the device's READs
+    /// were still owed after it (counted past `bytes` no further; see
+    /// [`Engine::read_bytes_due`](crate::engine::Engine::read_bytes_due)),
+    /// else `None`.
+    pub read_due: Option<u64>,
+}
+
+impl Burst {
+    /// The burst brought READ responses, and what its READs still owe
+    /// would come in one more burst as large: the end of the READs is
+    /// near and known, so nobody sleeps to coalesce it (a sleep would
+    /// delay the completion by its rest).
+    fn ends_reads(&self) -> bool {
+        self.read_due.is_some_and(|due| due <= self.bytes as u64)
+    }
 }
 
 /// What a caller's empty poll does before it receives.
@@ -551,7 +566,8 @@ impl Pacer {
             .store(shape.messages >= STREAM_BURST, Ordering::Relaxed);
         let bulk = shape.bytes >= RX_BULK_BURST
             && shape.bytes >= shape.packets * RX_BULK_PACKET
-            && (shape.messages >= 2 || !shape.last_ends);
+            && (shape.messages >= 2 || !shape.last_ends)
+            && !shape.ends_reads();
         self.rx_bulk.store(bulk, Ordering::Relaxed);
         let run = if bulk {
             self.rx_bulk_run.fetch_add(1, Ordering::Relaxed) + 1
@@ -764,6 +780,7 @@ mod tests {
             packets: 16,
             messages: 2,
             last_ends: true,
+            read_due: None,
         }
     }
 
@@ -915,6 +932,7 @@ mod tests {
                 packets: 8,
                 messages: STREAM_BURST,
                 last_ends: true,
+                read_due: None,
             },
         );
         let e = p.empty_poll(MS);
@@ -1034,6 +1052,7 @@ mod tests {
                 packets: 1024,
                 messages: 1024,
                 last_ends: true,
+                read_due: None,
             },
         );
         assert!(!p.progress_sleep(0, None, false).coalescing);
@@ -1045,6 +1064,7 @@ mod tests {
                 packets: 16,
                 messages: 1,
                 last_ends: true,
+                read_due: None,
             },
         );
         assert!(!p.progress_sleep(0, None, false).coalescing);
@@ -1056,6 +1076,7 @@ mod tests {
                 packets: 8,
                 messages: 0,
                 last_ends: false,
+                read_due: None,
             },
         );
         assert!(p.progress_sleep(0, None, false).coalescing);
@@ -1104,6 +1125,33 @@ mod tests {
         off.burst(1, bulk());
         assert_eq!(off.empty_poll(2).sleep, None);
         assert!(!off.progress_sleep(2, None, false).coalescing);
+    }
+
+    #[test]
+    fn the_last_bursts_of_a_read_are_not_slept_for() {
+        let p = pacer();
+        let reads = |due| Burst {
+            read_due: Some(due),
+            ..bulk()
+        };
+        // A long READ's responses: a stream like any other.
+        p.burst(1_000 * US, reads(1 << 20));
+        p.burst(1_010 * US, reads(1 << 20));
+        assert_eq!(
+            p.empty_poll(1_015 * US).sleep,
+            Some(Duration::from_micros(15))
+        );
+        assert!(p.progress_sleep(1_015 * US, None, false).coalescing);
+        // What the READs still owe comes in one more burst as large: the
+        // caller receives it at once, and the progress thread does not
+        // coalesce.
+        p.burst(1_020 * US, reads(64 * 1024));
+        assert_eq!(p.empty_poll(1_021 * US).sleep, None);
+        assert!(!p.progress_sleep(1_021 * US, None, false).coalescing);
+        // Not READ responses only: the device's READs say nothing of it.
+        p.burst(1_030 * US, bulk());
+        p.burst(1_040 * US, bulk());
+        assert!(p.empty_poll(1_041 * US).sleep.is_some());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::batch::RxBatch;
 use super::counters::DriverStats;
 use super::device::ROCEV2_PORT;
-use super::pacing::Burst;
+use super::pacing::{Burst, RX_BULK_BURST};
 use super::raw::{self, RawBatch, RawSkip};
 use super::shared::{Core, Shared};
 use super::tap::Tap;
@@ -136,6 +136,7 @@ impl Shared {
         let mut messages = 0u32;
         let (mut bytes, mut packets) = (0usize, 0usize);
         let mut last_ends = false;
+        let mut read_responses = 0usize;
         for k in 0..n {
             let (from, d, seg) = rx.get(k);
             bytes += d.len();
@@ -166,9 +167,14 @@ impl Shared {
                 }
                 last_ends = ends_message(p);
                 messages += u32::from(last_ends);
+                read_responses += usize::from(is_read_response(p));
                 handle(engine, now, from.ip(), from.port(), p, i);
             }
         }
+        // Asked only where it can matter: a burst of READ responses large
+        // enough to be bulk.
+        let read_due = (packets > 0 && read_responses == packets && bytes >= RX_BULK_BURST)
+            .then(|| engine.read_bytes_due(bytes as u64));
         self.pacer.burst(
             now,
             Burst {
@@ -176,6 +182,7 @@ impl Shared {
                 packets,
                 messages,
                 last_ends,
+                read_due,
             },
         );
     }
@@ -260,4 +267,12 @@ fn ends_message(p: &[u8]) -> bool {
     p.first()
         .and_then(|&b| Opcode::try_from(b).ok())
         .is_some_and(|o| matches!(o.class(), PacketClass::Last | PacketClass::Only))
+}
+
+/// Whether a packet (from its BTH on) is a READ response.
+fn is_read_response(p: &[u8]) -> bool {
+    use roxe_wire::opcode::{Opcode, Operation};
+    p.first()
+        .and_then(|&b| Opcode::try_from(b).ok())
+        .is_some_and(|o| o.operation() == Operation::ReadResponse)
 }

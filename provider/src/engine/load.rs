@@ -46,4 +46,20 @@ impl Engine {
             held: self.has_held(),
         }
     }
+
+    /// Bytes of READ responses this device's QPs are still owed, counted
+    /// until the sum exceeds `limit` (the pacer asks whether a burst of
+    /// READ responses was nearly the last: `Burst::read_due`). Only QPs
+    /// with PSNs in flight are asked: a QP with none has no READ whose
+    /// responses are on their way.
+    pub fn read_bytes_due(&self, limit: u64) -> u64 {
+        let mut due = 0u64;
+        for q in self.qps_in_flight() {
+            due += q.read_bytes_due(limit - due.min(limit));
+            if due > limit {
+                break;
+            }
+        }
+        due
+    }
 }

@@ -135,6 +135,24 @@ impl SendQueue {
         n
     }
 
+    /// Bytes the READs not yet finished are still to receive (`pmtu`: the
+    /// size of a full response packet), counted until the sum exceeds
+    /// `limit`.
+    pub fn read_bytes_due(&self, pmtu: usize, limit: u64) -> u64 {
+        let mut due = 0u64;
+        for w in &self.wqes {
+            if w.wr.opcode != crate::wr::SendOpcode::RdmaRead || w.done.is_some() {
+                continue;
+            }
+            let placed = u64::from(w.read_pkts).saturating_mul(pmtu as u64);
+            due += u64::from(w.len).saturating_sub(placed);
+            if due > limit {
+                break;
+            }
+        }
+        due
+    }
+
     /// A message has started (PSNs assigned) and is not finished.
     pub fn in_flight(&self) -> bool {
         self.wqes.iter().any(|w| w.started && w.done.is_none())
@@ -223,4 +241,32 @@ pub(super) fn started_from(first: Psn, msgs: &[(crate::wr::SendOpcode, u32)]) ->
         next += npsn;
     }
     (sq, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::SendOpcode::{RdmaRead, RdmaWrite};
+
+    #[test]
+    fn read_bytes_due_counts_what_unfinished_reads_still_owe() {
+        // Messages of 1,024 bytes a PSN: a READ of 4 KiB, a WRITE, a READ
+        // of 8 KiB.
+        let (mut sq, _) = started_from(
+            Psn::new(10),
+            &[(RdmaRead, 4), (RdmaWrite, 2), (RdmaRead, 8)],
+        );
+        assert_eq!(sq.read_bytes_due(1024, u64::MAX), 12 * 1024);
+        // Three response packets of the first placed.
+        sq[0].read_pkts = 3;
+        assert_eq!(sq.read_bytes_due(1024, u64::MAX), 9 * 1024);
+        // The first done: only the second owes.
+        sq[0].read_pkts = 4;
+        sq[0].done = Some(WcStatus::Success);
+        assert_eq!(sq.read_bytes_due(1024, u64::MAX), 8 * 1024);
+        // Counting stops once past the limit.
+        sq[0].done = None;
+        sq[0].read_pkts = 0;
+        assert_eq!(sq.read_bytes_due(1024, 1000), 4 * 1024);
+    }
 }

@@ -490,6 +490,12 @@ impl Qp {
         self.sq.len()
     }
 
+    /// Bytes this QP's unfinished READs are still to receive, counted
+    /// until the sum exceeds `limit`.
+    pub(super) fn read_bytes_due(&self, limit: u64) -> u64 {
+        self.sq.read_bytes_due(self.pmtu(), limit)
+    }
+
     /// Messages started and not finished, counted up to `limit`.
     pub(super) fn unacked_messages(&self, limit: usize) -> usize {
         self.sq.started_unfinished(limit)
