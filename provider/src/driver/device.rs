@@ -262,7 +262,6 @@ impl Device {
             hold_timer,
             progress_paused: AtomicBool::new(false),
             hold_take_delay_us: AtomicU64::new(0),
-            progress_slack_ns: AtomicU64::new(0),
             progress_parked: AtomicBool::new(false),
             stat: match super::stat::StatServer::open(addr) {
                 Ok(s) => Some(s),

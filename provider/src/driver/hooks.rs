@@ -37,12 +37,6 @@ impl Device {
         BatchHold(self.shared.tx.lock())
     }
 
-    /// The progress thread's timer slack in nanoseconds, once it has set
-    /// it (0 before).
-    pub fn progress_thread_timer_slack(&self) -> u64 {
-        self.shared.progress_slack_ns.load(Ordering::Relaxed)
-    }
-
     /// Make callers wait `delay` between arming the hold timer and taking
     /// the hold, as a caller preempted there would (zero: no wait).
     pub fn delay_hold_taking(&self, delay: Duration) {

@@ -23,8 +23,6 @@ const LATE_TIMER: Nanos = 250_000_000;
 impl Shared {
     /// The progress thread's loop, until the device closes.
     pub(super) fn progress(self: Arc<Self>) {
-        let slack = super::slack::for_this_thread();
-        self.progress_slack_ns.store(slack, Ordering::Relaxed);
         let mut raw_rx = self.raw.as_ref().map(|fd| (fd, RawBatch::new()));
         let mut next_audit: Nanos = 0;
         let mut stat_pending = false;

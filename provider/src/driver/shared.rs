@@ -116,9 +116,6 @@ pub(super) struct Shared {
     pub(super) hold_take_delay_us: AtomicU64,
     /// The progress thread has seen `progress_paused` and does nothing.
     pub(super) progress_parked: AtomicBool,
-    /// The progress thread's timer slack in nanoseconds, as it read it
-    /// back after setting it (`slack.rs`); 0 until then.
-    pub(super) progress_slack_ns: AtomicU64,
     /// `roxe stat`'s socket (None where it could not be made).
     pub(super) stat: Option<super::stat::StatServer>,
 }
