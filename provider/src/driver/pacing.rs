@@ -25,7 +25,7 @@
 //! | holds start short again | [`Pacer::hold_stranded`] | a hold's timer ended it with datagrams waiting |
 //! | the holder fires the engine's timers | [`Pacer::progress_deadline`] | while a hold stands the progress thread sleeps past them |
 //! | the hold ends | [`Pacer::caller_sleeps`], [`Pacer::hold_outlived`], the hold's timer | a notification is armed; the caller took the hold a whole hold after arming its timer; the caller stopped polling |
-//! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row, unless the device's READs are owed no more than a burst brings ([`Burst::read_due`]) |
+//! | a caller sleeps before receiving | [`Pacer::empty_poll`] | after two bulk bursts in a row, unless the device's READs are owed no more than two such bursts bring ([`Burst::read_due`]) |
 //! | the progress thread coalesces | [`Pacer::progress_sleep`] | after a bulk burst ([`RX_BULK_BURST`]) |
 //! | the progress thread spins instead of sleeping | [`Pacer::progress_spins`] | busy polling; or within [`SPIN_AFTER_BURST`] of a burst while the program has not polled for [`PASSIVE_AFTER`] |
 //! | a spinning progress thread yields its core | [`Pacer::busy_pass_yields`] | after a pass that neither received nor sent |
@@ -211,6 +211,9 @@ pub const POLL_CLOCKED_QUEUE: usize = 8;
 pub const RX_BULK_BURST: usize = 32 * 1024;
 /// See [`RX_BULK_BURST`].
 pub const RX_BULK_PACKET: usize = 1024;
+/// A burst of READ responses after which the device's READs are owed no
+/// more than this many bursts as large is not bulk ([`Burst::read_due`]).
+pub const READ_TAIL_BURSTS: u64 = 2;
 /// A caller that polled one CQ this many times in a row without finding
 /// anything asks [`Pacer::caller_yields`] whether to yield its core.
 pub const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
@@ -260,7 +263,8 @@ pub struct Burst {
     /// The last packet ends a message.
     pub last_ends: bool,
     /// Every packet was a READ response: then the bytes the device's READs
-    /// were still owed after it (counted past `bytes` no further; see
+    /// were still owed after it (counted no further than past
+    /// [`READ_TAIL_BURSTS`] times `bytes`; see
     /// [`Engine::read_bytes_due`](crate::engine::Engine::read_bytes_due)),
     /// else `None`.
     pub read_due: Option<u64>,
@@ -268,11 +272,13 @@ pub struct Burst {
 
 impl Burst {
     /// The burst brought READ responses, and what its READs still owe
-    /// would come in one more burst as large: the end of the READs is
+    /// would come in two more bursts as large: the end of the READs is
     /// near and known, so nobody sleeps to coalesce it (a sleep would
-    /// delay the completion by its rest).
+    /// delay the completion by its rest; two, because the sleep the last
+    /// burst arrives in began after the one before).
     fn ends_reads(&self) -> bool {
-        self.read_due.is_some_and(|due| due <= self.bytes as u64)
+        self.read_due
+            .is_some_and(|due| due <= READ_TAIL_BURSTS * self.bytes as u64)
     }
 }
 
@@ -1134,18 +1140,19 @@ mod tests {
             read_due: Some(due),
             ..bulk()
         };
-        // A long READ's responses: a stream like any other.
+        // A long READ's responses: a stream like any other, until three
+        // bursts' worth remain.
         p.burst(1_000 * US, reads(1 << 20));
-        p.burst(1_010 * US, reads(1 << 20));
+        p.burst(1_010 * US, reads(3 * 64 * 1024));
         assert_eq!(
             p.empty_poll(1_015 * US).sleep,
             Some(Duration::from_micros(15))
         );
         assert!(p.progress_sleep(1_015 * US, None, false).coalescing);
-        // What the READs still owe comes in one more burst as large: the
-        // caller receives it at once, and the progress thread does not
+        // What the READs still owe comes in two more bursts as large: the
+        // caller receives them at once, and the progress thread does not
         // coalesce.
-        p.burst(1_020 * US, reads(64 * 1024));
+        p.burst(1_020 * US, reads(128 * 1024));
         assert_eq!(p.empty_poll(1_021 * US).sleep, None);
         assert!(!p.progress_sleep(1_021 * US, None, false).coalescing);
         // Not READ responses only: the device's READs say nothing of it.

@@ -5,7 +5,7 @@
 use super::batch::RxBatch;
 use super::counters::DriverStats;
 use super::device::ROCEV2_PORT;
-use super::pacing::{Burst, RX_BULK_BURST};
+use super::pacing::{Burst, READ_TAIL_BURSTS, RX_BULK_BURST};
 use super::raw::{self, RawBatch, RawSkip};
 use super::shared::{Core, Shared};
 use super::tap::Tap;
@@ -174,7 +174,7 @@ impl Shared {
         // Asked only where it can matter: a burst of READ responses large
         // enough to be bulk.
         let read_due = (packets > 0 && read_responses == packets && bytes >= RX_BULK_BURST)
-            .then(|| engine.read_bytes_due(bytes as u64));
+            .then(|| engine.read_bytes_due(READ_TAIL_BURSTS * bytes as u64));
         self.pacer.burst(
             now,
             Burst {
