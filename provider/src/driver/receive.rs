@@ -11,6 +11,7 @@ use super::shared::{Core, Shared};
 use super::tap::Tap;
 use crate::engine::{Engine, Nanos};
 use parking_lot::MutexGuard;
+use roxe_wire::opcode::{Opcode, Operation, PacketClass};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
 
@@ -165,9 +166,11 @@ impl Shared {
                     let ident = gro_ident(from, self.addr, p, i);
                     t.write_ident(from.ip(), from.port(), self.addr, ROCEV2_PORT, ident, p);
                 }
-                last_ends = ends_message(p);
+                let op = opcode(p);
+                last_ends = op.is_some_and(ends_message);
                 messages += u32::from(last_ends);
-                read_responses += usize::from(is_read_response(p));
+                read_responses +=
+                    usize::from(op.is_some_and(|o| o.operation() == Operation::ReadResponse));
                 handle(engine, now, from.ip(), from.port(), p, i);
             }
         }
@@ -260,19 +263,13 @@ impl Shared {
     }
 }
 
-/// Whether a packet (from its BTH on) ends a message: the last or only
-/// packet of a SEND, WRITE or READ response.
-fn ends_message(p: &[u8]) -> bool {
-    use roxe_wire::opcode::{Opcode, PacketClass};
-    p.first()
-        .and_then(|&b| Opcode::try_from(b).ok())
-        .is_some_and(|o| matches!(o.class(), PacketClass::Last | PacketClass::Only))
+/// A packet's opcode (from its BTH on), if it has a valid one.
+fn opcode(p: &[u8]) -> Option<Opcode> {
+    p.first().and_then(|&b| Opcode::try_from(b).ok())
 }
 
-/// Whether a packet (from its BTH on) is a READ response.
-fn is_read_response(p: &[u8]) -> bool {
-    use roxe_wire::opcode::{Opcode, Operation};
-    p.first()
-        .and_then(|&b| Opcode::try_from(b).ok())
-        .is_some_and(|o| o.operation() == Operation::ReadResponse)
+/// Whether a packet of opcode `op` ends a message: the last or only
+/// packet of a SEND, WRITE or READ response.
+fn ends_message(op: Opcode) -> bool {
+    matches!(op.class(), PacketClass::Last | PacketClass::Only)
 }

@@ -55,7 +55,7 @@ impl Engine {
     pub fn read_bytes_due(&self, limit: u64) -> u64 {
         let mut due = 0u64;
         for q in self.qps_in_flight() {
-            due += q.read_bytes_due(limit - due.min(limit));
+            due += q.read_bytes_due(limit.saturating_sub(due));
             if due > limit {
                 break;
             }
